@@ -1,0 +1,28 @@
+// Package checkpointtest opens real checkpoint stores for tests: a SQLite
+// file in the test's temporary directory, closed when the test ends.
+package checkpointtest
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// Open returns a fresh SQLite store in t.TempDir(), closed at cleanup.
+func Open(t testing.TB) *checkpoint.SQLite {
+	t.Helper()
+	return OpenPath(t, filepath.Join(t.TempDir(), "stepwise.db"))
+}
+
+// OpenPath opens the store at path, closed at cleanup.
+func OpenPath(t testing.TB, path string) *checkpoint.SQLite {
+	t.Helper()
+	st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: path})
+	if err != nil {
+		t.Fatalf("open checkpoint store: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}

@@ -1,0 +1,73 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors of the checkpoint store. Match them with errors.Is.
+var (
+	// ErrNotFound is returned when a run asked for by ID does not exist.
+	ErrNotFound = errors.New("checkpoint: not found")
+	// ErrFenced is returned when a write carries a fence older than the
+	// run's: another runner claimed the run since, so this one must stop.
+	ErrFenced = errors.New("checkpoint: lease lost to another runner (fenced)")
+	// ErrNoDirectory is returned by Open when the database's directory does
+	// not exist.
+	ErrNoDirectory = errors.New("checkpoint: directory does not exist")
+	// ErrNotDatabase is returned by Open when the file is not a SQLite
+	// database.
+	ErrNotDatabase = errors.New("checkpoint: file is not a SQLite database")
+	// ErrReadOnly is returned when the database file cannot be written.
+	ErrReadOnly = errors.New("checkpoint: database is read-only")
+	// ErrLocked is returned when another process held the database longer
+	// than the busy timeout.
+	ErrLocked = errors.New("checkpoint: database is locked")
+	// ErrTooNew is returned by Open when the database was written by a newer
+	// Stepwise whose schema this binary does not know.
+	ErrTooNew = errors.New("checkpoint: database schema is newer than this binary")
+	// ErrAlreadySucceeded is returned by Claim for a succeeded run unless
+	// the claim is forced.
+	ErrAlreadySucceeded = errors.New("checkpoint: run already succeeded")
+	// ErrAbandoned is returned by Claim for an abandoned run unless the
+	// claim is forced.
+	ErrAbandoned = errors.New("checkpoint: run was abandoned")
+)
+
+// LeaseHeldError is returned by Claim when a live runner holds the run.
+type LeaseHeldError struct {
+	RunID string
+	Owner string
+	Until time.Time
+}
+
+func (e *LeaseHeldError) Error() string {
+	return fmt.Sprintf("run %s is held by %s until %s", e.RunID, e.Owner, e.Until.UTC().Format(time.RFC3339))
+}
+
+// ParamsMismatchError is returned by Claim when a run key is started again
+// with parameters different from those it was first started with.
+type ParamsMismatchError struct {
+	RunID  string
+	Stored string
+	Given  string
+}
+
+func (e *ParamsMismatchError) Error() string {
+	return fmt.Sprintf("run %s was started with parameters %s; this start gives %s; "+
+		"a run key always means the same parameters: use the stored ones (resume %s) or a different key",
+		e.RunID, e.Stored, e.Given, e.RunID)
+}
+
+// StepConflictError is returned by Tx.PutStep when the step is already
+// recorded as finished with different content.
+type StepConflictError struct {
+	RunID  string
+	StepID string
+	Status string
+}
+
+func (e *StepConflictError) Error() string {
+	return fmt.Sprintf("step %s of run %s is already recorded as %s with a different result", e.StepID, e.RunID, e.Status)
+}

@@ -1,0 +1,186 @@
+package checkpoint
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+const (
+	sqlSelectRun = `SELECT id, job, run_key, params, params_hash, status, fence,
+       lease_owner, lease_until, error, created_at, updated_at, finished_at
+FROM runs WHERE id = ?`
+	sqlInsertRun = `INSERT INTO runs (id, job, run_key, params, params_hash, status, fence,
+                  lease_owner, lease_until, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?)`
+	sqlTakeRun = `UPDATE runs SET status = 'running', fence = fence + 1, lease_owner = ?, lease_until = ?,
+    error = '', updated_at = ?, finished_at = NULL
+WHERE id = ? AND fence = ?`
+	sqlLoseAttempts = `UPDATE attempts SET status = 'lost', finished_at = ?,
+    error = 'runner stopped without recording an end; taken over by ' || ?
+WHERE run_id = ? AND finished_at IS NULL`
+	sqlNextAttempt = `SELECT COALESCE(MAX(number), 0) + 1 FROM attempts WHERE run_id = ?`
+	sqlInsertAttempt = `INSERT INTO attempts (run_id, number, fence, owner, status, started_at)
+VALUES (?, ?, ?, ?, 'running', ?)`
+	sqlHeartbeat = `UPDATE runs SET lease_until = ?, updated_at = ?
+WHERE id = ? AND fence = ? AND status = 'running'`
+	sqlFinishRun = `UPDATE runs SET status = ?, error = ?, lease_owner = NULL, lease_until = NULL,
+    updated_at = ?, finished_at = CASE WHEN ? IN ('succeeded', 'abandoned') THEN ? ELSE NULL END
+WHERE id = ? AND fence = ?`
+	sqlFinishAttempt = `UPDATE attempts SET status = ?, error = ?, finished_at = ?
+WHERE run_id = ? AND number = ?`
+)
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+func scanRun(row rowScanner) (Run, error) {
+	var r Run
+	var owner, until, created, updated, finished sql.NullString
+	var params string
+	err := row.Scan(&r.ID, &r.Job, &r.RunKey, &params, &r.ParamsHash, &r.Status, &r.Fence,
+		&owner, &until, &r.Error, &created, &updated, &finished)
+	if err != nil {
+		return Run{}, err
+	}
+	r.Params = []byte(params)
+	r.LeaseOwner = owner.String
+	r.LeaseUntil = parseTime(until)
+	r.CreatedAt = parseTime(created)
+	r.UpdatedAt = parseTime(updated)
+	r.FinishedAt = parseTime(finished)
+	return r, nil
+}
+
+// Claim implements Store.
+func (s *SQLite) Claim(ctx context.Context, req ClaimRequest) (Claim, error) {
+	if req.RunID == "" || req.Owner == "" || req.Now.IsZero() || req.LeaseFor <= 0 {
+		return Claim{}, fmt.Errorf("checkpoint: claim needs RunID, Owner, Now and a positive LeaseFor (got %q, %q, %v, %s)",
+			req.RunID, req.Owner, req.Now, req.LeaseFor)
+	}
+	var c Claim
+	err := s.tx(ctx, "claim run "+req.RunID, func(tx *sql.Tx) error {
+		var err error
+		c, err = claimTx(ctx, tx, req)
+		return err
+	})
+	return c, err
+}
+
+func claimTx(ctx context.Context, tx *sql.Tx, req ClaimRequest) (Claim, error) {
+	now := fmtTime(req.Now)
+	until := fmtTime(req.Now.Add(req.LeaseFor))
+	run, err := scanRun(tx.QueryRowContext(ctx, sqlSelectRun, req.RunID))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		if _, err := tx.ExecContext(ctx, sqlInsertRun, req.RunID, req.Job, req.RunKey, string(req.Params),
+			req.ParamsHash, req.Owner, until, now, now); err != nil {
+			return Claim{}, err
+		}
+		if _, err := tx.ExecContext(ctx, sqlInsertAttempt, req.RunID, 1, 1, req.Owner, now); err != nil {
+			return Claim{}, err
+		}
+		run, err = scanRun(tx.QueryRowContext(ctx, sqlSelectRun, req.RunID))
+		if err != nil {
+			return Claim{}, err
+		}
+		return Claim{Lease: Lease{RunID: req.RunID, Fence: 1, Attempt: 1, Owner: req.Owner}, Run: run, Created: true}, nil
+	case err != nil:
+		return Claim{}, err
+	}
+	if run.ParamsHash != req.ParamsHash {
+		return Claim{}, &ParamsMismatchError{RunID: run.ID, Stored: string(run.Params), Given: string(req.Params)}
+	}
+	var tookOver string
+	switch run.Status {
+	case RunSucceeded:
+		if !req.Force {
+			return Claim{}, fmt.Errorf("%w: %s finished at %s; nothing to do (--force runs it again, still skipping completed steps)",
+				ErrAlreadySucceeded, run.ID, run.FinishedAt.Format(time.RFC3339))
+		}
+	case RunAbandoned:
+		if !req.Force {
+			return Claim{}, fmt.Errorf("%w: %s (%s); it is not resumed unless forced", ErrAbandoned, run.ID, run.Error)
+		}
+	case RunRunning:
+		live := req.Now.Before(run.LeaseUntil)
+		if live && (req.OwnerGone == nil || !req.OwnerGone(run.LeaseOwner)) {
+			return Claim{}, &LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil}
+		}
+		tookOver = run.LeaseOwner
+	}
+	res, err := tx.ExecContext(ctx, sqlTakeRun, req.Owner, until, now, run.ID, run.Fence)
+	if err != nil {
+		return Claim{}, err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return Claim{}, fmt.Errorf("%w: run %s changed while being claimed", ErrFenced, run.ID)
+	}
+	if _, err := tx.ExecContext(ctx, sqlLoseAttempts, now, req.Owner, run.ID); err != nil {
+		return Claim{}, err
+	}
+	var number int
+	if err := tx.QueryRowContext(ctx, sqlNextAttempt, run.ID).Scan(&number); err != nil {
+		return Claim{}, err
+	}
+	fence := run.Fence + 1
+	if _, err := tx.ExecContext(ctx, sqlInsertAttempt, run.ID, number, fence, req.Owner, now); err != nil {
+		return Claim{}, err
+	}
+	run, err = scanRun(tx.QueryRowContext(ctx, sqlSelectRun, req.RunID))
+	if err != nil {
+		return Claim{}, err
+	}
+	return Claim{
+		Lease:        Lease{RunID: run.ID, Fence: fence, Attempt: number, Owner: req.Owner},
+		Run:          run,
+		TookOverFrom: tookOver,
+	}, nil
+}
+
+// Heartbeat implements Store.
+func (s *SQLite) Heartbeat(ctx context.Context, l Lease, now, until time.Time) error {
+	res, err := s.db.ExecContext(ctx, sqlHeartbeat, fmtTime(until), fmtTime(now), l.RunID, l.Fence)
+	if err != nil {
+		return s.wrap("heartbeat run "+l.RunID, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("%w: run %s, attempt %d (fence %d)", ErrFenced, l.RunID, l.Attempt, l.Fence)
+	}
+	return nil
+}
+
+// Finish implements Store.
+func (s *SQLite) Finish(ctx context.Context, l Lease, e Ending) error {
+	return s.tx(ctx, "finish run "+l.RunID, func(tx *sql.Tx) error {
+		at := fmtTime(e.At)
+		res, err := tx.ExecContext(ctx, sqlFinishRun, e.Status, e.Error, at, e.Status, at, l.RunID, l.Fence)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("%w: run %s, attempt %d (fence %d)", ErrFenced, l.RunID, l.Attempt, l.Fence)
+		}
+		_, err = tx.ExecContext(ctx, sqlFinishAttempt, e.Status, e.Error, at, l.RunID, l.Attempt)
+		return err
+	})
+}
+
+// tx runs fn in one BEGIN IMMEDIATE transaction and maps driver errors.
+// Errors fn returns from this package (fencing, conflicts, mismatches) are
+// passed through unchanged.
+func (s *SQLite) tx(ctx context.Context, op string, fn func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return s.wrap(op, err)
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return s.wrap(op, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return s.wrap(op, err)
+	}
+	return nil
+}

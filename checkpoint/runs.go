@@ -1,0 +1,69 @@
+package checkpoint
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+const (
+	sqlListRuns = `SELECT id, job, run_key, params, params_hash, status, fence,
+       lease_owner, lease_until, error, created_at, updated_at, finished_at
+FROM runs
+WHERE (?1 = '' OR job = ?1) AND (?2 = '' OR status = ?2)
+ORDER BY created_at DESC, id
+LIMIT ?3`
+	sqlAttempts = `SELECT number, fence, owner, status, error, started_at, finished_at
+FROM attempts WHERE run_id = ? ORDER BY number`
+)
+
+// Runs implements Store.
+func (s *SQLite) Runs(ctx context.Context, f RunFilter) ([]Run, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := s.db.QueryContext(ctx, sqlListRuns, f.Job, f.Status, limit)
+	if err != nil {
+		return nil, s.wrap("list runs", err)
+	}
+	defer rows.Close()
+	var runs []Run
+	for rows.Next() {
+		r, err := scanRun(rows)
+		if err != nil {
+			return nil, s.wrap("list runs", err)
+		}
+		runs = append(runs, r)
+	}
+	return runs, s.wrap("list runs", rows.Err())
+}
+
+// Run implements Store.
+func (s *SQLite) Run(ctx context.Context, runID string) (RunInfo, error) {
+	run, err := scanRun(s.db.QueryRowContext(ctx, sqlSelectRun, runID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return RunInfo{}, fmt.Errorf("%w: no run %q in %s; list runs with `stepwise runs`", ErrNotFound, runID, s.path)
+	}
+	if err != nil {
+		return RunInfo{}, s.wrap("read run "+runID, err)
+	}
+	info := RunInfo{Run: run}
+	rows, err := s.db.QueryContext(ctx, sqlAttempts, runID)
+	if err != nil {
+		return RunInfo{}, s.wrap("read attempts of "+runID, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		a := Attempt{RunID: runID}
+		var started, finished sql.NullString
+		if err := rows.Scan(&a.Number, &a.Fence, &a.Owner, &a.Status, &a.Error, &started, &finished); err != nil {
+			return RunInfo{}, s.wrap("read attempts of "+runID, err)
+		}
+		a.StartedAt = parseTime(started)
+		a.FinishedAt = parseTime(finished)
+		info.Attempts = append(info.Attempts, a)
+	}
+	return info, s.wrap("read attempts of "+runID, rows.Err())
+}

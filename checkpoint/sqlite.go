@@ -1,0 +1,204 @@
+package checkpoint
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// Synchronous levels for Config.Synchronous.
+const (
+	// SyncFull makes every commit durable across power loss (one fsync per
+	// commit). The default: a step reported done stays done.
+	SyncFull = "full"
+	// SyncNormal skips the fsync at commit in WAL mode: several times
+	// faster, and a power loss (not a process crash) can lose the last
+	// commits. Same-store effects are lost together with their checkpoint,
+	// so a rerun redoes both consistently; separate-store effects are still
+	// detected through the target's applied-effects table.
+	SyncNormal = "normal"
+)
+
+// Config configures Open.
+type Config struct {
+	// Path of the SQLite database file. Created if absent; its directory
+	// must exist. Required.
+	Path string
+	// Synchronous is SyncFull or SyncNormal. Defaults to SyncFull.
+	Synchronous string
+	// BusyTimeout is how long a write waits for another process's write
+	// transaction before failing with ErrLocked. Defaults to 5s.
+	BusyTimeout time.Duration
+}
+
+func (c *Config) validate() error {
+	if c.Path == "" {
+		return errors.New("checkpoint: Config.Path is empty; give the database file path")
+	}
+	switch c.Synchronous {
+	case "":
+		c.Synchronous = SyncFull
+	case SyncFull, SyncNormal:
+	default:
+		return fmt.Errorf("checkpoint: Config.Synchronous is %q; use %q or %q", c.Synchronous, SyncFull, SyncNormal)
+	}
+	if c.BusyTimeout < 0 {
+		return fmt.Errorf("checkpoint: Config.BusyTimeout is %s; it cannot be negative", c.BusyTimeout)
+	}
+	if c.BusyTimeout == 0 {
+		c.BusyTimeout = 5 * time.Second
+	}
+	return nil
+}
+
+// SQLite is the Store kept in one SQLite file: WAL journal, one writer
+// connection, BEGIN IMMEDIATE transactions and a busy timeout.
+type SQLite struct {
+	db   *sql.DB
+	path string
+	cfg  Config
+	stmt preparedStatements
+}
+
+var _ Store = (*SQLite)(nil)
+
+// DSN returns the modernc.org/sqlite data source name Open uses for cfg:
+// WAL, the busy timeout, the synchronous level and immediate transactions.
+// Benchmarks use it so their raw baselines run with the very same pragmas.
+func DSN(cfg Config) (string, error) {
+	if err := cfg.validate(); err != nil {
+		return "", err
+	}
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", cfg.BusyTimeout.Milliseconds()))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous("+cfg.Synchronous+")")
+	q.Add("_pragma", "foreign_keys(ON)")
+	q.Set("_txlock", "immediate")
+	return "file:" + cfg.Path + "?" + q.Encode(), nil
+}
+
+// Open opens (creating if needed) the checkpoint database at cfg.Path and
+// brings its schema up to date. Its errors name the file and what to do.
+func Open(ctx context.Context, cfg Config) (*SQLite, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	path := cfg.Path
+	dir := filepath.Dir(path)
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("%w: %s (for database %s); create it or choose another --db path", ErrNoDirectory, dir, path)
+	}
+	if st, err := os.Stat(path); err == nil {
+		if st.IsDir() {
+			return nil, fmt.Errorf("%w: %s is a directory; give a file path", ErrNotDatabase, path)
+		}
+		if st.Mode().Perm()&0o222 == 0 {
+			return nil, fmt.Errorf("%w: %s has mode %s; make it writable (chmod u+w) or point --db at a writable copy",
+				ErrReadOnly, path, st.Mode().Perm())
+		}
+	}
+	dsn, err := DSN(cfg)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: open %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	s := &SQLite{db: db, path: path, cfg: cfg}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if err := s.prepare(ctx); err != nil {
+		db.Close()
+		return nil, s.wrap("prepare statements", err)
+	}
+	return s, nil
+}
+
+// Path returns the database file's path.
+func (s *SQLite) Path() string { return s.path }
+
+// DB returns the underlying handle, for same-store effect targets and tests
+// that read the tables directly.
+func (s *SQLite) DB() *sql.DB { return s.db }
+
+// Close releases the database.
+func (s *SQLite) Close() error {
+	s.stmt.close()
+	return s.db.Close()
+}
+
+// wrap turns driver errors into the package's sentinels, naming the file.
+func (s *SQLite) wrap(op string, err error) error {
+	return wrapSQLiteError(s.path, s.cfg.BusyTimeout, op, err)
+}
+
+func wrapSQLiteError(path string, busy time.Duration, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		switch se.Code() & 0xff {
+		case sqlite3.SQLITE_NOTADB:
+			return fmt.Errorf("%w: %s (%s); check --db names a Stepwise database, or move the file away", ErrNotDatabase, path, op)
+		case sqlite3.SQLITE_READONLY:
+			return fmt.Errorf("%w: %s (%s): %v; make the file and its directory writable", ErrReadOnly, path, op, err)
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+			return fmt.Errorf("%w: %s (%s): another process held it longer than the busy timeout (%s); "+
+				"retry when it is done, or raise the timeout", ErrLocked, path, op, busy)
+		case sqlite3.SQLITE_CANTOPEN:
+			return fmt.Errorf("checkpoint: cannot open %s (%s): %w", path, op, err)
+		case sqlite3.SQLITE_FULL:
+			return fmt.Errorf("checkpoint: disk full writing %s (%s): %w; nothing of this write was kept", path, op, err)
+		case sqlite3.SQLITE_CORRUPT:
+			return fmt.Errorf("checkpoint: database %s is corrupt (%s): %w; restore it from a backup", path, op, err)
+		}
+	}
+	// Errors of this package (fencing, conflicts, mismatches) and the
+	// caller's own pass through unchanged.
+	return err
+}
+
+// timeFormat is RFC 3339 in UTC with a fixed width, so stored times sort as
+// text and read plainly in the sqlite3 shell.
+const timeFormat = "2006-01-02T15:04:05.000000Z"
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(timeFormat)
+}
+
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return fmtTime(t)
+}
+
+func parseTime(s sql.NullString) time.Time {
+	if !s.Valid || s.String == "" {
+		return time.Time{}
+	}
+	t, err := time.Parse(timeFormat, s.String)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}

@@ -1,0 +1,121 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+const (
+	// sqlPutStep inserts or replaces a step checkpoint only while the run's
+	// fence is the writer's (one statement, no extra round trip), and never
+	// overwrites a finished (completed or rejected) checkpoint.
+	sqlPutStep = `INSERT INTO steps (run_id, step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at)
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10
+WHERE (SELECT fence FROM runs WHERE id = ?1) = ?11
+ON CONFLICT (run_id, step_id) DO UPDATE SET
+    status = excluded.status, output = excluded.output, input_hash = excluded.input_hash,
+    error = excluded.error, tries = excluded.tries, attempt = excluded.attempt,
+    started_at = excluded.started_at, finished_at = excluded.finished_at
+WHERE steps.status NOT IN ('completed', 'rejected')`
+	sqlRunFence = `SELECT fence FROM runs WHERE id = ?`
+	sqlGetStep  = `SELECT status, output, input_hash, error FROM steps WHERE run_id = ? AND step_id = ?`
+	sqlSteps    = `SELECT step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at
+FROM steps WHERE run_id = ? ORDER BY step_id`
+)
+
+type preparedStatements struct {
+	putStep *sql.Stmt
+}
+
+func (p *preparedStatements) close() {
+	if p.putStep != nil {
+		p.putStep.Close()
+	}
+}
+
+func (s *SQLite) prepare(ctx context.Context) error {
+	var err error
+	s.stmt.putStep, err = s.db.PrepareContext(ctx, sqlPutStep)
+	return err
+}
+
+type sqliteTx struct {
+	ctx   context.Context
+	tx    *sql.Tx
+	lease Lease
+	put   *sql.Stmt
+}
+
+// InTx implements Store.
+func (s *SQLite) InTx(ctx context.Context, l Lease, fn func(Tx) error) error {
+	return s.tx(ctx, "write run "+l.RunID, func(tx *sql.Tx) error {
+		return fn(&sqliteTx{ctx: ctx, tx: tx, lease: l, put: tx.StmtContext(ctx, s.stmt.putStep)})
+	})
+}
+
+func (t *sqliteTx) SQL() *sql.Tx { return t.tx }
+
+func (t *sqliteTx) PutStep(st Step) error {
+	res, err := t.put.ExecContext(t.ctx, t.lease.RunID, st.ID, st.Status, st.Output, st.InputHash, st.Error,
+		st.Tries, t.lease.Attempt, fmtTime(st.StartedAt), fmtTime(st.FinishedAt), t.lease.Fence)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 1 {
+		return err
+	}
+	return t.explainRefusedPut(st)
+}
+
+// explainRefusedPut decides why a checkpoint write changed nothing: the
+// fence moved (another runner claimed the run), or the step is already
+// finished. A finished step with identical content is our own earlier commit
+// whose acknowledgement was lost, so it counts as success.
+func (t *sqliteTx) explainRefusedPut(st Step) error {
+	var fence int64
+	if err := t.tx.QueryRowContext(t.ctx, sqlRunFence, t.lease.RunID).Scan(&fence); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%w: run %s", ErrNotFound, t.lease.RunID)
+		}
+		return err
+	}
+	if fence != t.lease.Fence {
+		return fmt.Errorf("%w: run %s is at fence %d, this attempt (%d) holds fence %d; it writes nothing more",
+			ErrFenced, t.lease.RunID, fence, t.lease.Attempt, t.lease.Fence)
+	}
+	var status, hash, errText string
+	var output []byte
+	if err := t.tx.QueryRowContext(t.ctx, sqlGetStep, t.lease.RunID, st.ID).Scan(&status, &output, &hash, &errText); err != nil {
+		return err
+	}
+	if status == st.Status && hash == st.InputHash && errText == st.Error && bytes.Equal(output, st.Output) {
+		return nil
+	}
+	return &StepConflictError{RunID: t.lease.RunID, StepID: st.ID, Status: status}
+}
+
+// Steps implements Store.
+func (s *SQLite) Steps(ctx context.Context, runID string, fn func(Step) error) error {
+	rows, err := s.db.QueryContext(ctx, sqlSteps, runID)
+	if err != nil {
+		return s.wrap("read steps of "+runID, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		st := Step{RunID: runID}
+		var started, finished sql.NullString
+		if err := rows.Scan(&st.ID, &st.Status, &st.Output, &st.InputHash, &st.Error, &st.Tries, &st.Attempt,
+			&started, &finished); err != nil {
+			return s.wrap("read steps of "+runID, err)
+		}
+		st.StartedAt = parseTime(started)
+		st.FinishedAt = parseTime(finished)
+		if err := fn(st); err != nil {
+			return err
+		}
+	}
+	return s.wrap("read steps of "+runID, rows.Err())
+}

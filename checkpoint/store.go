@@ -1,0 +1,178 @@
+package checkpoint
+
+import (
+	"context"
+	"database/sql"
+	"time"
+)
+
+// Store is the durable record a runner writes to. SQLite implements it; other
+// stores implement the same methods and pass the same conformance tests.
+type Store interface {
+	// Claim creates the run if it does not exist, or takes it over if it is
+	// not held by a live runner, increments its fence number and records a
+	// new attempt. It returns a *LeaseHeldError while another runner holds it.
+	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
+	// Heartbeat extends the lease until the given time. It returns ErrFenced
+	// if the run has been claimed by another runner since.
+	Heartbeat(ctx context.Context, l Lease, now, until time.Time) error
+	// Finish records how the attempt ended, sets the run's status and
+	// releases the lease, all checked against the fence.
+	Finish(ctx context.Context, l Lease, e Ending) error
+	// InTx runs fn in one write transaction (BEGIN IMMEDIATE). Every write
+	// made through the Tx is checked against the lease's fence; if fn
+	// returns an error or a write is fenced, nothing of it is kept.
+	InTx(ctx context.Context, l Lease, fn func(Tx) error) error
+	// Steps calls fn for each checkpoint of the run, in step ID order, with
+	// one query.
+	Steps(ctx context.Context, runID string, fn func(Step) error) error
+	// Runs lists runs, newest first.
+	Runs(ctx context.Context, f RunFilter) ([]Run, error)
+	// Run returns one run and its attempts; ErrNotFound if there is none.
+	Run(ctx context.Context, runID string) (RunInfo, error)
+	// Close releases the database.
+	Close() error
+}
+
+// Tx is the view of one write transaction opened by Store.InTx.
+type Tx interface {
+	// PutStep records a step checkpoint, checked against the fence. A step
+	// already recorded as completed or rejected with the same content is
+	// accepted (our own earlier commit); different content is a
+	// *StepConflictError.
+	PutStep(s Step) error
+	// SQL gives same-store effect targets the underlying transaction, so
+	// their writes commit or roll back with the checkpoint.
+	SQL() *sql.Tx
+}
+
+// Run statuses.
+const (
+	RunRunning     = "running"
+	RunSucceeded   = "succeeded"
+	RunFailed      = "failed"
+	RunInterrupted = "interrupted"
+	RunAbandoned   = "abandoned"
+)
+
+// AttemptLost is the status given to an attempt whose runner died without
+// recording its end; the next claim sets it.
+const AttemptLost = "lost"
+
+// Step statuses.
+const (
+	// StepCompleted: the step's function returned and its output is recorded.
+	StepCompleted = "completed"
+	// StepRejected: the step ended in a pinned business rejection; a rerun
+	// returns the same rejection.
+	StepRejected = "rejected"
+	// StepFailed: the step's last try failed; a rerun runs it again.
+	StepFailed = "failed"
+)
+
+// ClaimRequest says who claims which run, with which parameters.
+type ClaimRequest struct {
+	RunID      string
+	Job        string
+	RunKey     string
+	Params     []byte // canonical JSON
+	ParamsHash string
+	Owner      string // host:pid of the claiming runner
+	Now        time.Time
+	LeaseFor   time.Duration
+	// Force claims a succeeded or abandoned run again.
+	Force bool
+	// OwnerGone reports whether the runner named by a lease owner is known
+	// to be dead (same host, process gone); its lease is then taken over at
+	// once instead of waiting for it to expire. Nil means never.
+	OwnerGone func(owner string) bool
+}
+
+// Claim is the result of a successful Store.Claim.
+type Claim struct {
+	Lease Lease
+	Run   Run
+	// Created is true when this claim created the run.
+	Created bool
+	// TookOverFrom names the owner whose unfinished attempt this claim
+	// replaced (a crashed or stale runner), if any.
+	TookOverFrom string
+}
+
+// Lease identifies one attempt's right to write to a run. Writes carrying an
+// older fence than the run's are refused with ErrFenced.
+type Lease struct {
+	RunID   string
+	Fence   int64
+	Attempt int
+	Owner   string
+}
+
+// Ending says how an attempt ended.
+type Ending struct {
+	Status string // one of the Run* statuses
+	Error  string
+	At     time.Time
+}
+
+// Run is one row of the runs table.
+type Run struct {
+	ID         string
+	Job        string
+	RunKey     string
+	Params     []byte
+	ParamsHash string
+	Status     string
+	Fence      int64
+	LeaseOwner string
+	LeaseUntil time.Time // zero when no lease is held
+	Error      string
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	FinishedAt time.Time // zero while unfinished
+}
+
+// Stale reports whether the run is marked running but its lease expired: its
+// runner died or lost contact, and the next claim takes it over.
+func (r Run) Stale(now time.Time) bool {
+	return r.Status == RunRunning && !r.LeaseUntil.IsZero() && !now.Before(r.LeaseUntil)
+}
+
+// Attempt is one runner's pass over a run.
+type Attempt struct {
+	RunID      string
+	Number     int
+	Fence      int64
+	Owner      string
+	Status     string
+	Error      string
+	StartedAt  time.Time
+	FinishedAt time.Time
+}
+
+// RunInfo is a run with its attempts, oldest first.
+type RunInfo struct {
+	Run      Run
+	Attempts []Attempt
+}
+
+// RunFilter narrows Store.Runs; empty fields match everything.
+type RunFilter struct {
+	Job    string
+	Status string
+	Limit  int // 0 means 100
+}
+
+// Step is one step checkpoint.
+type Step struct {
+	RunID      string
+	ID         string
+	Status     string
+	Output     []byte
+	InputHash  string
+	Error      string
+	Tries      int
+	Attempt    int
+	StartedAt  time.Time
+	FinishedAt time.Time
+}

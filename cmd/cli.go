@@ -1,0 +1,49 @@
+package cmd
+
+import (
+	"io"
+	"os"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+)
+
+// CLI is the stepwise command line, parsed by kong.
+type CLI struct {
+	Globals
+
+	Jobs   JobsCmd   `cmd:"" help:"List the registered jobs and their parameters."`
+	Run    RunCmd    `cmd:"" help:"Start a run of JOB, or resume it if its run key exists."`
+	Resume ResumeCmd `cmd:"" help:"Resume a run by ID with its stored parameters."`
+	Runs   RunsCmd   `cmd:"" help:"List runs, newest first; stale runs (dead runner, lease expired) are marked."`
+	Show   ShowCmd   `cmd:"" help:"Show one run: its attempts and steps with status, timings and output."`
+}
+
+// Globals are the flags every command takes.
+type Globals struct {
+	DB          string        `name:"db" env:"STEPWISE_DB" default:"stepwise.db" help:"Checkpoint database file (SQLite). Its directory must exist." type:"path"`
+	Synchronous string        `env:"STEPWISE_SYNCHRONOUS" default:"full" enum:"full,normal" help:"SQLite durability: full (default) survives power loss after every step; normal is faster but a power loss can lose the last commits (a process crash cannot)."`
+	BusyTimeout time.Duration `env:"STEPWISE_BUSY_TIMEOUT" default:"5s" help:"How long to wait for another process's write lock before failing."`
+	LogLevel    string        `env:"STEPWISE_LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
+	LogFormat   string        `env:"STEPWISE_LOG_FORMAT" default:"auto" enum:"auto,console,json" help:"Log format: console on a terminal and JSON otherwise (auto), or forced."`
+}
+
+// logger builds the logger the flags ask for, writing to w.
+func (g *Globals) logger(w io.Writer) zerolog.Logger {
+	level, err := zerolog.ParseLevel(g.LogLevel)
+	if err != nil {
+		level = zerolog.InfoLevel
+	}
+	format := g.LogFormat
+	if format == "auto" {
+		format = "json"
+		if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+			format = "console"
+		}
+	}
+	if format == "console" {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+}

@@ -1,0 +1,17 @@
+// Package cmd is the stepwise command line. A program that defines its own
+// jobs gets the whole CLI with one call:
+//
+//	func main() { cmd.Main(registry) }
+//
+// Import rule: cmd imports runner, jobs, steps and checkpoint; nothing
+// imports cmd but main packages.
+//
+// Exit codes, decided in one place (ExitCode):
+//
+//	0  the run succeeded (or had already succeeded)
+//	1  the run failed
+//	2  bad usage or input
+//	3  interrupted, resumable
+//	4  run held by another runner (or this runner lost its lease)
+//	5  needs an operator decision (a changed step, an abandoned run)
+package cmd

@@ -1,0 +1,56 @@
+package cmd
+
+import (
+	"errors"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/steps"
+)
+
+// Exit codes of the stepwise command.
+const (
+	ExitOK          = 0 // the run succeeded (or had already succeeded)
+	ExitFailed      = 1 // the run failed
+	ExitUsage       = 2 // bad usage or input
+	ExitInterrupted = 3 // interrupted, resumable
+	ExitHeld        = 4 // held by another runner, or the lease was lost
+	ExitOperator    = 5 // needs an operator decision
+)
+
+const exitCodesHelp = `Exit codes: 0 run succeeded (or already had); 1 run failed; 2 bad usage or input;
+3 interrupted, resumable; 4 run held by another runner (or lease lost); 5 needs an operator decision
+(a changed step, an abandoned run).`
+
+// usageError marks errors in what the user typed.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// ExitCode maps an error to the command's exit code.
+func ExitCode(err error) int {
+	var (
+		held     *checkpoint.LeaseHeldError
+		mismatch *checkpoint.ParamsMismatchError
+		changed  *steps.StepChangedError
+		usage    usageError
+	)
+	switch {
+	case err == nil, errors.Is(err, checkpoint.ErrAlreadySucceeded):
+		return ExitOK
+	case errors.As(err, &changed), errors.Is(err, checkpoint.ErrAbandoned):
+		return ExitOperator
+	case errors.As(err, &held), errors.Is(err, checkpoint.ErrFenced):
+		return ExitHeld
+	case errors.Is(err, runner.ErrInterrupted):
+		return ExitInterrupted
+	case errors.As(err, &usage), errors.As(err, &mismatch), errors.Is(err, jobs.ErrBadParams),
+		errors.Is(err, jobs.ErrUnknownJob), errors.Is(err, checkpoint.ErrNotFound),
+		errors.Is(err, checkpoint.ErrNoDirectory), errors.Is(err, checkpoint.ErrNotDatabase),
+		errors.Is(err, checkpoint.ErrReadOnly), errors.Is(err, checkpoint.ErrTooNew):
+		return ExitUsage
+	}
+	return ExitFailed
+}

@@ -1,0 +1,234 @@
+package cmd
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// JobsCmd lists registered jobs.
+type JobsCmd struct{}
+
+// Run implements the jobs command.
+func (c *JobsCmd) Run(env *Env) error {
+	for _, j := range env.Registry.Jobs() {
+		fmt.Fprintf(env.Stdout, "%s\t%s\n", j.Name(), j.Help())
+		for _, p := range j.Params() {
+			var tags []string
+			if p.Key {
+				tags = append(tags, "identifies the run")
+			} else if p.Required {
+				tags = append(tags, "required")
+			}
+			if p.Default != "" {
+				tags = append(tags, "default "+p.Default)
+			}
+			extra := ""
+			if len(tags) > 0 {
+				extra = " (" + strings.Join(tags, ", ") + ")"
+			}
+			fmt.Fprintf(env.Stdout, "  -p %s=%s\t%s%s\n", p.Name, strings.ToUpper(p.Type), p.Help, extra)
+		}
+	}
+	return nil
+}
+
+// RunsCmd lists runs.
+type RunsCmd struct {
+	Job    string `help:"Only runs of this job."`
+	Status string `enum:",running,succeeded,failed,interrupted,abandoned" default:"" help:"Only runs with this status (running, succeeded, failed, interrupted, abandoned)."`
+	Limit  int    `default:"100" help:"At most this many runs."`
+	JSON   bool   `name:"json" help:"Print JSON instead of a table."`
+}
+
+// runView is the JSON shape of a run in `runs --json` and `show --json`.
+type runView struct {
+	ID         string          `json:"id"`
+	Job        string          `json:"job"`
+	RunKey     string          `json:"run_key"`
+	Status     string          `json:"status"`
+	Stale      bool            `json:"stale"`
+	Params     json.RawMessage `json:"params"`
+	Fence      int64           `json:"fence"`
+	LeaseOwner string          `json:"lease_owner,omitempty"`
+	LeaseUntil *time.Time      `json:"lease_until,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	CreatedAt  time.Time       `json:"created_at"`
+	UpdatedAt  time.Time       `json:"updated_at"`
+	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+}
+
+func viewRun(r checkpoint.Run, now time.Time) runView {
+	return runView{
+		ID: r.ID, Job: r.Job, RunKey: r.RunKey, Status: r.Status, Stale: r.Stale(now), Params: r.Params,
+		Fence: r.Fence, LeaseOwner: r.LeaseOwner, LeaseUntil: optTime(r.LeaseUntil), Error: r.Error,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, FinishedAt: optTime(r.FinishedAt),
+	}
+}
+
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// statusText is a run's status for tables, with staleness spelled out.
+func statusText(r checkpoint.Run, now time.Time) string {
+	if r.Stale(now) {
+		return fmt.Sprintf("stale (runner %s silent since %s)", r.LeaseOwner, ago(r.LeaseUntil, now))
+	}
+	return r.Status
+}
+
+func ago(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t).Round(time.Second)
+	if d < 0 {
+		return "in " + (-d).String()
+	}
+	return d.String() + " ago"
+}
+
+// Run implements the runs command.
+func (c *RunsCmd) Run(env *Env) error {
+	st, err := env.Store()
+	if err != nil {
+		return err
+	}
+	runs, err := st.Runs(env.Ctx, checkpoint.RunFilter{Job: c.Job, Status: c.Status, Limit: c.Limit})
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	if c.JSON {
+		views := make([]runView, 0, len(runs))
+		for _, r := range runs {
+			views = append(views, viewRun(r, now))
+		}
+		return writeJSON(env.Stdout, views)
+	}
+	if len(runs) == 0 {
+		fmt.Fprintln(env.Stdout, "no runs yet; start one with `stepwise run JOB -p NAME=VALUE`")
+		return nil
+	}
+	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tSTATUS\tUPDATED\tERROR")
+	for _, r := range runs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, statusText(r, now), ago(r.UpdatedAt, now), preview(r.Error, 60))
+	}
+	return tw.Flush()
+}
+
+// ShowCmd shows one run.
+type ShowCmd struct {
+	RunID string `arg:"" name:"run-id" help:"Run ID, e.g. report/2026-11-28."`
+	JSON  bool   `name:"json" help:"Print JSON instead of text."`
+}
+
+type attemptView struct {
+	Number     int        `json:"number"`
+	Fence      int64      `json:"fence"`
+	Owner      string     `json:"owner"`
+	Status     string     `json:"status"`
+	Error      string     `json:"error,omitempty"`
+	StartedAt  time.Time  `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+}
+
+type stepView struct {
+	ID         string          `json:"id"`
+	Status     string          `json:"status"`
+	Tries      int             `json:"tries"`
+	Attempt    int             `json:"attempt"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	InputHash  string          `json:"input_hash,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	StartedAt  time.Time       `json:"started_at"`
+	FinishedAt time.Time       `json:"finished_at"`
+}
+
+type showView struct {
+	Run      runView       `json:"run"`
+	Attempts []attemptView `json:"attempts"`
+	Steps    []stepView    `json:"steps"`
+}
+
+// Run implements the show command.
+func (c *ShowCmd) Run(env *Env) error {
+	st, err := env.Store()
+	if err != nil {
+		return err
+	}
+	info, err := st.Run(env.Ctx, c.RunID)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	v := showView{Run: viewRun(info.Run, now), Attempts: []attemptView{}, Steps: []stepView{}}
+	for _, a := range info.Attempts {
+		v.Attempts = append(v.Attempts, attemptView{Number: a.Number, Fence: a.Fence, Owner: a.Owner, Status: a.Status,
+			Error: a.Error, StartedAt: a.StartedAt, FinishedAt: optTime(a.FinishedAt)})
+	}
+	err = st.Steps(env.Ctx, c.RunID, func(s checkpoint.Step) error {
+		sv := stepView{ID: s.ID, Status: s.Status, Tries: s.Tries, Attempt: s.Attempt, InputHash: s.InputHash,
+			Error: s.Error, StartedAt: s.StartedAt, FinishedAt: s.FinishedAt}
+		if json.Valid(s.Output) {
+			sv.Output = s.Output
+		}
+		v.Steps = append(v.Steps, sv)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return writeJSON(env.Stdout, v)
+	}
+	r := info.Run
+	fmt.Fprintf(env.Stdout, "run %s\n  job %s, key %s, params %s\n  status %s, fence %d, created %s, updated %s\n",
+		r.ID, r.Job, r.RunKey, r.Params, statusText(r, now), r.Fence, r.CreatedAt.Format(time.RFC3339), ago(r.UpdatedAt, now))
+	if r.Error != "" {
+		fmt.Fprintf(env.Stdout, "  error: %s\n", r.Error)
+	}
+	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nATTEMPT\tOWNER\tSTATUS\tSTARTED\tTOOK\tERROR")
+	for _, a := range v.Attempts {
+		took := "-"
+		if a.FinishedAt != nil {
+			took = a.FinishedAt.Sub(a.StartedAt).Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", a.Number, a.Owner, a.Status, a.StartedAt.Format(time.RFC3339), took, preview(a.Error, 60))
+	}
+	fmt.Fprintln(tw, "\nSTEP\tSTATUS\tATTEMPT\tTRIES\tTOOK\tOUTPUT / ERROR")
+	for _, s := range v.Steps {
+		out := string(s.Output)
+		if s.Error != "" {
+			out = s.Error
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", s.ID, s.Status, s.Attempt, s.Tries,
+			s.FinishedAt.Sub(s.StartedAt).Round(time.Microsecond), preview(out, 60))
+	}
+	return tw.Flush()
+}
+
+func preview(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,82 @@
+package cmd
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/stepwise-run/stepwise/runner"
+)
+
+// runFlags are the flags shared by run and resume.
+type runFlags struct {
+	Wait  bool          `help:"If another runner holds the run, wait for it instead of exiting 4."`
+	Lease time.Duration `default:"30s" help:"Lease length; the runner heartbeats every third of it. A crashed runner's run is taken over when it expires (at once if it ran on this host and its process is gone)."`
+	Force bool          `help:"Run a succeeded or abandoned run again; completed steps are still skipped."`
+}
+
+func (f runFlags) runner(env *Env) (*runner.Runner, error) {
+	st, err := env.Store()
+	if err != nil {
+		return nil, err
+	}
+	return runner.New(runner.Config{
+		Store: st, Jobs: env.Registry, Logger: env.Globals.logger(env.Stderr),
+		Lease: f.Lease, Wait: f.Wait,
+	})
+}
+
+// RunCmd starts or resumes a run of a job.
+type RunCmd struct {
+	runFlags
+	Job        string            `arg:"" help:"Registered job name (see 'stepwise jobs')."`
+	Params     map[string]string `short:"p" mapsep:"none" placeholder:"NAME=VALUE" help:"A job parameter; repeat for several. Identifying parameters name the run: the same values resume the same run."`
+	ParamsFile string            `type:"existingfile" placeholder:"FILE" help:"JSON object of job parameters; -p values override it."`
+}
+
+// Run implements the run command.
+func (c *RunCmd) Run(env *Env) error {
+	var file []byte
+	if c.ParamsFile != "" {
+		var err error
+		if file, err = os.ReadFile(c.ParamsFile); err != nil {
+			return usageError{fmt.Errorf("read --params-file: %w", err)}
+		}
+	}
+	r, err := c.runner(env)
+	if err != nil {
+		return err
+	}
+	res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: c.Params, ParamsFile: file, Force: c.Force})
+	report(env, res, err)
+	return err
+}
+
+// ResumeCmd resumes a run by ID.
+type ResumeCmd struct {
+	runFlags
+	RunID string `arg:"" name:"run-id" help:"Run ID as shown by 'stepwise runs', e.g. report/2026-11-28."`
+}
+
+// Run implements the resume command.
+func (c *ResumeCmd) Run(env *Env) error {
+	r, err := c.runner(env)
+	if err != nil {
+		return err
+	}
+	res, err := r.Resume(env.Ctx, c.RunID, c.Force)
+	report(env, res, err)
+	return err
+}
+
+// report prints the one-line outcome of a run on stdout.
+func report(env *Env, res runner.Result, err error) {
+	if res.Status == "" {
+		return
+	}
+	fmt.Fprintf(env.Stdout, "run %s %s (attempt %d): %d steps executed, %d skipped (checkpointed)\n",
+		res.RunID, res.Status, res.Attempt, res.Stats.Executed, res.Stats.Skipped)
+	if err != nil && res.Status == "interrupted" {
+		fmt.Fprintf(env.Stdout, "resume it with: stepwise resume %s\n", res.RunID)
+	}
+}

@@ -1,0 +1,25 @@
+// Package jobs defines jobs in Go: a name, a typed parameter struct, the
+// function that does the work, and a registry the runner and the CLI look
+// jobs up in.
+//
+// Import rule: jobs imports steps and checkpoint only; runner and cmd import
+// it, and examples define their jobs with it.
+//
+// The common case:
+//
+//	type Params struct {
+//		Date string `param:"date,key" format:"date" help:"business date, YYYY-MM-DD"`
+//		Note string `param:"note" help:"free text for the report"`
+//	}
+//
+//	var Report = jobs.Define("report", func(ctx context.Context, run *steps.Run, p Params) error {
+//		_, err := steps.Do(ctx, run, steps.ID("load"), func(ctx context.Context) (int, error) { return 42, nil })
+//		return err
+//	}, jobs.Help("builds the daily report"))
+//
+//	func init() { registry.MustRegister(Report) }
+//
+// Parameters marked "key" identify a run: `run report -p date=2026-11-28`
+// always means run report/2026-11-28, and starting that key again with other
+// parameters is refused.
+package jobs

@@ -1,0 +1,291 @@
+package jobs
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ErrBadParams is wrapped by every parameter decoding or validation error;
+// the message names the parameter and what to do.
+var ErrBadParams = errors.New("jobs: bad parameters")
+
+// Param describes one parameter of a job, from its struct field's tags:
+//
+//	param:"name[,key][,required]"  the parameter's name; key marks it as
+//	                               identifying the run (implies required)
+//	help:"..."                     one line for `stepwise jobs`
+//	default:"..."                  value used when none is given
+//	format:"date"                  value must be a YYYY-MM-DD date
+type Param struct {
+	Name     string
+	Type     string // string, int, bool, duration, ...
+	Help     string
+	Key      bool
+	Required bool
+	Default  string
+	Format   string
+	field    int
+}
+
+// Decoded is a job's parameters after decoding and validation.
+type Decoded struct {
+	// JSON is the canonical encoding: every parameter, in declaration
+	// order. Equal parameters always give equal bytes.
+	JSON []byte
+	// Hash is the hex SHA-256 of JSON.
+	Hash string
+	// RunKey is the identifying parameters' values joined with "/".
+	RunKey string
+}
+
+const dateLayout = "2006-01-02"
+
+var durationType = reflect.TypeFor[time.Duration]()
+
+// paramsOf reads the parameter descriptions of struct type t.
+func paramsOf(t reflect.Type) ([]Param, error) {
+	if t.Kind() != reflect.Struct {
+		return nil, fmt.Errorf("parameter type %s is not a struct", t)
+	}
+	var ps []Param
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, ok := f.Tag.Lookup("param")
+		if !ok || !f.IsExported() {
+			continue
+		}
+		name, flags, _ := strings.Cut(tag, ",")
+		p := Param{Name: name, Help: f.Tag.Get("help"), Default: f.Tag.Get("default"), Format: f.Tag.Get("format"), field: i}
+		for fl := range strings.SplitSeq(flags, ",") {
+			switch fl {
+			case "":
+			case "key":
+				p.Key, p.Required = true, true
+			case "required":
+				p.Required = true
+			default:
+				return nil, fmt.Errorf("field %s: unknown param flag %q (use key or required)", f.Name, fl)
+			}
+		}
+		if !validParamName(name) {
+			return nil, fmt.Errorf("field %s: param name %q must be lower-case letters, digits, - or _", f.Name, name)
+		}
+		switch {
+		case f.Type == durationType:
+			p.Type = "duration"
+		case f.Type.Kind() == reflect.String:
+			p.Type = "string"
+		case f.Type.Kind() == reflect.Bool:
+			p.Type = "bool"
+		case f.Type.Kind() >= reflect.Int && f.Type.Kind() <= reflect.Int64:
+			p.Type = "int"
+		case f.Type.Kind() >= reflect.Uint && f.Type.Kind() <= reflect.Uint64:
+			p.Type = "uint"
+		default:
+			return nil, fmt.Errorf("field %s: type %s is not supported for parameters (string, integers, bool, time.Duration; money is int64 minor units)", f.Name, f.Type)
+		}
+		if p.Key && p.Type != "string" && p.Type != "int" && p.Type != "uint" {
+			return nil, fmt.Errorf("field %s: a key parameter must be a string or an integer", f.Name)
+		}
+		if p.Format != "" && p.Format != "date" {
+			return nil, fmt.Errorf("field %s: unknown format %q (only date)", f.Name, p.Format)
+		}
+		if slices.ContainsFunc(ps, func(q Param) bool { return q.Name == name }) {
+			return nil, fmt.Errorf("field %s: parameter name %q used twice", f.Name, name)
+		}
+		ps = append(ps, p)
+	}
+	if !slices.ContainsFunc(ps, func(p Param) bool { return p.Key }) {
+		return nil, fmt.Errorf("parameter type %s has no identifying parameter; mark one with `param:\"name,key\"` "+
+			"(the run key, e.g. a business date, is what makes a rerun find the same run)", t)
+	}
+	return ps, nil
+}
+
+func validParamName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeParams fills a new value of type t from a JSON params file (may be
+// nil) and name=value pairs (which override the file), applies defaults and
+// validates. job names the job in errors.
+func decodeParams(job string, t reflect.Type, ps []Param, values map[string]string, file []byte) (reflect.Value, error) {
+	v := reflect.New(t).Elem()
+	given := map[string]bool{}
+	if len(bytes.TrimSpace(file)) > 0 {
+		var raw map[string]json.RawMessage
+		if err := json.Unmarshal(file, &raw); err != nil {
+			return v, fmt.Errorf("%w: params file for job %s is not a JSON object: %v", ErrBadParams, job, err)
+		}
+		for name, msg := range raw {
+			p, ok := findParam(ps, name)
+			if !ok {
+				return v, fmt.Errorf("%w: params file sets unknown parameter %q for job %s (known: %s)",
+					ErrBadParams, name, job, paramNames(ps))
+			}
+			if err := json.Unmarshal(msg, v.Field(p.field).Addr().Interface()); err != nil {
+				var s string
+				if p.Type == "duration" && json.Unmarshal(msg, &s) == nil {
+					if err := setString(v.Field(p.field), p, s); err != nil {
+						return v, fmt.Errorf("%w: params file: %s: %v", ErrBadParams, name, err)
+					}
+				} else {
+					return v, fmt.Errorf("%w: params file: parameter %q of job %s wants a %s: %v", ErrBadParams, name, job, p.Type, err)
+				}
+			}
+			given[name] = true
+		}
+	}
+	names := make([]string, 0, len(values))
+	for name := range values {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		p, ok := findParam(ps, name)
+		if !ok {
+			return v, fmt.Errorf("%w: unknown parameter %q for job %s (known: %s)", ErrBadParams, name, job, paramNames(ps))
+		}
+		if err := setString(v.Field(p.field), p, values[name]); err != nil {
+			return v, fmt.Errorf("%w: -p %s=%s: %v", ErrBadParams, name, values[name], err)
+		}
+		given[name] = true
+	}
+	for _, p := range ps {
+		if given[p.Name] {
+			continue
+		}
+		if p.Default != "" {
+			if err := setString(v.Field(p.field), p, p.Default); err != nil {
+				return v, fmt.Errorf("%w: default of %s: %v", ErrBadParams, p.Name, err)
+			}
+			continue
+		}
+		if p.Required {
+			return v, fmt.Errorf("%w: job %s needs parameter %q (%s); give it with -p %s=VALUE",
+				ErrBadParams, job, p.Name, p.Help, p.Name)
+		}
+	}
+	for _, p := range ps {
+		f := v.Field(p.field)
+		if p.Format == "date" && f.String() != "" {
+			if _, err := time.Parse(dateLayout, f.String()); err != nil {
+				return v, fmt.Errorf("%w: parameter %q is %q; want a date as YYYY-MM-DD", ErrBadParams, p.Name, f.String())
+			}
+		}
+		if p.Key {
+			s := fmt.Sprint(f.Interface())
+			if s == "" || strings.ContainsAny(s, "/ \t\n") || len(s) > 100 {
+				return v, fmt.Errorf("%w: key parameter %q is %q; it must be non-empty, at most 100 bytes, without / or spaces",
+					ErrBadParams, p.Name, s)
+			}
+		}
+	}
+	if val, ok := v.Addr().Interface().(interface{ Validate() error }); ok {
+		if err := val.Validate(); err != nil {
+			return v, fmt.Errorf("%w: job %s: %w", ErrBadParams, job, err)
+		}
+	}
+	return v, nil
+}
+
+func setString(f reflect.Value, p Param, s string) error {
+	switch p.Type {
+	case "string":
+		f.SetString(s)
+	case "bool":
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return fmt.Errorf("parameter %q wants true or false", p.Name)
+		}
+		f.SetBool(b)
+	case "duration":
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("parameter %q wants a duration such as 90s or 2m", p.Name)
+		}
+		f.SetInt(int64(d))
+	case "int":
+		n, err := strconv.ParseInt(s, 10, f.Type().Bits())
+		if err != nil {
+			return fmt.Errorf("parameter %q wants a whole number (%d-bit)", p.Name, f.Type().Bits())
+		}
+		f.SetInt(n)
+	case "uint":
+		n, err := strconv.ParseUint(s, 10, f.Type().Bits())
+		if err != nil {
+			return fmt.Errorf("parameter %q wants a non-negative whole number", p.Name)
+		}
+		f.SetUint(n)
+	}
+	return nil
+}
+
+// canonical encodes the parameters as a JSON object in declaration order and
+// builds the run key.
+func canonical(ps []Param, v reflect.Value) (Decoded, error) {
+	var buf bytes.Buffer
+	buf.WriteByte('{')
+	var key []string
+	for i, p := range ps {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		name, _ := json.Marshal(p.Name)
+		buf.Write(name)
+		buf.WriteByte(':')
+		f := v.Field(p.field)
+		var val any = f.Interface()
+		if p.Type == "duration" {
+			val = time.Duration(f.Int()).String()
+		}
+		b, err := json.Marshal(val)
+		if err != nil {
+			return Decoded{}, err
+		}
+		buf.Write(b)
+		if p.Key {
+			key = append(key, fmt.Sprint(f.Interface()))
+		}
+	}
+	buf.WriteByte('}')
+	sum := sha256.Sum256(buf.Bytes())
+	return Decoded{JSON: buf.Bytes(), Hash: hex.EncodeToString(sum[:]), RunKey: strings.Join(key, "/")}, nil
+}
+
+func findParam(ps []Param, name string) (Param, bool) {
+	for _, p := range ps {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Param{}, false
+}
+
+func paramNames(ps []Param) string {
+	names := make([]string, len(ps))
+	for i, p := range ps {
+		names[i] = p.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+// ErrUnknownJob is returned by Registry.Lookup for a name nobody registered.
+var ErrUnknownJob = errors.New("jobs: unknown job")

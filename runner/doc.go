@@ -1,0 +1,20 @@
+// Package runner executes runs: it claims a run (a lease and a fence number),
+// records the attempt, drives the job function with a steps.Run, heartbeats
+// the lease, and records how the attempt ended.
+//
+// Import rule: runner imports jobs, steps and checkpoint; only cmd imports
+// runner.
+//
+// The common case:
+//
+//	r, err := runner.New(runner.Config{Store: st, Jobs: registry})
+//	if err != nil {
+//		return err
+//	}
+//	res, err := r.Run(ctx, runner.Request{Job: "report", Values: map[string]string{"date": "2026-11-28"}})
+//
+// Running the same job with the same identifying parameters again resumes
+// the same run: completed steps are skipped and their recorded outputs
+// returned. A run held by a live runner is refused with a
+// *checkpoint.LeaseHeldError, or waited for with Config.Wait.
+package runner

@@ -1,0 +1,268 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/steps"
+)
+
+// ErrInterrupted is returned when a run stops because its context was
+// cancelled (a signal, a deadline). The run is recorded as interrupted and
+// resumes from its checkpoints on the next run or resume.
+var ErrInterrupted = steps.ErrInterrupted
+
+// Config configures a Runner.
+type Config struct {
+	// Store holds runs and checkpoints. Required.
+	Store checkpoint.Store
+	// Jobs is the registry jobs are looked up in. Required.
+	Jobs *jobs.Registry
+	// Logger receives the runner's logs. Defaults to zerolog.Nop().
+	Logger zerolog.Logger
+	// Clock is the time source. Defaults to SystemClock.
+	Clock Clock
+	// Owner names this runner in leases and attempts. Defaults to
+	// DefaultOwner() ("host:pid").
+	Owner string
+	// Lease is how long a claim lasts without a heartbeat; the runner
+	// heartbeats every third of it. A crashed runner's run can be taken
+	// over once it expires (at once if the runner was on this host and its
+	// process is gone). Defaults to 30s.
+	Lease time.Duration
+	// Wait makes a claim of a run held by another runner wait for it
+	// instead of failing with *checkpoint.LeaseHeldError.
+	Wait bool
+	// WaitPoll is how often a waiting claim retries. Defaults to 500ms.
+	WaitPoll time.Duration
+}
+
+func (c *Config) validate() error {
+	if c.Store == nil {
+		return errors.New("runner: Config.Store is nil; open a checkpoint store")
+	}
+	if c.Jobs == nil {
+		return errors.New("runner: Config.Jobs is nil; give the job registry")
+	}
+	if c.Lease < 0 || c.WaitPoll < 0 {
+		return fmt.Errorf("runner: Config.Lease (%s) and Config.WaitPoll (%s) cannot be negative", c.Lease, c.WaitPoll)
+	}
+	if c.Lease > 0 && c.Lease < 100*time.Millisecond {
+		return fmt.Errorf("runner: Config.Lease is %s; use at least 100ms", c.Lease)
+	}
+	if c.Clock == nil {
+		c.Clock = SystemClock{}
+	}
+	if c.Owner == "" {
+		c.Owner = DefaultOwner()
+	}
+	if c.Lease == 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.WaitPoll == 0 {
+		c.WaitPoll = 500 * time.Millisecond
+	}
+	return nil
+}
+
+// Runner executes runs of registered jobs.
+type Runner struct {
+	cfg Config
+}
+
+// New returns a Runner for cfg.
+func New(cfg Config) (*Runner, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Runner{cfg: cfg}, nil
+}
+
+// Request asks for a run of a job.
+type Request struct {
+	// Job is the registered job's name.
+	Job string
+	// Values are name=value parameters (the CLI's -p flags); they win over
+	// ParamsFile.
+	Values map[string]string
+	// ParamsFile is a JSON object of parameters, or nil.
+	ParamsFile []byte
+	// Force runs a succeeded or abandoned run again (completed steps are
+	// still skipped).
+	Force bool
+}
+
+// Result says how a run ended.
+type Result struct {
+	RunID   string
+	Status  string // a checkpoint.Run* status
+	Attempt int
+	Stats   steps.Stats
+	// TookOverFrom names a dead or stale runner this attempt replaced.
+	TookOverFrom string
+}
+
+// Run starts or resumes the run that req's job and identifying parameters
+// name.
+func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
+	job, err := r.cfg.Jobs.Lookup(req.Job)
+	if err != nil {
+		return Result{}, err
+	}
+	dec, err := job.Decode(req.Values, req.ParamsFile)
+	if err != nil {
+		return Result{}, err
+	}
+	return r.execute(ctx, job, dec, req.Force)
+}
+
+// Resume runs runID again with its stored parameters.
+func (r *Runner) Resume(ctx context.Context, runID string, force bool) (Result, error) {
+	info, err := r.cfg.Store.Run(ctx, runID)
+	if err != nil {
+		return Result{}, err
+	}
+	job, err := r.cfg.Jobs.Lookup(info.Run.Job)
+	if err != nil {
+		return Result{}, fmt.Errorf("run %s: %w", runID, err)
+	}
+	dec, err := job.Decode(nil, info.Run.Params)
+	if err != nil {
+		return Result{}, fmt.Errorf("run %s: stored parameters no longer decode: %w", runID, err)
+	}
+	return r.execute(ctx, job, dec, force)
+}
+
+func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, force bool) (Result, error) {
+	runID := jobs.RunID(job.Name(), dec.RunKey)
+	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Logger()
+	log := jobLog.With().Str(steps.FieldRunID, runID).Logger()
+	claim, err := r.claim(ctx, checkpoint.ClaimRequest{
+		RunID: runID, Job: job.Name(), RunKey: dec.RunKey, Params: dec.JSON, ParamsHash: dec.Hash,
+		Owner: r.cfg.Owner, LeaseFor: r.cfg.Lease, Force: force, OwnerGone: ownerGone(r.cfg.Owner),
+	}, log)
+	if err != nil {
+		return Result{RunID: runID}, err
+	}
+	lease := claim.Lease
+	log = log.With().Int(steps.FieldAttempt, lease.Attempt).Logger()
+	res := Result{RunID: runID, Attempt: lease.Attempt, TookOverFrom: claim.TookOverFrom}
+	switch {
+	case claim.Created:
+		log.Info().Msg("run started")
+	case claim.TookOverFrom != "":
+		log.Warn().Str("previous_owner", claim.TookOverFrom).Msg("took over a run whose runner is gone or whose lease expired")
+	default:
+		log.Info().Str("previous_status", claim.Run.Status).Msg("run resumed")
+	}
+
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stopBeat := r.heartbeat(runCtx, lease, cancel, log)
+
+	jobErr := r.drive(runCtx, job, lease, dec, &res, jobLog)
+	stopBeat()
+
+	end := checkpoint.Ending{Status: checkpoint.RunSucceeded, At: r.cfg.Clock.Now()}
+	var outErr error
+	switch {
+	case jobErr == nil:
+	case errors.Is(context.Cause(runCtx), checkpoint.ErrFenced) || errors.Is(jobErr, checkpoint.ErrFenced):
+		log.Error().Err(jobErr).Msg("lease lost to another runner; this attempt stops and records nothing more")
+		res.Status = checkpoint.RunRunning
+		return res, fmt.Errorf("run %s: %w", runID, checkpoint.ErrFenced)
+	case ctx.Err() != nil:
+		end.Status, end.Error = checkpoint.RunInterrupted, "interrupted: "+context.Cause(ctx).Error()
+		outErr = fmt.Errorf("run %s: %w (resumable: run or resume it again)", runID, ErrInterrupted)
+	default:
+		end.Status, end.Error = checkpoint.RunFailed, jobErr.Error()
+		outErr = fmt.Errorf("run %s failed: %w", runID, jobErr)
+	}
+	if end.Status == checkpoint.RunSucceeded {
+		steps.Crash("run:before-finish")
+	}
+	if err := r.cfg.Store.Finish(context.WithoutCancel(ctx), lease, end); err != nil {
+		return res, fmt.Errorf("run %s: record end (%s): %w", runID, end.Status, err)
+	}
+	res.Status = end.Status
+	ev := log.Info()
+	if outErr != nil {
+		ev = log.Error().Err(jobErr)
+	}
+	ev.Str("status", end.Status).Int("executed", res.Stats.Executed).Int("skipped", res.Stats.Skipped).Msg("run " + end.Status)
+	return res, outErr
+}
+
+// drive runs the job function on an attempt's steps.Run.
+func (r *Runner) drive(ctx context.Context, job jobs.Job, lease checkpoint.Lease, dec jobs.Decoded, res *Result, log zerolog.Logger) error {
+	run, err := steps.Begin(ctx, steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now})
+	if err != nil {
+		return err
+	}
+	err = job.Execute(ctx, run, dec.JSON)
+	res.Stats = run.Stats()
+	return err
+}
+
+// claim claims the run, waiting for a held lease when configured to.
+func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zerolog.Logger) (checkpoint.Claim, error) {
+	for {
+		req.Now = r.cfg.Clock.Now()
+		c, err := r.cfg.Store.Claim(ctx, req)
+		var held *checkpoint.LeaseHeldError
+		if !r.cfg.Wait || !errors.As(err, &held) {
+			return c, err
+		}
+		wait := min(r.cfg.WaitPoll, max(held.Until.Sub(req.Now), time.Millisecond))
+		log.Info().Str("owner", held.Owner).Time("until", held.Until).Msg("run held by another runner; waiting")
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return c, fmt.Errorf("%w while waiting for %s: %w", ErrInterrupted, req.RunID, err)
+		case <-t.C:
+		}
+	}
+}
+
+// heartbeat extends the lease every third of its length until stopped. If
+// the lease was lost it cancels the run with checkpoint.ErrFenced. The
+// returned stop waits for the goroutine to end.
+func (r *Runner) heartbeat(ctx context.Context, l checkpoint.Lease, cancel context.CancelCauseFunc, log zerolog.Logger) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(r.cfg.Lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				now := r.cfg.Clock.Now()
+				err := r.cfg.Store.Heartbeat(context.WithoutCancel(ctx), l, now, now.Add(r.cfg.Lease))
+				if errors.Is(err, checkpoint.ErrFenced) {
+					cancel(err)
+					return
+				}
+				if err != nil {
+					log.Warn().Err(err).Msg("heartbeat failed; will retry")
+				}
+			}
+		}
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done) })
+		wg.Wait()
+	}
+}

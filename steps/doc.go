@@ -1,0 +1,20 @@
+// Package steps is what job code calls: run a step with a deterministic ID,
+// have its output checkpointed, and get the recorded output back without
+// running it again when the run is resumed.
+//
+// Import rule: steps imports checkpoint and nothing else of Stepwise; jobs,
+// runner and cmd import it.
+//
+// The common case, inside a job function:
+//
+//	total, err := steps.Do(ctx, run, steps.ID("load"), func(ctx context.Context) (int64, error) {
+//		return loadTotal(ctx)
+//	})
+//
+// On the first attempt the function runs and its output is committed with
+// the step's checkpoint. On any later attempt of the same run (after a crash,
+// a failure or a manual rerun) the step is skipped and the recorded output
+// is returned, so later steps see the same data. Step IDs are a name plus an
+// optional business key (steps.ID("post", "T-1001") is "post/T-1001"), never
+// a counter of call order.
+package steps

@@ -1,0 +1,90 @@
+package steps
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors of package steps. Match them with errors.Is.
+var (
+	// ErrInvalidID is returned when a step ID is empty, too long or holds a
+	// character outside the allowed set.
+	ErrInvalidID = errors.New("steps: invalid step ID")
+	// ErrDuplicateStep is returned when one attempt uses a step ID twice: a
+	// bug in the job, since the second use would silently get the first's
+	// output on a rerun.
+	ErrDuplicateStep = errors.New("steps: duplicate step ID in one attempt")
+	// ErrInterrupted is returned by Do when the run's context is cancelled
+	// (a signal, a deadline) before the step starts.
+	ErrInterrupted = errors.New("steps: run interrupted")
+)
+
+// StepChangedError is returned when a completed step is called with an input
+// whose hash differs from the one recorded: the job or its data changed since
+// the step ran, so replaying its recorded output could be wrong.
+type StepChangedError struct {
+	RunID string
+	Step  string
+	Old   string // recorded input hash
+	New   string // this call's input hash
+}
+
+func (e *StepChangedError) Error() string {
+	return fmt.Sprintf("step %s of run %s changed since it ran (input hash %s, now %s); "+
+		"if the new input is right, reset that step so it runs again, otherwise restore the old input",
+		e.Step, e.RunID, short(e.Old), short(e.New))
+}
+
+func short(h string) string {
+	if h == "" {
+		return "none"
+	}
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+// RejectedError is a pinned business outcome: the step decided "no"
+// (insufficient funds, account closed). It is recorded like an output, so a
+// rerun returns the same rejection instead of trying again.
+type RejectedError struct {
+	Step   string
+	Reason string
+	err    error // the original error; nil when read back from a checkpoint
+}
+
+func (e *RejectedError) Error() string {
+	return fmt.Sprintf("step %s rejected: %s", e.Step, e.Reason)
+}
+
+// Unwrap returns the job's original error on the attempt that produced the
+// rejection, and nil when the rejection was read back from a checkpoint.
+func (e *RejectedError) Unwrap() error { return e.err }
+
+type rejection struct{ err error }
+
+func (r *rejection) Error() string { return r.err.Error() }
+func (r *rejection) Unwrap() error { return r.err }
+
+// Reject marks err as a business rejection to pin: the step is recorded as
+// rejected with err's message, and every rerun returns a *RejectedError with
+// that message without calling the step's function again.
+func Reject(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &rejection{err: err}
+}
+
+// StepError wraps the error of a step's function with the step's ID.
+type StepError struct {
+	RunID string
+	Step  string
+	Err   error
+}
+
+func (e *StepError) Error() string { return fmt.Sprintf("step %s: %v", e.Step, e.Err) }
+
+// Unwrap returns the step function's error.
+func (e *StepError) Unwrap() error { return e.Err }

@@ -1,0 +1,127 @@
+package steps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// Log field names used by Stepwise's structured logs.
+const (
+	FieldRunID   = "run_id"
+	FieldStepID  = "step_id"
+	FieldAttempt = "attempt"
+	FieldJob     = "job"
+)
+
+// Config says which run an attempt works on. The runner fills it in after
+// claiming the run.
+type Config struct {
+	// Store holds the run's checkpoints. Required.
+	Store checkpoint.Store
+	// Lease is the claimed attempt's lease; every checkpoint write carries
+	// its fence. Required.
+	Lease checkpoint.Lease
+	// Logger receives step logs. Defaults to zerolog.Nop().
+	Logger *zerolog.Logger
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Run is one attempt's view of a run, passed to job code. It is safe for use
+// by several goroutines.
+type Run struct {
+	store checkpoint.Store
+	lease checkpoint.Lease
+	log   zerolog.Logger
+	now   func() time.Time
+
+	mu       sync.Mutex
+	recorded map[string]checkpoint.Step // checkpoints loaded at Begin
+	seen     map[string]struct{}        // step IDs used by this attempt
+	stats    Stats
+}
+
+// Stats counts what an attempt did with its steps.
+type Stats struct {
+	Executed int // steps whose function ran and completed
+	Skipped  int // steps returned from their checkpoint
+	Failed   int // steps whose function returned an error
+}
+
+// Begin starts an attempt's view of the run: it loads every checkpoint of
+// the run with one query, so skipping completed steps needs no further reads.
+func Begin(ctx context.Context, cfg Config) (*Run, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("steps: Config.Store is nil")
+	}
+	if cfg.Lease.RunID == "" {
+		return nil, errors.New("steps: Config.Lease has no run ID; claim the run first")
+	}
+	r := &Run{
+		store:    cfg.Store,
+		lease:    cfg.Lease,
+		now:      cfg.Now,
+		log:      zerolog.Nop(),
+		recorded: make(map[string]checkpoint.Step),
+		seen:     make(map[string]struct{}),
+	}
+	if cfg.Logger != nil {
+		r.log = cfg.Logger.With().Str(FieldRunID, cfg.Lease.RunID).Int(FieldAttempt, cfg.Lease.Attempt).Logger()
+	}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	err := cfg.Store.Steps(ctx, cfg.Lease.RunID, func(s checkpoint.Step) error {
+		r.recorded[s.ID] = s
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("steps: load checkpoints of %s: %w", cfg.Lease.RunID, err)
+	}
+	return r, nil
+}
+
+// ID returns the run's ID, e.g. "report/2026-11-28".
+func (r *Run) ID() string { return r.lease.RunID }
+
+// Attempt returns this attempt's number (1 for the first).
+func (r *Run) Attempt() int { return r.lease.Attempt }
+
+// Logger returns the run's logger, with run_id and attempt fields set.
+func (r *Run) Logger() *zerolog.Logger { return &r.log }
+
+// Stats returns what this attempt has done so far.
+func (r *Run) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stats
+}
+
+// use marks id as used by this attempt and returns its recorded checkpoint.
+func (r *Run) use(id string) (checkpoint.Step, bool, error) {
+	if err := ValidateID(id); err != nil {
+		return checkpoint.Step{}, false, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.seen[id]; dup {
+		return checkpoint.Step{}, false, fmt.Errorf("%w: %q in run %s; give each step a distinct name or business key",
+			ErrDuplicateStep, id, r.lease.RunID)
+	}
+	r.seen[id] = struct{}{}
+	rec, ok := r.recorded[id]
+	return rec, ok, nil
+}
+
+func (r *Run) count(f func(*Stats)) {
+	r.mu.Lock()
+	f(&r.stats)
+	r.mu.Unlock()
+}
