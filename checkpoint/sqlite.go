@@ -68,7 +68,7 @@ type SQLite struct {
 	stmt preparedStatements
 }
 
-var _ Store = (*SQLite)(nil)
+var _ SQLStore = (*SQLite)(nil)
 
 // DSN returns the modernc.org/sqlite data source name Open uses for cfg:
 // WAL, the busy timeout, the synchronous level and immediate transactions.
@@ -93,18 +93,8 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 		return nil, err
 	}
 	path := cfg.Path
-	dir := filepath.Dir(path)
-	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return nil, fmt.Errorf("%w: %s (for database %s); create it or choose another --db path", ErrNoDirectory, dir, path)
-	}
-	if st, err := os.Stat(path); err == nil {
-		if st.IsDir() {
-			return nil, fmt.Errorf("%w: %s is a directory; give a file path", ErrNotDatabase, path)
-		}
-		if st.Mode().Perm()&0o222 == 0 {
-			return nil, fmt.Errorf("%w: %s has mode %s; make it writable (chmod u+w) or point --db at a writable copy",
-				ErrReadOnly, path, st.Mode().Perm())
-		}
+	if _, err := statDB(path); err != nil {
+		return nil, err
 	}
 	dsn, err := DSN(cfg)
 	if err != nil {
@@ -127,6 +117,27 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 		return nil, s.wrap("prepare statements", err)
 	}
 	return s, nil
+}
+
+// statDB checks the database file's directory exists and the file, if
+// present, is a writable regular file.
+func statDB(path string) (os.FileInfo, error) {
+	dir := filepath.Dir(path)
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("%w: %s (for database %s); create it or choose another path", ErrNoDirectory, dir, path)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, nil
+	}
+	if st.IsDir() {
+		return nil, fmt.Errorf("%w: %s is a directory; give a file path", ErrNotDatabase, path)
+	}
+	if st.Mode().Perm()&0o222 == 0 {
+		return nil, fmt.Errorf("%w: %s has mode %s; make it writable (chmod u+w) or use a writable copy",
+			ErrReadOnly, path, st.Mode().Perm())
+	}
+	return st, nil
 }
 
 // Path returns the database file's path.

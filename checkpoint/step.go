@@ -12,17 +12,17 @@ const (
 	// sqlPutStep inserts or replaces a step checkpoint only while the run's
 	// fence is the writer's (one statement, no extra round trip), and never
 	// overwrites a finished (completed or rejected) checkpoint.
-	sqlPutStep = `INSERT INTO steps (run_id, step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at)
-SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10
+	sqlPutStep = `INSERT INTO steps (run_id, step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan)
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?12
 WHERE (SELECT fence FROM runs WHERE id = ?1) = ?11
 ON CONFLICT (run_id, step_id) DO UPDATE SET
     status = excluded.status, output = excluded.output, input_hash = excluded.input_hash,
     error = excluded.error, tries = excluded.tries, attempt = excluded.attempt,
-    started_at = excluded.started_at, finished_at = excluded.finished_at
+    started_at = excluded.started_at, finished_at = excluded.finished_at, plan = excluded.plan
 WHERE steps.status NOT IN ('completed', 'rejected')`
 	sqlRunFence = `SELECT fence FROM runs WHERE id = ?`
 	sqlGetStep  = `SELECT status, output, input_hash, error FROM steps WHERE run_id = ? AND step_id = ?`
-	sqlSteps    = `SELECT step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at
+	sqlSteps    = `SELECT step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan
 FROM steps WHERE run_id = ? ORDER BY step_id`
 )
 
@@ -60,7 +60,7 @@ func (t *sqliteTx) SQL() *sql.Tx { return t.tx }
 
 func (t *sqliteTx) PutStep(st Step) error {
 	res, err := t.put.ExecContext(t.ctx, t.lease.RunID, st.ID, st.Status, st.Output, st.InputHash, st.Error,
-		st.Tries, t.lease.Attempt, fmtTime(st.StartedAt), fmtTime(st.FinishedAt), t.lease.Fence)
+		st.Tries, t.lease.Attempt, fmtTime(st.StartedAt), fmtTime(st.FinishedAt), t.lease.Fence, st.Plan)
 	if err != nil {
 		return err
 	}
@@ -108,7 +108,7 @@ func (s *SQLite) Steps(ctx context.Context, runID string, fn func(Step) error) e
 		st := Step{RunID: runID}
 		var started, finished sql.NullString
 		if err := rows.Scan(&st.ID, &st.Status, &st.Output, &st.InputHash, &st.Error, &st.Tries, &st.Attempt,
-			&started, &finished); err != nil {
+			&started, &finished, &st.Plan); err != nil {
 			return s.wrap("read steps of "+runID, err)
 		}
 		st.StartedAt = parseTime(started)

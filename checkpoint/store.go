@@ -46,6 +46,17 @@ type Tx interface {
 	SQL() *sql.Tx
 }
 
+// SQLStore is a Store kept in a SQL database that effect targets can share:
+// a target table in the same database commits its effects in the
+// checkpoint's own transaction.
+type SQLStore interface {
+	Store
+	// DB is the store's database handle.
+	DB() *sql.DB
+	// Path identifies the database (its file, for SQLite).
+	Path() string
+}
+
 // Run statuses.
 const (
 	RunRunning     = "running"
@@ -68,6 +79,9 @@ const (
 	StepRejected = "rejected"
 	// StepFailed: the step's last try failed; a rerun runs it again.
 	StepFailed = "failed"
+	// StepPlanned: the step's effects on a separate store are planned and
+	// recorded, not yet known to be applied. A rerun finishes the plan.
+	StepPlanned = "planned"
 )
 
 // ClaimRequest says who claims which run, with which parameters.
@@ -175,4 +189,6 @@ type Step struct {
 	Attempt    int
 	StartedAt  time.Time
 	FinishedAt time.Time
+	// Plan is the step's effect plan (JSON), if it has effects.
+	Plan []byte
 }

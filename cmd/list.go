@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/steps"
 )
 
 // JobsCmd lists registered jobs.
@@ -129,8 +130,9 @@ func (c *RunsCmd) Run(env *Env) error {
 
 // ShowCmd shows one run.
 type ShowCmd struct {
-	RunID string `arg:"" name:"run-id" help:"Run ID, e.g. report/2026-11-28."`
-	JSON  bool   `name:"json" help:"Print JSON instead of text."`
+	RunID   string `arg:"" name:"run-id" help:"Run ID, e.g. report/2026-11-28."`
+	JSON    bool   `name:"json" help:"Print JSON instead of text."`
+	Effects bool   `help:"Also list each step's recorded effect plan (key: old -> new, versions) and whether it applied."`
 }
 
 type attemptView struct {
@@ -153,6 +155,13 @@ type stepView struct {
 	Error      string          `json:"error,omitempty"`
 	StartedAt  time.Time       `json:"started_at"`
 	FinishedAt time.Time       `json:"finished_at"`
+	Plan       *planView       `json:"plan,omitempty"`
+}
+
+// planView is a step's effect plan in `show --effects`.
+type planView struct {
+	steps.PlanRecord
+	Applied bool `json:"applied"`
 }
 
 type showView struct {
@@ -182,6 +191,13 @@ func (c *ShowCmd) Run(env *Env) error {
 			Error: s.Error, StartedAt: s.StartedAt, FinishedAt: s.FinishedAt}
 		if json.Valid(s.Output) {
 			sv.Output = s.Output
+		}
+		if c.Effects && len(s.Plan) > 0 {
+			var pv planView
+			if err := json.Unmarshal(s.Plan, &pv.PlanRecord); err == nil {
+				pv.Applied = s.Status == checkpoint.StepCompleted
+				sv.Plan = &pv
+			}
 		}
 		v.Steps = append(v.Steps, sv)
 		return nil
@@ -216,7 +232,33 @@ func (c *ShowCmd) Run(env *Env) error {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", s.ID, s.Status, s.Attempt, s.Tries,
 			s.FinishedAt.Sub(s.StartedAt).Round(time.Microsecond), preview(out, 60))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil || !c.Effects {
+		return err
+	}
+	fmt.Fprintln(env.Stdout, "\nEFFECTS")
+	n := 0
+	for _, s := range v.Steps {
+		if s.Plan == nil {
+			continue
+		}
+		n++
+		state := "applied"
+		if !s.Plan.Applied {
+			state = "planned, not known to be applied (a rerun finishes it)"
+		}
+		id := s.Plan.EffectID
+		if id == "" {
+			id = "same-store transaction"
+		}
+		fmt.Fprintf(env.Stdout, "%s  on %s  [%s]  %s\n", s.ID, s.Plan.Target, id, state)
+		for _, w := range s.Plan.Writes {
+			fmt.Fprintf(env.Stdout, "    %s: %d -> %d  (version %d -> %d)\n", w.Key, w.OldValue, w.NewValue, w.OldVersion, w.OldVersion+1)
+		}
+	}
+	if n == 0 {
+		fmt.Fprintln(env.Stdout, "no step of this run has effects")
+	}
+	return nil
 }
 
 func preview(s string, n int) string {

@@ -32,6 +32,7 @@ type RunCmd struct {
 	Job        string            `arg:"" help:"Registered job name (see 'stepwise jobs')."`
 	Params     map[string]string `short:"p" mapsep:"none" placeholder:"NAME=VALUE" help:"A job parameter; repeat for several. Identifying parameters name the run: the same values resume the same run."`
 	ParamsFile string            `type:"existingfile" placeholder:"FILE" help:"JSON object of job parameters; -p values override it."`
+	DryRun     bool              `name:"dry-run" help:"Execute the job without claiming the run or writing anything: print each step's planned effects (key: before -> after)."`
 }
 
 // Run implements the run command.
@@ -47,7 +48,11 @@ func (c *RunCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: c.Params, ParamsFile: file, Force: c.Force})
+	res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: c.Params, ParamsFile: file, Force: c.Force, DryRun: c.DryRun})
+	if c.DryRun {
+		printDryRun(env, res)
+		return err
+	}
 	report(env, res, err)
 	return err
 }
@@ -67,6 +72,22 @@ func (c *ResumeCmd) Run(env *Env) error {
 	res, err := r.Resume(env.Ctx, c.RunID, c.Force)
 	report(env, res, err)
 	return err
+}
+
+// printDryRun prints what a dry run would have applied.
+func printDryRun(env *Env, res runner.Result) {
+	fmt.Fprintf(env.Stdout, "dry run of %s: nothing was applied or checkpointed\n", res.RunID)
+	for _, p := range res.DryPlans {
+		if p.Rejected != "" {
+			fmt.Fprintf(env.Stdout, "%s  (%s): rejected: %s\n", p.Step, p.Target, p.Rejected)
+			continue
+		}
+		fmt.Fprintf(env.Stdout, "%s  (%s)\n", p.Step, p.Target)
+		for _, w := range p.Writes {
+			fmt.Fprintf(env.Stdout, "    %s: %d -> %d  (version %d -> %d)\n", w.Key, w.OldValue, w.NewValue, w.OldVersion, w.OldVersion+1)
+		}
+	}
+	fmt.Fprintf(env.Stdout, "%d steps would run, %d are already checkpointed\n", res.Stats.Executed, res.Stats.Skipped)
 }
 
 // report prints the one-line outcome of a run on stdout.

@@ -97,6 +97,10 @@ type Request struct {
 	// Force runs a succeeded or abandoned run again (completed steps are
 	// still skipped).
 	Force bool
+	// DryRun executes the job without claiming the run or writing
+	// anything: effects are planned against current values and returned in
+	// Result.DryPlans.
+	DryRun bool
 }
 
 // Result says how a run ended.
@@ -107,6 +111,8 @@ type Result struct {
 	Stats   steps.Stats
 	// TookOverFrom names a dead or stale runner this attempt replaced.
 	TookOverFrom string
+	// DryPlans is what a dry run would have applied, step by step.
+	DryPlans []steps.DryPlan
 }
 
 // Run starts or resumes the run that req's job and identifying parameters
@@ -120,7 +126,28 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	if req.DryRun {
+		return r.dryRun(ctx, job, dec)
+	}
 	return r.execute(ctx, job, dec, req.Force)
+}
+
+// dryRun executes the job on a write-free steps.Run.
+func (r *Runner) dryRun(ctx context.Context, job jobs.Job, dec jobs.Decoded) (Result, error) {
+	runID := jobs.RunID(job.Name(), dec.RunKey)
+	log := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Bool("dry_run", true).Logger()
+	run, err := steps.Begin(ctx, steps.Config{Store: r.cfg.Store, Lease: checkpoint.Lease{RunID: runID, Owner: r.cfg.Owner},
+		Logger: &log, Now: r.cfg.Clock.Now, DryRun: true})
+	if err != nil {
+		return Result{RunID: runID}, err
+	}
+	defer run.Close()
+	jobErr := job.Execute(ctx, run, dec.JSON)
+	res := Result{RunID: runID, Status: "dry-run", Stats: run.Stats(), DryPlans: run.DryPlans()}
+	if jobErr != nil {
+		return res, fmt.Errorf("dry run of %s failed: %w", runID, jobErr)
+	}
+	return res, nil
 }
 
 // Resume runs runID again with its stored parameters.
@@ -208,6 +235,9 @@ func (r *Runner) drive(ctx context.Context, job jobs.Job, lease checkpoint.Lease
 	}
 	err = job.Execute(ctx, run, dec.JSON)
 	res.Stats = run.Stats()
+	if cerr := run.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
 	return err
 }
 

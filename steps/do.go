@@ -11,7 +11,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
-// Option changes how one Do call behaves.
+// Option changes how one Do or Apply call behaves.
 type Option func(*doOptions)
 
 type doOptions struct {
@@ -26,6 +26,27 @@ func Input(v any) Option {
 	return func(o *doOptions) { o.input, o.hasInput = v, true }
 }
 
+func newOptions(opts []Option) doOptions {
+	var o doOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// hash returns the hex SHA-256 of the input's JSON, or "" without input.
+func (o *doOptions) hash(id string) (string, error) {
+	if !o.hasInput {
+		return "", nil
+	}
+	b, err := json.Marshal(o.input)
+	if err != nil {
+		return "", fmt.Errorf("steps: step %s: encode input for hashing: %w", id, err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
 // Do runs the step id once per run. If the step is already checkpointed it
 // returns the recorded output without calling fn. Otherwise it calls fn and
 // commits its output (as JSON) with the step's checkpoint; the value returned
@@ -37,100 +58,123 @@ func Input(v any) Option {
 // pinned: recorded, and returned as a *RejectedError on every rerun.
 func Do[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Context) (T, error), opts ...Option) (T, error) {
 	var zero T
-	var o doOptions
-	for _, opt := range opts {
-		opt(&o)
+	cp, out, done, err := start[T](ctx, r, id, opts)
+	if done || err != nil {
+		return out, err
 	}
-	rec, recorded, err := r.use(id)
-	if err != nil {
-		return zero, err
-	}
-	hash := ""
-	if o.hasInput {
-		if hash, err = hashInput(o.input); err != nil {
-			return zero, fmt.Errorf("steps: step %s: hash input: %w", id, err)
-		}
-	}
-	if recorded && (rec.Status == checkpoint.StepCompleted || rec.Status == checkpoint.StepRejected) {
-		if rec.InputHash != hash {
-			return zero, &StepChangedError{RunID: r.lease.RunID, Step: id, Old: rec.InputHash, New: hash}
-		}
-		r.count(func(s *Stats) { s.Skipped++ })
-		r.log.Info().Str(FieldStepID, id).Msg("skipped (checkpointed)")
-		if rec.Status == checkpoint.StepRejected {
-			return zero, &RejectedError{Step: id, Reason: rec.Error}
-		}
-		var out T
-		if err := json.Unmarshal(rec.Output, &out); err != nil {
-			return zero, fmt.Errorf("steps: step %s: decode recorded output into %T: %w", id, out, err)
-		}
-		return out, nil
-	}
-	if err := ctx.Err(); err != nil {
-		return zero, fmt.Errorf("%w before step %s: %w", ErrInterrupted, id, context.Cause(ctx))
-	}
-	tries := 1
-	if recorded {
-		tries = rec.Tries + 1
-	}
-	started := r.now()
-	out, fnErr := fn(ctx)
-	cp := checkpoint.Step{ID: id, InputHash: hash, Tries: tries, StartedAt: started}
+	result, fnErr := fn(ctx)
 	if fnErr != nil {
 		return zero, r.recordFailure(ctx, cp, fnErr)
 	}
-	encoded, err := json.Marshal(out)
-	if err != nil {
-		return zero, fmt.Errorf("steps: step %s: encode output %T as JSON: %w", id, out, err)
+	if cp.Output, err = json.Marshal(result); err != nil {
+		return zero, fmt.Errorf("steps: step %s: encode output %T as JSON: %w", id, result, err)
 	}
-	cp.Status, cp.Output, cp.FinishedAt = checkpoint.StepCompleted, encoded, r.now()
+	cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
+	if r.dryRun {
+		return finish[T](r, cp)
+	}
 	crashStep(id, "before-checkpoint")
 	if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
 		return zero, fmt.Errorf("steps: checkpoint step %s: %w", id, err)
 	}
 	crashStep(id, "after-checkpoint")
-	r.count(func(s *Stats) { s.Executed++ })
-	r.log.Info().Str(FieldStepID, id).Dur("took", cp.FinishedAt.Sub(started)).Msg("step completed")
-	var result T
-	if err := json.Unmarshal(encoded, &result); err != nil {
-		return zero, fmt.Errorf("steps: step %s: decode output %T: %w", id, result, err)
+	return finish[T](r, cp)
+}
+
+// start claims id for this attempt. If the step is already finished it
+// returns its recorded output (or rejection) with done set. Otherwise it
+// returns the checkpoint to fill in, with input hash, try count and start
+// time set. A step left planned by a crash is returned with done unset and
+// cp.Status == StepPlanned for Apply to finish.
+func start[T any](ctx context.Context, r *Run, id string, opts []Option) (cp checkpoint.Step, out T, done bool, err error) {
+	o := newOptions(opts)
+	rec, recorded, err := r.use(id)
+	if err != nil {
+		return cp, out, false, err
 	}
-	return result, nil
+	hash, err := o.hash(id)
+	if err != nil {
+		return cp, out, false, err
+	}
+	if recorded && rec.Status != checkpoint.StepFailed {
+		if rec.InputHash != hash {
+			return cp, out, false, &StepChangedError{RunID: r.lease.RunID, Step: id, Old: rec.InputHash, New: hash}
+		}
+		if rec.Status == checkpoint.StepPlanned {
+			return rec, out, false, nil
+		}
+		r.count(func(s *Stats) { s.Skipped++ })
+		r.log.Info().Str(FieldStepID, id).Msg("skipped (checkpointed)")
+		out, err = decodeOutput[T](rec)
+		return rec, out, true, err
+	}
+	if err := ctx.Err(); err != nil {
+		return cp, out, false, fmt.Errorf("%w before step %s: %w", ErrInterrupted, id, context.Cause(ctx))
+	}
+	cp = checkpoint.Step{ID: id, InputHash: hash, Tries: 1, StartedAt: r.now()}
+	if recorded {
+		cp.Tries = rec.Tries + 1
+	}
+	return cp, out, false, nil
+}
+
+// finish counts and logs a step this attempt completed and returns its
+// output decoded from the recorded JSON.
+func finish[T any](r *Run, cp checkpoint.Step) (T, error) {
+	r.count(func(s *Stats) { s.Executed++ })
+	r.log.Info().Str(FieldStepID, cp.ID).Dur("took", cp.FinishedAt.Sub(cp.StartedAt)).Msg("step completed")
+	return decodeOutput[T](cp)
+}
+
+// decodeOutput decodes a finished checkpoint's output, or returns its pinned
+// rejection.
+func decodeOutput[T any](cp checkpoint.Step) (T, error) {
+	var out T
+	if cp.Status == checkpoint.StepRejected {
+		return out, &RejectedError{Step: cp.ID, Reason: cp.Error}
+	}
+	if err := json.Unmarshal(cp.Output, &out); err != nil {
+		return out, fmt.Errorf("steps: step %s: decode recorded output into %T: %w", cp.ID, out, err)
+	}
+	return out, nil
 }
 
 // recordFailure records a failed try or a pinned rejection and returns the
-// error Do reports. A failure to record a plain failure is logged, not
+// error the step reports. A failure to record a plain failure is logged, not
 // returned: the step is retried by a rerun either way.
 func (r *Run) recordFailure(ctx context.Context, cp checkpoint.Step, fnErr error) error {
 	cp.FinishedAt = r.now()
 	cp.Error = fnErr.Error()
+	cp.Output, cp.Plan = nil, nil
 	var rej *rejection
 	if errors.As(fnErr, &rej) {
-		cp.Status = checkpoint.StepRejected
-		if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
-			return fmt.Errorf("steps: record rejection of step %s: %w", cp.ID, err)
-		}
-		r.count(func(s *Stats) { s.Executed++ })
-		r.log.Info().Str(FieldStepID, cp.ID).Str("reason", cp.Error).Msg("step rejected (pinned)")
-		return &RejectedError{Step: cp.ID, Reason: cp.Error, err: rej.err}
+		return r.pin(ctx, cp, rej.err)
 	}
 	cp.Status = checkpoint.StepFailed
 	r.count(func(s *Stats) { s.Failed++ })
-	if err := r.store.InTx(context.WithoutCancel(ctx), r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
-		r.log.Warn().Str(FieldStepID, cp.ID).Err(err).Msg("could not record the step's failure")
+	if !r.dryRun {
+		err := r.store.InTx(context.WithoutCancel(ctx), r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) })
 		if errors.Is(err, checkpoint.ErrFenced) {
-			return err
+			return fmt.Errorf("steps: record failure of step %s: %w", cp.ID, err)
+		}
+		if err != nil {
+			r.log.Warn().Str(FieldStepID, cp.ID).Err(err).Msg("could not record the step's failure")
 		}
 	}
 	r.log.Warn().Str(FieldStepID, cp.ID).Int("tries", cp.Tries).Err(fnErr).Msg("step failed")
 	return &StepError{RunID: r.lease.RunID, Step: cp.ID, Err: fnErr}
 }
 
-func hashInput(v any) (string, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return "", err
+// pin records a business rejection so every rerun returns it.
+func (r *Run) pin(ctx context.Context, cp checkpoint.Step, cause error) error {
+	cp.Status = checkpoint.StepRejected
+	cp.Error = cause.Error()
+	if !r.dryRun {
+		if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
+			return fmt.Errorf("steps: record rejection of step %s: %w", cp.ID, err)
+		}
 	}
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:]), nil
+	r.count(func(s *Stats) { s.Executed++ })
+	r.log.Info().Str(FieldStepID, cp.ID).Str("reason", cp.Error).Msg("step rejected (pinned)")
+	return &RejectedError{Step: cp.ID, Reason: cp.Error, err: cause}
 }

@@ -32,6 +32,11 @@ type Config struct {
 	Logger *zerolog.Logger
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
+	// DryRun runs steps without writing anything: effects are planned
+	// against current values and collected (see Run.DryPlans), outputs
+	// are not checkpointed. Completed steps still return their recorded
+	// outputs.
+	DryRun bool
 }
 
 // Run is one attempt's view of a run, passed to job code. It is safe for use
@@ -46,6 +51,11 @@ type Run struct {
 	recorded map[string]checkpoint.Step // checkpoints loaded at Begin
 	seen     map[string]struct{}        // step IDs used by this attempt
 	stats    Stats
+	targets  map[string]*openTarget
+
+	dryRun   bool
+	dryState map[string]checkpoint.State // values planned by earlier dry-run steps
+	dryPlans []DryPlan
 }
 
 // Stats counts what an attempt did with its steps.
@@ -71,6 +81,8 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 		log:      zerolog.Nop(),
 		recorded: make(map[string]checkpoint.Step),
 		seen:     make(map[string]struct{}),
+		dryRun:   cfg.DryRun,
+		dryState: make(map[string]checkpoint.State),
 	}
 	if cfg.Logger != nil {
 		r.log = cfg.Logger.With().Str(FieldRunID, cfg.Lease.RunID).Int(FieldAttempt, cfg.Lease.Attempt).Logger()
@@ -102,6 +114,13 @@ func (r *Run) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.stats
+}
+
+// DryPlans returns what a dry run would have applied, step by step.
+func (r *Run) DryPlans() []DryPlan {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]DryPlan(nil), r.dryPlans...)
 }
 
 // use marks id as used by this attempt and returns its recorded checkpoint.

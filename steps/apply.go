@@ -1,0 +1,288 @@
+package steps
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// MaxReplans bounds how often a separate-store step re-plans after another
+// writer moved one of its keys, before it fails with the conflict.
+const MaxReplans = 8
+
+// PlanRecord is the effect plan stored with a step's checkpoint (as JSON in
+// checkpoint.Step.Plan).
+type PlanRecord struct {
+	// Target names where the effects land.
+	Target string `json:"target"`
+	// EffectID identifies a separate-store plan in the target's
+	// stepwise_applied table; empty on the same store.
+	EffectID string `json:"effect_id,omitempty"`
+	// Ops are the step's relative operations, kept so a plan that lost a
+	// race can be made again from them.
+	Ops []Op `json:"ops"`
+	// Writes are the compare-and-set writes computed from Ops.
+	Writes []checkpoint.Write `json:"writes"`
+}
+
+// Apply runs the step id once per run, like Do, with effects: fn records
+// relative operations on e, and after it returns the runner turns them into
+// compare-and-set writes on target and applies them exactly once.
+//
+// If an operation would break a guard (an overdraft), nothing is applied and
+// the step is pinned as rejected: Apply returns a *RejectedError, now and on
+// every rerun, even if the balance has grown since.
+//
+// On the same store the read, plan, writes and checkpoint commit in one
+// transaction. On a separate store the plan is recorded first, then applied
+// in one target transaction that also records its effect ID, then the step
+// is marked done; a rerun finishes whichever part is missing.
+func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func(ctx context.Context, e *Effects) (T, error), opts ...Option) (T, error) {
+	var zero T
+	cp, out, done, err := start[T](ctx, r, id, opts)
+	if done || err != nil {
+		return out, err
+	}
+	ot, err := r.target(ctx, target)
+	if err != nil {
+		return zero, err
+	}
+	if cp.Status == checkpoint.StepPlanned {
+		var pr PlanRecord
+		if err := json.Unmarshal(cp.Plan, &pr); err != nil {
+			return zero, fmt.Errorf("steps: step %s: decode recorded plan: %w", id, err)
+		}
+		r.log.Info().Str(FieldStepID, id).Str("effect_id", pr.EffectID).Msg("finishing a recorded plan")
+		err := r.finishPlanned(ctx, ot, &cp, pr)
+		var conflict *checkpoint.VersionConflictError
+		if errors.As(err, &conflict) {
+			// Another writer moved a key before our plan applied, so
+			// nothing of ours applied: plan again from the recorded ops.
+			r.log.Warn().Str(FieldStepID, id).Str("key", conflict.Key).Msg("recorded plan is stale; re-planning")
+			err = r.applySeparate(ctx, ot, &cp, PlanRecord{Target: pr.Target, Ops: pr.Ops})
+		}
+		var guard *GuardError
+		if errors.As(err, &guard) {
+			return zero, r.pin(ctx, cp, guard)
+		}
+		if err != nil {
+			return zero, err
+		}
+		return finish[T](r, cp)
+	}
+	var e Effects
+	result, fnErr := fn(ctx, &e)
+	if fnErr != nil {
+		return zero, r.recordFailure(ctx, cp, fnErr)
+	}
+	if cp.Output, err = json.Marshal(result); err != nil {
+		return zero, fmt.Errorf("steps: step %s: encode output %T as JSON: %w", id, result, err)
+	}
+	pr := PlanRecord{Target: ot.name, Ops: e.ops}
+	switch {
+	case r.dryRun:
+		err = r.dryApply(ctx, ot, &cp, pr)
+	case ot.same:
+		err = r.applySame(ctx, ot, &cp, pr)
+	default:
+		err = r.applySeparate(ctx, ot, &cp, pr)
+	}
+	var guard *GuardError
+	if errors.As(err, &guard) {
+		return zero, r.pin(ctx, cp, guard)
+	}
+	if err != nil {
+		return zero, err
+	}
+	return finish[T](r, cp)
+}
+
+// applySame reads, plans, writes and checkpoints in one transaction. A
+// guard failure rolls back and is returned as a *GuardError.
+func (r *Run) applySame(ctx context.Context, ot *openTarget, cp *checkpoint.Step, pr PlanRecord) error {
+	err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error {
+		cur, err := ot.h.Read(ctx, tx.SQL(), keysOf(pr.Ops))
+		if err != nil {
+			return err
+		}
+		res, err := Plan(cur, pr.Ops)
+		if err != nil {
+			return err
+		}
+		if g := res.Rejected[0]; g != nil {
+			return g
+		}
+		if err := ot.h.Write(ctx, tx.SQL(), res.Writes); err != nil {
+			return err
+		}
+		pr.Writes = res.Writes
+		cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
+		if cp.Plan, err = json.Marshal(pr); err != nil {
+			return err
+		}
+		crashStep(cp.ID, "before-commit")
+		return tx.PutStep(*cp)
+	})
+	if err != nil {
+		var g *GuardError
+		if errors.As(err, &g) {
+			return g
+		}
+		return fmt.Errorf("steps: step %s: apply effects to %s: %w", cp.ID, ot.name, err)
+	}
+	crashStep(cp.ID, "after-commit")
+	return nil
+}
+
+// applySeparate plans against the target's current state, records the plan
+// in the checkpoint store, applies it in one target transaction, and records
+// the step done. A version conflict (another writer moved a key) re-plans.
+func (r *Run) applySeparate(ctx context.Context, ot *openTarget, cp *checkpoint.Step, pr PlanRecord) error {
+	for replan := 0; ; replan++ {
+		cur, err := readTarget(ctx, ot, keysOf(pr.Ops))
+		if err != nil {
+			return fmt.Errorf("steps: step %s: read %s: %w", cp.ID, ot.name, err)
+		}
+		res, err := Plan(cur, pr.Ops)
+		if err != nil {
+			return err
+		}
+		if g := res.Rejected[0]; g != nil {
+			return g
+		}
+		pr.Writes = res.Writes
+		pr.EffectID = fmt.Sprintf("%s/%s@%d.%d", r.lease.RunID, cp.ID, r.lease.Fence, replan)
+		cp.Status, cp.FinishedAt = checkpoint.StepPlanned, r.now()
+		if cp.Plan, err = json.Marshal(pr); err != nil {
+			return err
+		}
+		if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(*cp) }); err != nil {
+			return fmt.Errorf("steps: step %s: record plan: %w", cp.ID, err)
+		}
+		crashStep(cp.ID, "after-plan")
+		err = r.finishPlanned(ctx, ot, cp, pr)
+		var conflict *checkpoint.VersionConflictError
+		if !errors.As(err, &conflict) || replan+1 >= MaxReplans {
+			return err
+		}
+		r.log.Warn().Str(FieldStepID, cp.ID).Str("key", conflict.Key).Int64("expected", conflict.Expected).
+			Int64("found", conflict.Found).Msg("another writer moved a key; re-planning")
+	}
+}
+
+// finishPlanned brings a recorded separate-store plan to completion: if the
+// target already holds its effect ID it applied (record it); otherwise apply
+// it if every expected version still matches; otherwise nothing of ours
+// applied, so re-plan from the recorded operations.
+func (r *Run) finishPlanned(ctx context.Context, ot *openTarget, cp *checkpoint.Step, pr PlanRecord) error {
+	if err := r.checkFence(ctx); err != nil {
+		return err
+	}
+	applied := false
+	err := targetTx(ctx, ot.h.DB(), func(tx *sql.Tx) error {
+		var err error
+		if applied, err = ot.h.IsApplied(ctx, tx, pr.EffectID); err != nil || applied {
+			return err
+		}
+		if err := ot.h.Write(ctx, tx, pr.Writes); err != nil {
+			return err
+		}
+		return ot.h.MarkApplied(ctx, tx, pr.EffectID, r.lease.RunID, cp.ID, r.now())
+	})
+	var conflict *checkpoint.VersionConflictError
+	if errors.As(err, &conflict) {
+		return conflict
+	}
+	if err != nil {
+		return fmt.Errorf("steps: step %s: apply plan %s to %s: %w", cp.ID, pr.EffectID, ot.name, err)
+	}
+	if applied {
+		r.log.Info().Str(FieldStepID, cp.ID).Str("effect_id", pr.EffectID).Msg("plan had already applied; recording it")
+	}
+	crashStep(cp.ID, "after-apply")
+	cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
+	if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(*cp) }); err != nil {
+		return fmt.Errorf("steps: step %s: record applied plan: %w", cp.ID, err)
+	}
+	return nil
+}
+
+// checkFence fails with checkpoint.ErrFenced if another runner claimed the
+// run, so a runner that lost its lease does not touch a separate target.
+func (r *Run) checkFence(ctx context.Context) error {
+	info, err := r.store.Run(ctx, r.lease.RunID)
+	if err != nil {
+		return err
+	}
+	if info.Run.Fence != r.lease.Fence {
+		return fmt.Errorf("%w: run %s is at fence %d, this attempt holds %d", checkpoint.ErrFenced, r.lease.RunID, info.Run.Fence, r.lease.Fence)
+	}
+	return nil
+}
+
+// dryApply plans against current values (and earlier dry-run plans) and
+// records the plan for printing; nothing is written.
+func (r *Run) dryApply(ctx context.Context, ot *openTarget, cp *checkpoint.Step, pr PlanRecord) error {
+	keys := keysOf(pr.Ops)
+	cur, err := readTarget(ctx, ot, keys)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range keys {
+		if s, ok := r.dryState[ot.name+"\x00"+k]; ok {
+			cur[k] = s
+		}
+	}
+	res, err := Plan(cur, pr.Ops)
+	if err != nil {
+		return err
+	}
+	if g := res.Rejected[0]; g != nil {
+		r.dryPlans = append(r.dryPlans, DryPlan{Step: cp.ID, Target: ot.name, Rejected: g.Error()})
+		return g
+	}
+	for _, w := range res.Writes {
+		r.dryState[ot.name+"\x00"+w.Key] = checkpoint.State{Value: w.NewValue, Version: w.OldVersion + 1, Exists: true}
+	}
+	r.dryPlans = append(r.dryPlans, DryPlan{Step: cp.ID, Target: ot.name, Writes: res.Writes})
+	cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
+	return nil
+}
+
+// DryPlan is what a dry run would have applied for one step.
+type DryPlan struct {
+	Step     string             `json:"step"`
+	Target   string             `json:"target"`
+	Writes   []checkpoint.Write `json:"writes,omitempty"`
+	Rejected string             `json:"rejected,omitempty"`
+}
+
+// readTarget reads keys' current state in a short read transaction.
+func readTarget(ctx context.Context, ot *openTarget, keys []string) (map[string]checkpoint.State, error) {
+	var cur map[string]checkpoint.State
+	err := targetTx(ctx, ot.h.DB(), func(tx *sql.Tx) error {
+		var err error
+		cur, err = ot.h.Read(ctx, tx, keys)
+		return err
+	})
+	return cur, err
+}
+
+// targetTx runs fn in one transaction on a target database.
+func targetTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}

@@ -1,0 +1,112 @@
+package steps
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// Target says where a step's effects land: a table in the checkpoint
+// database (same store: effects commit in the checkpoint's transaction) or
+// in another SQLite database (separate store: plan, apply, record).
+type Target struct {
+	// Path of the SQLite database holding Table. Empty, or the checkpoint
+	// database's own path, means the same store.
+	Path string
+	// Table is the table and its key, value and version columns.
+	Table checkpoint.Table
+}
+
+// State is the built-in key/value target in the checkpoint database, for
+// durable counters: missing keys start at 0.
+var State = Target{Table: checkpoint.StateTable}
+
+func (t Target) String() string {
+	if t.Path == "" {
+		return t.Table.Name
+	}
+	return t.Path + ":" + t.Table.Name
+}
+
+// openTarget is a Target opened for this attempt.
+type openTarget struct {
+	h    *checkpoint.TableHandle
+	same bool    // lives in the checkpoint database
+	db   *sql.DB // owned (separate store) or nil
+	name string
+}
+
+// target returns the opened target, opening it on first use.
+func (r *Run) target(ctx context.Context, t Target) (*openTarget, error) {
+	key := t.Path + "\x00" + t.Table.Name
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ot, ok := r.targets[key]; ok {
+		return ot, nil
+	}
+	sqlStore, ok := r.store.(checkpoint.SQLStore)
+	if !ok {
+		return nil, fmt.Errorf("steps: the checkpoint store %T cannot host effect targets", r.store)
+	}
+	same := t.Path == "" || samePath(t.Path, sqlStore.Path())
+	ot := &openTarget{same: same, name: t.String()}
+	db := sqlStore.DB()
+	if !same {
+		var err error
+		if db, err = checkpoint.OpenTarget(ctx, checkpoint.Config{Path: t.Path}); err != nil {
+			return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
+		}
+		ot.db = db
+	}
+	h, err := checkpoint.OpenTable(ctx, db, t.Table)
+	if err != nil {
+		if ot.db != nil {
+			ot.db.Close()
+		}
+		return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
+	}
+	ot.h = h
+	if r.targets == nil {
+		r.targets = make(map[string]*openTarget)
+	}
+	r.targets[key] = ot
+	return ot, nil
+}
+
+func samePath(a, b string) bool {
+	if a == b {
+		return true
+	}
+	ra, err1 := filepath.Abs(a)
+	rb, err2 := filepath.Abs(b)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	if ea, err := filepath.EvalSymlinks(ra); err == nil {
+		ra = ea
+	}
+	if eb, err := filepath.EvalSymlinks(rb); err == nil {
+		rb = eb
+	}
+	return ra == rb
+}
+
+// Close releases the targets this attempt opened. The runner calls it when
+// the attempt ends.
+func (r *Run) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var errs []error
+	for k, ot := range r.targets {
+		ot.h.Close()
+		if ot.db != nil {
+			errs = append(errs, ot.db.Close())
+		}
+		delete(r.targets, k)
+	}
+	return errors.Join(errs...)
+}
