@@ -1,0 +1,551 @@
+package cmd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/steps"
+)
+
+// The crash tests run the stepwise CLI in real processes: the test binary
+// re-executes itself with childEnv set, and TestMain then acts as the CLI
+// (through Main, so signal handling is the real one) with the test registry
+// instead of running tests. Arguments for the CLI follow a "--" marker.
+const (
+	childEnv = "STEPWISE_TEST_CHILD"
+	// gateEnv makes the child report readiness on fd 3 and then wait for
+	// fd 4 to close before running, so the parent can release several
+	// children at the same moment.
+	gateEnv = "STEPWISE_TEST_GATE"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		childMain()
+		return // Main exits; not reached
+	}
+	os.Exit(m.Run())
+}
+
+func childMain() {
+	args := os.Args[1:]
+	if i := slices.Index(args, "--"); i >= 0 {
+		args = args[i+1:]
+	}
+	if os.Getenv(gateEnv) == "1" {
+		ready, gate := os.NewFile(3, "ready"), os.NewFile(4, "gate")
+		if _, err := ready.Write([]byte{1}); err != nil {
+			fmt.Fprintf(os.Stderr, "test child: report ready: %v\n", err)
+			os.Exit(97)
+		}
+		ready.Close()
+		io.Copy(io.Discard, gate) // returns when the parent closes its end
+		gate.Close()
+	}
+	os.Args = append([]string{os.Args[0]}, args...)
+	Main(testRegistry())
+}
+
+func testRegistry() *jobs.Registry {
+	var reg jobs.Registry
+	reg.MustRegister(crashyJob)
+	return &reg
+}
+
+// crashyParams are the parameters of the test job. Side names the file each
+// step appends to, so a test can count how often each step's function ran
+// across processes.
+type crashyParams struct {
+	Key   string        `param:"key,key" help:"run key"`
+	Side  string        `param:"side,required" help:"side-effect log file"`
+	Steps int           `param:"steps" default:"3" help:"number of steps"`
+	Pace  time.Duration `param:"pace" default:"0s" help:"pause in every step"`
+	// Block and BlockAt make step/BlockAt wait until the file Block
+	// exists, so a test can hold a runner inside a step for as long as it
+	// needs, without sleeping.
+	Block   string `param:"block" help:"file whose existence releases the blocking step"`
+	BlockAt int    `param:"block-at" default:"0" help:"index of the blocking step (0: none)"`
+	// Stubborn makes the blocking step ignore cancellation: it notes the
+	// cancel in the side file and finishes when released.
+	Stubborn bool `param:"stubborn" default:"false" help:"the blocking step ignores cancellation"`
+}
+
+// stepOutput is each step's output. Nanos and Attempt differ on every
+// execution, so an output replayed from a checkpoint is told apart from a
+// recomputed one.
+type stepOutput struct {
+	Step    string `json:"step"`
+	Attempt int    `json:"attempt"`
+	Nanos   int64  `json:"nanos"`
+}
+
+var crashyJob = jobs.Define("crashy", runCrashy,
+	jobs.Help("test job: numbered steps that log every execution to a side file"))
+
+// Side file lines.
+const (
+	sideRan       = "ran"       // "ran step/i": the step's function started
+	sideSaw       = "saw"       // "saw step/i {json}": what Do returned to the job
+	sideCancelled = "cancelled" // "cancelled step/i": the blocking step saw its context end
+)
+
+func runCrashy(ctx context.Context, run *steps.Run, p crashyParams) error {
+	for i := 1; i <= p.Steps; i++ {
+		id := steps.ID("step", strconv.Itoa(i))
+		out, err := steps.Do(ctx, run, id, func(ctx context.Context) (stepOutput, error) {
+			if err := appendLine(p.Side, sideRan+" "+id); err != nil {
+				return stepOutput{}, err
+			}
+			if i == p.BlockAt {
+				if err := block(ctx, p, id); err != nil {
+					return stepOutput{}, err
+				}
+			}
+			if p.Pace > 0 {
+				t := time.NewTimer(p.Pace)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return stepOutput{}, ctx.Err()
+				case <-t.C:
+				}
+			}
+			return stepOutput{Step: id, Attempt: run.Attempt(), Nanos: time.Now().UnixNano()}, nil
+		})
+		if err != nil {
+			return err
+		}
+		b, err := json.Marshal(out)
+		if err != nil {
+			return err
+		}
+		if err := appendLine(p.Side, sideSaw+" "+id+" "+string(b)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// block waits until p.Block exists. Cancellation ends the wait with the
+// context's error unless p.Stubborn, which only notes it in the side file.
+func block(ctx context.Context, p crashyParams, id string) error {
+	done := ctx.Done()
+	for {
+		if _, err := os.Stat(p.Block); err == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			if !p.Stubborn {
+				return ctx.Err()
+			}
+			done = nil
+			if err := appendLine(p.Side, sideCancelled+" "+id); err != nil {
+				return err
+			}
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// appendLine appends one line with a single write, so a SIGKILL never leaves
+// half a line.
+func appendLine(path, line string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(line + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// sideLog is what the side file says happened.
+type sideLog struct {
+	ran       map[string]int      // step ID -> executions started
+	saw       map[string][]string // step ID -> outputs the job received, in order
+	cancelled map[string]int
+}
+
+func readSide(t *testing.T, path string) sideLog {
+	t.Helper()
+	l := sideLog{ran: map[string]int{}, saw: map[string][]string{}, cancelled: map[string]int{}}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return l
+	}
+	if err != nil {
+		t.Fatalf("read side file: %v", err)
+	}
+	// Only complete lines count: a child may be writing right now.
+	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+		b = b[:i+1]
+	} else {
+		b = nil
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		kind, rest, _ := strings.Cut(sc.Text(), " ")
+		id, payload, _ := strings.Cut(rest, " ")
+		switch kind {
+		case sideRan:
+			l.ran[id]++
+		case sideSaw:
+			l.saw[id] = append(l.saw[id], payload)
+		case sideCancelled:
+			l.cancelled[id]++
+		default:
+			t.Fatalf("side file %s: unexpected line %q", path, sc.Text())
+		}
+	}
+	return l
+}
+
+// stepIDs returns step/1..step/n.
+func stepIDs(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = steps.ID("step", strconv.Itoa(i+1))
+	}
+	return ids
+}
+
+// checkRan fails unless each of step/1..step/n ran exactly want[id] times
+// (absent means 0) and no other step ran.
+func checkRan(t *testing.T, l sideLog, n int, want map[string]int) {
+	t.Helper()
+	for _, id := range stepIDs(n) {
+		if got := l.ran[id]; got != want[id] {
+			t.Errorf("%s ran %d times, want %d (all counts: %v)", id, got, want[id], l.ran)
+		}
+	}
+	for id := range l.ran {
+		if !slices.Contains(stepIDs(n), id) {
+			t.Errorf("unexpected step %s ran", id)
+		}
+	}
+}
+
+// checkSaw fails unless every value the job received from a step is the
+// step's recorded output, byte for byte: a replay hands the job exactly what
+// the first execution produced.
+func checkSaw(t *testing.T, l sideLog, s runState) {
+	t.Helper()
+	for id, outs := range l.saw {
+		rec, ok := s.steps[id]
+		if !ok {
+			t.Errorf("job received output of %s, which has no checkpoint", id)
+			continue
+		}
+		for i, o := range outs {
+			if o != string(rec.Output) {
+				t.Errorf("job received %s output #%d %s, checkpoint holds %s", id, i+1, o, rec.Output)
+			}
+		}
+	}
+}
+
+// runState is a run as the store holds it.
+type runState struct {
+	found bool
+	info  checkpoint.RunInfo
+	steps map[string]checkpoint.Step
+}
+
+// readRun reads a run and its checkpoints from the database file, opening
+// and closing the store around the read (no child is running then).
+func readRun(t *testing.T, db, runID string) runState {
+	t.Helper()
+	ctx := context.Background()
+	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: db})
+	if err != nil {
+		t.Fatalf("open %s: %v", db, err)
+	}
+	defer st.Close()
+	s := runState{steps: map[string]checkpoint.Step{}}
+	s.info, err = st.Run(ctx, runID)
+	if errors.Is(err, checkpoint.ErrNotFound) {
+		return s
+	}
+	if err != nil {
+		t.Fatalf("read run %s: %v", runID, err)
+	}
+	s.found = true
+	err = st.Steps(ctx, runID, func(c checkpoint.Step) error {
+		s.steps[c.ID] = c
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("read steps of %s: %v", runID, err)
+	}
+	return s
+}
+
+// completed returns the IDs of the completed steps.
+func (s runState) completed() []string {
+	var ids []string
+	for id, c := range s.steps {
+		if c.Status == checkpoint.StepCompleted {
+			ids = append(ids, id)
+		}
+	}
+	sortStepIDs(ids)
+	return ids
+}
+
+// sortStepIDs sorts step/1..step/n by number (shorter first, then by text).
+func sortStepIDs(ids []string) {
+	slices.SortFunc(ids, func(a, b string) int {
+		if len(a) != len(b) {
+			return len(a) - len(b)
+		}
+		return strings.Compare(a, b)
+	})
+}
+
+// attemptStatuses returns the statuses of the run's attempts, oldest first.
+func (s runState) attemptStatuses() []string {
+	var st []string
+	for _, a := range s.info.Attempts {
+		st = append(st, a.Status)
+	}
+	return st
+}
+
+// crashyArgs returns CLI arguments running the crashy job on db.
+func crashyArgs(db, key, side string, params ...string) []string {
+	args := []string{"--db", db, "run", "crashy", "-p", "key=" + key, "-p", "side=" + side}
+	for _, p := range params {
+		args = append(args, "-p", p)
+	}
+	return args
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a child writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// child is a stepwise CLI process running the test registry.
+type child struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stdout syncBuffer
+	stderr syncBuffer
+	done   chan struct{}
+}
+
+// exit is how a child ended: an exit code, or the signal that killed it.
+type exit struct {
+	code   int // -1 when killed by a signal
+	signal syscall.Signal
+}
+
+func (e exit) String() string {
+	if e.code < 0 {
+		return fmt.Sprintf("killed by signal %d (%v)", int(e.signal), e.signal)
+	}
+	return fmt.Sprintf("exit code %d", e.code)
+}
+
+const childTimeout = 30 * time.Second
+
+// startChild starts the CLI with args in a new process. env is added to the
+// environment (with every STEPWISE_ variable of the test's own environment
+// removed); files become the child's fds 3, 4, ...
+func startChild(t *testing.T, env []string, files []*os.File, args ...string) *child {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatalf("find test binary: %v", err)
+	}
+	c := &child{t: t, done: make(chan struct{})}
+	c.cmd = exec.Command(exe, append([]string{"--"}, args...)...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "STEPWISE_") {
+			c.cmd.Env = append(c.cmd.Env, kv)
+		}
+	}
+	// The race detector sleeps a second before a process exits (to catch
+	// late reports); children report races as they happen, and still exit 66.
+	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
+	c.cmd.Env = append(c.cmd.Env, childEnv+"=1", "GORACE="+gorace)
+	c.cmd.Env = append(c.cmd.Env, env...)
+	c.cmd.Stdout, c.cmd.Stderr = &c.stdout, &c.stderr
+	c.cmd.ExtraFiles = files
+	if err := c.cmd.Start(); err != nil {
+		t.Fatalf("start child: %v", err)
+	}
+	go func() {
+		c.cmd.Wait() // the exit status is read from ProcessState
+		close(c.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-c.done:
+		default:
+			c.cmd.Process.Kill()
+			<-c.done
+		}
+	})
+	return c
+}
+
+// wait waits for the child to end and returns how it ended. The child is
+// reaped, so its PID is free.
+func (c *child) wait() exit {
+	c.t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(childTimeout):
+		c.cmd.Process.Kill()
+		<-c.done
+		c.t.Fatalf("child %v did not end within %s\nstdout:\n%s\nstderr:\n%s", c.cmd.Args[2:], childTimeout, c.stdout.String(), c.stderr.String())
+	}
+	ws := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if ws.Signaled() {
+		return exit{code: -1, signal: ws.Signal()}
+	}
+	return exit{code: ws.ExitStatus()}
+}
+
+// exited reports whether the child has ended.
+func (c *child) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitFor polls cond until it holds; it fails the test if the child ends
+// first or it takes too long.
+func (c *child) waitFor(what string, cond func() bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(childTimeout)
+	for !cond() {
+		if c.exited() {
+			if cond() {
+				return
+			}
+			c.t.Fatalf("child ended (%s) before %s\nstdout:\n%s\nstderr:\n%s", c.wait(), what, c.stdout.String(), c.stderr.String())
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("child did not reach %s within %s", what, childTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// runChild runs the CLI in a new process to its end.
+func runChild(t *testing.T, env []string, args ...string) (*child, exit) {
+	t.Helper()
+	c := startChild(t, env, nil, args...)
+	return c, c.wait()
+}
+
+// wantExit fails the test unless the child ended as want.
+func (c *child) wantExit(got, want exit) {
+	c.t.Helper()
+	if got != want {
+		c.t.Fatalf("child %v: got %s, want %s\nstdout:\n%s\nstderr:\n%s", c.cmd.Args[2:], got, want, c.stdout.String(), c.stderr.String())
+	}
+}
+
+// gatedChildren starts the CLI in n processes and returns once all of them
+// are ready to run, with release letting them all go at the same moment.
+func gatedChildren(t *testing.T, n int, args ...[]string) (cs []*child, release func()) {
+	t.Helper()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gateR, gateW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer readyR.Close()
+	defer gateR.Close()
+	for i := range n {
+		cs = append(cs, startChild(t, []string{gateEnv + "=1"}, []*os.File{readyW, gateR}, args[i]...))
+	}
+	readyW.Close()
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(readyR, buf); err != nil {
+		gateW.Close()
+		t.Fatalf("children did not get ready: %v", err)
+	}
+	return cs, func() { gateW.Close() }
+}
+
+// touch creates an empty file.
+func touch(t *testing.T, path string) {
+	t.Helper()
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// createDB creates the checkpoint database at path with its schema.
+func createDB(t *testing.T, path string) {
+	t.Helper()
+	st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// knownBugsEnv set to 1 runs the tests that reproduce known, unfixed bugs.
+const knownBugsEnv = "STEPWISE_TEST_KNOWN_BUGS"
+
+// knownBug skips a test reproducing a bug that is not fixed yet, unless
+// knownBugsEnv=1. Delete the call once the bug is fixed.
+func knownBug(t *testing.T, bug string) {
+	t.Helper()
+	if os.Getenv(knownBugsEnv) != "1" {
+		t.Skipf("known bug, not fixed yet (%s=1 runs it): %s", knownBugsEnv, bug)
+	}
+}
+
+// testFiles returns a database path and a side file path in a fresh
+// temporary directory.
+func testFiles(t *testing.T) (db, side string) {
+	dir := t.TempDir()
+	return filepath.Join(dir, "stepwise.db"), filepath.Join(dir, "side.log")
+}
