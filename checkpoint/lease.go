@@ -21,7 +21,7 @@ WHERE id = ? AND fence = ?`
 	sqlLoseAttempts = `UPDATE attempts SET status = 'lost', finished_at = ?,
     error = 'runner stopped without recording an end; taken over by ' || ?
 WHERE run_id = ? AND finished_at IS NULL`
-	sqlNextAttempt = `SELECT COALESCE(MAX(number), 0) + 1 FROM attempts WHERE run_id = ?`
+	sqlNextAttempt   = `SELECT COALESCE(MAX(number), 0) + 1 FROM attempts WHERE run_id = ?`
 	sqlInsertAttempt = `INSERT INTO attempts (run_id, number, fence, owner, status, started_at)
 VALUES (?, ?, ?, ?, 'running', ?)`
 	sqlHeartbeat = `UPDATE runs SET lease_until = ?, updated_at = ?

@@ -89,6 +89,16 @@ func (s *SQLite) migrate(ctx context.Context) error {
 		if err != nil {
 			return s.wrap("begin migration "+m.name, err)
 		}
+		// Another process may have migrated since we read the version;
+		// the write lock we now hold makes this read authoritative.
+		if err := tx.QueryRowContext(ctx, sqlSchemaVersion).Scan(&current); err != nil {
+			tx.Rollback()
+			return s.wrap("read schema version", err)
+		}
+		if m.version <= current {
+			tx.Rollback()
+			continue
+		}
 		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
 			tx.Rollback()
 			return s.wrap("apply migration "+m.name, err)

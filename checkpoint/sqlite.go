@@ -108,7 +108,7 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 	db.SetMaxIdleConns(1)
 	db.SetConnMaxLifetime(0)
 	s := &SQLite{db: db, path: path, cfg: cfg}
-	if err := s.migrate(ctx); err != nil {
+	if err := s.migrateRetrying(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -138,6 +138,27 @@ func statDB(path string) (os.FileInfo, error) {
 			ErrReadOnly, path, st.Mode().Perm())
 	}
 	return st, nil
+}
+
+// migrateRetrying migrates, retrying while another process holds the lock.
+// Switching a brand-new file to WAL fails at once with SQLITE_BUSY instead
+// of waiting for the busy timeout when several processes create the same
+// database together, so Open waits here, up to the busy timeout.
+func (s *SQLite) migrateRetrying(ctx context.Context) error {
+	const pause = 10 * time.Millisecond
+	for tries := s.cfg.BusyTimeout / pause; ; tries-- {
+		err := s.migrate(ctx)
+		if !errors.Is(err, ErrLocked) || tries <= 0 {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }
 
 // Path returns the database file's path.

@@ -484,8 +484,6 @@ func TestSIGTERMInterruptsResumably(t *testing.T) {
 // finishes and is checkpointed, no new step starts, and the rerun does not
 // run it again.
 func TestSIGTERMLetsTheCurrentStepFinish(t *testing.T) {
-	knownBug(t, "steps.Do commits a finished step's checkpoint with the cancelled run context, "+
-		"so BeginTx fails with context.Canceled and the finished step runs again on the rerun")
 	const n = 4
 	ids := stepIDs(n)
 
@@ -517,9 +515,6 @@ func TestSIGTERMLetsTheCurrentStepFinish(t *testing.T) {
 // database that does not exist yet: each must see the schema created once,
 // and exactly one may run.
 func TestConcurrentFirstOpen(t *testing.T) {
-	knownBug(t, "checkpoint migrate reads the schema version outside the migration's write transaction, "+
-		"so a second process applies 0001_init.sql again (table runs already exists); and switching a new "+
-		"file to WAL fails with SQLITE_BUSY at once, without the busy timeout (database is locked)")
 	const runners, rounds = 4, 5
 	for round := range rounds {
 		db, side := testFiles(t)

@@ -531,18 +531,6 @@ func createDB(t *testing.T, path string) {
 	}
 }
 
-// knownBugsEnv set to 1 runs the tests that reproduce known, unfixed bugs.
-const knownBugsEnv = "STEPWISE_TEST_KNOWN_BUGS"
-
-// knownBug skips a test reproducing a bug that is not fixed yet, unless
-// knownBugsEnv=1. Delete the call once the bug is fixed.
-func knownBug(t *testing.T, bug string) {
-	t.Helper()
-	if os.Getenv(knownBugsEnv) != "1" {
-		t.Skipf("known bug, not fixed yet (%s=1 runs it): %s", knownBugsEnv, bug)
-	}
-}
-
 // testFiles returns a database path and a side file path in a fresh
 // temporary directory.
 func testFiles(t *testing.T) (db, side string) {

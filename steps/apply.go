@@ -52,6 +52,7 @@ func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func
 		return zero, err
 	}
 	if cp.Status == checkpoint.StepPlanned {
+		ctx = context.WithoutCancel(ctx) // a recorded plan is always finished
 		var pr PlanRecord
 		if err := json.Unmarshal(cp.Plan, &pr); err != nil {
 			return zero, fmt.Errorf("steps: step %s: decode recorded plan: %w", id, err)
@@ -76,6 +77,7 @@ func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func
 	}
 	var e Effects
 	result, fnErr := fn(ctx, &e)
+	ctx = context.WithoutCancel(ctx) // finish recording even if interrupted
 	if fnErr != nil {
 		return zero, r.recordFailure(ctx, cp, fnErr)
 	}

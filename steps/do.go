@@ -15,8 +15,11 @@ import (
 type Option func(*doOptions)
 
 type doOptions struct {
-	input    any
-	hasInput bool
+	input     any
+	hasInput  bool
+	chunkSize int
+	target    *Target
+	skipLimit int
 }
 
 // Input declares the step's input. Its JSON encoding is hashed and recorded
@@ -63,6 +66,9 @@ func Do[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Conte
 		return out, err
 	}
 	result, fnErr := fn(ctx)
+	// From here the step's result is known: record it even if the run is
+	// being interrupted, so a finished step is never thrown away.
+	ctx = context.WithoutCancel(ctx)
 	if fnErr != nil {
 		return zero, r.recordFailure(ctx, cp, fnErr)
 	}
@@ -100,13 +106,15 @@ func start[T any](ctx context.Context, r *Run, id string, opts []Option) (cp che
 		if rec.InputHash != hash {
 			return cp, out, false, &StepChangedError{RunID: r.lease.RunID, Step: id, Old: rec.InputHash, New: hash}
 		}
-		if rec.Status == checkpoint.StepPlanned {
+		switch rec.Status {
+		case checkpoint.StepPlanned:
 			return rec, out, false, nil
+		case checkpoint.StepCompleted, checkpoint.StepRejected:
+			r.count(func(s *Stats) { s.Skipped++ })
+			r.log.Info().Str(FieldStepID, id).Msg("skipped (checkpointed)")
+			out, err = decodeOutput[T](rec)
+			return rec, out, true, err
 		}
-		r.count(func(s *Stats) { s.Skipped++ })
-		r.log.Info().Str(FieldStepID, id).Msg("skipped (checkpointed)")
-		out, err = decodeOutput[T](rec)
-		return rec, out, true, err
 	}
 	if err := ctx.Err(); err != nil {
 		return cp, out, false, fmt.Errorf("%w before step %s: %w", ErrInterrupted, id, context.Cause(ctx))
@@ -153,7 +161,7 @@ func (r *Run) recordFailure(ctx context.Context, cp checkpoint.Step, fnErr error
 	cp.Status = checkpoint.StepFailed
 	r.count(func(s *Stats) { s.Failed++ })
 	if !r.dryRun {
-		err := r.store.InTx(context.WithoutCancel(ctx), r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) })
+		err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) })
 		if errors.Is(err, checkpoint.ErrFenced) {
 			return fmt.Errorf("steps: record failure of step %s: %w", cp.ID, err)
 		}
@@ -178,3 +186,17 @@ func (r *Run) pin(ctx context.Context, cp checkpoint.Step, cause error) error {
 	r.log.Info().Str(FieldStepID, cp.ID).Str("reason", cp.Error).Msg("step rejected (pinned)")
 	return &RejectedError{Step: cp.ID, Reason: cp.Error, err: cause}
 }
+
+// ChunkSize sets how many items a ForEach commits together (its commit
+// interval). Defaults to 500. Ignored by Do and Apply.
+func ChunkSize(n int) Option { return func(o *doOptions) { o.chunkSize = n } }
+
+// WithTarget says where a ForEach's item effects land. Ignored by Do; Apply
+// takes its target as an argument.
+func WithTarget(t Target) Option { return func(o *doOptions) { o.target = &t } }
+
+// SkipFailures lets a ForEach go on past up to limit failing items: each is
+// recorded as skipped with its error, reported in the summary and by `show`,
+// and not retried by a plain rerun. Beyond limit the step fails. Without
+// it, the first failing item fails the step. Ignored by Do and Apply.
+func SkipFailures(limit int) Option { return func(o *doOptions) { o.skipLimit = limit } }
