@@ -27,32 +27,39 @@ FROM steps WHERE run_id = ? ORDER BY step_id`
 )
 
 type preparedStatements struct {
-	putStep *sql.Stmt
+	putStep, putItem *sql.Stmt
 }
 
 func (p *preparedStatements) close() {
-	if p.putStep != nil {
-		p.putStep.Close()
+	for _, s := range []*sql.Stmt{p.putStep, p.putItem} {
+		if s != nil {
+			s.Close()
+		}
 	}
 }
 
 func (s *SQLite) prepare(ctx context.Context) error {
 	var err error
-	s.stmt.putStep, err = s.db.PrepareContext(ctx, sqlPutStep)
+	if s.stmt.putStep, err = s.db.PrepareContext(ctx, sqlPutStep); err != nil {
+		return err
+	}
+	s.stmt.putItem, err = s.db.PrepareContext(ctx, sqlPutItem)
 	return err
 }
 
 type sqliteTx struct {
-	ctx   context.Context
-	tx    *sql.Tx
-	lease Lease
-	put   *sql.Stmt
+	ctx    context.Context
+	s      *SQLite
+	tx     *sql.Tx
+	lease  Lease
+	put    *sql.Stmt
+	fenced bool // the fence was checked in this transaction
 }
 
 // InTx implements Store.
 func (s *SQLite) InTx(ctx context.Context, l Lease, fn func(Tx) error) error {
 	return s.tx(ctx, "write run "+l.RunID, func(tx *sql.Tx) error {
-		return fn(&sqliteTx{ctx: ctx, tx: tx, lease: l, put: tx.StmtContext(ctx, s.stmt.putStep)})
+		return fn(&sqliteTx{ctx: ctx, s: s, tx: tx, lease: l, put: tx.StmtContext(ctx, s.stmt.putStep)})
 	})
 }
 

@@ -26,6 +26,14 @@ type Store interface {
 	// Steps calls fn for each checkpoint of the run, in step ID order, with
 	// one query.
 	Steps(ctx context.Context, runID string, fn func(Step) error) error
+	// Items calls fn for the item checkpoints of one batch step that q
+	// selects, in key order, with one query.
+	Items(ctx context.Context, q ItemQuery, fn func(Item) error) error
+	// ChunkPlans returns a batch step's chunk plans that are recorded but
+	// not yet known to be applied.
+	ChunkPlans(ctx context.Context, runID, step string) ([]ChunkPlan, error)
+	// ItemCounts counts a run's item checkpoints by step and status.
+	ItemCounts(ctx context.Context, runID string) ([]ItemCount, error)
 	// Runs lists runs, newest first.
 	Runs(ctx context.Context, f RunFilter) ([]Run, error)
 	// Run returns one run and its attempts; ErrNotFound if there is none.
@@ -41,6 +49,15 @@ type Tx interface {
 	// accepted (our own earlier commit); different content is a
 	// *StepConflictError.
 	PutStep(s Step) error
+	// PutItems records item checkpoints of batch steps, checked against the
+	// fence once per transaction. Finished (completed, rejected) items are
+	// never overwritten.
+	PutItems(items []Item) error
+	// PutChunkPlan records a chunk's separate-store effect plan.
+	PutChunkPlan(p ChunkPlan) error
+	// FinishChunk marks a chunk plan applied and its planned items
+	// completed.
+	FinishChunk(step, effectID string) error
 	// SQL gives same-store effect targets the underlying transaction, so
 	// their writes commit or roll back with the checkpoint.
 	SQL() *sql.Tx
@@ -82,6 +99,9 @@ const (
 	// StepPlanned: the step's effects on a separate store are planned and
 	// recorded, not yet known to be applied. A rerun finishes the plan.
 	StepPlanned = "planned"
+	// StepRunning: a batch step has started and its items are being
+	// checkpointed; its output holds the item total when known.
+	StepRunning = "running"
 )
 
 // ClaimRequest says who claims which run, with which parameters.

@@ -37,6 +37,11 @@ type Config struct {
 	// are not checkpointed. Completed steps still return their recorded
 	// outputs.
 	DryRun bool
+	// RetrySkipped makes batch steps process again the items an earlier
+	// attempt skipped under SkipFailures.
+	RetrySkipped bool
+	// OnProgress, if set, is called by batch steps after each chunk.
+	OnProgress func(Progress)
 }
 
 // Run is one attempt's view of a run, passed to job code. It is safe for use
@@ -52,6 +57,9 @@ type Run struct {
 	seen     map[string]struct{}        // step IDs used by this attempt
 	stats    Stats
 	targets  map[string]*openTarget
+
+	retrySkipped bool
+	progress     func(Progress)
 
 	dryRun   bool
 	dryState map[string]checkpoint.State // values planned by earlier dry-run steps
@@ -75,14 +83,16 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 		return nil, errors.New("steps: Config.Lease has no run ID; claim the run first")
 	}
 	r := &Run{
-		store:    cfg.Store,
-		lease:    cfg.Lease,
-		now:      cfg.Now,
-		log:      zerolog.Nop(),
-		recorded: make(map[string]checkpoint.Step),
-		seen:     make(map[string]struct{}),
-		dryRun:   cfg.DryRun,
-		dryState: make(map[string]checkpoint.State),
+		store:        cfg.Store,
+		lease:        cfg.Lease,
+		now:          cfg.Now,
+		log:          zerolog.Nop(),
+		recorded:     make(map[string]checkpoint.Step),
+		seen:         make(map[string]struct{}),
+		dryRun:       cfg.DryRun,
+		retrySkipped: cfg.RetrySkipped,
+		progress:     cfg.OnProgress,
+		dryState:     make(map[string]checkpoint.State),
 	}
 	if cfg.Logger != nil {
 		r.log = cfg.Logger.With().Str(FieldRunID, cfg.Lease.RunID).Int(FieldAttempt, cfg.Lease.Attempt).Logger()

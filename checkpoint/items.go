@@ -1,0 +1,221 @@
+package checkpoint
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+)
+
+// Item statuses (besides StepCompleted, StepRejected and StepPlanned).
+const (
+	// ItemSkipped: the item failed and the step's skip policy let the step
+	// go on; a plain rerun does not retry it.
+	ItemSkipped = "skipped"
+)
+
+// Item is the checkpoint of one item of a batch step.
+type Item struct {
+	Step    string // the batch step's name
+	Key     string // the item's business key
+	Status  string
+	Output  []byte
+	Error   string
+	Attempt int
+	Chunk   string // effect ID of its chunk plan (separate store)
+}
+
+// ItemQuery selects item checkpoints of one batch step of one run. With
+// Keys set only those keys are read; with From/To set only keys in that
+// inclusive range; otherwise all, in key order.
+type ItemQuery struct {
+	RunID string
+	Step  string
+	Keys  []string
+	From  string
+	To    string
+	// KeysOnly skips reading outputs and errors.
+	KeysOnly bool
+}
+
+// ChunkPlan is a recorded effect plan of one chunk of a batch step.
+type ChunkPlan struct {
+	Step     string
+	EffectID string
+	Status   string // StepPlanned, "applied" or "superseded"
+	Plan     []byte
+	// Supersedes names an earlier plan of the same items that lost a race
+	// (nothing of it applied); recording this plan retires it.
+	Supersedes string
+}
+
+const (
+	sqlPutItem = `INSERT INTO items (run_id, step_id, item_key, status, output, error, attempt, chunk)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+ON CONFLICT (run_id, step_id, item_key) DO UPDATE SET
+    status = excluded.status, output = excluded.output, error = excluded.error,
+    attempt = excluded.attempt, chunk = excluded.chunk
+WHERE items.status NOT IN ('completed', 'rejected')`
+	sqlPutChunkPlan = `INSERT INTO chunk_plans (run_id, step_id, effect_id, status, plan) VALUES (?, ?, ?, 'planned', ?)`
+	sqlFinishChunk  = `UPDATE items SET status = 'completed'
+WHERE run_id = ? AND step_id = ? AND chunk = ? AND status = 'planned'`
+	sqlSupersedeChunkPlan = `UPDATE chunk_plans SET status = 'superseded' WHERE run_id = ? AND step_id = ? AND effect_id = ?`
+	sqlFinishChunkPlan    = `UPDATE chunk_plans SET status = 'applied' WHERE run_id = ? AND step_id = ? AND effect_id = ?`
+	sqlChunkPlans         = `SELECT effect_id, status, plan FROM chunk_plans
+WHERE run_id = ? AND step_id = ? AND status = 'planned' ORDER BY effect_id`
+	sqlItemsAll      = `SELECT item_key, status, output, error, attempt, chunk FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key`
+	sqlItemKeysAll   = `SELECT item_key, status, attempt FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key`
+	sqlItemKeysRange = `SELECT item_key, status, attempt FROM items WHERE run_id = ? AND step_id = ? AND item_key BETWEEN ? AND ? ORDER BY item_key`
+	sqlItemCounts    = `SELECT step_id, status, count(*) FROM items WHERE run_id = ? GROUP BY step_id, status ORDER BY step_id, status`
+)
+
+// checkFence fails with ErrFenced unless the run is still at the lease's
+// fence. Batch writes check it once per chunk transaction.
+func (t *sqliteTx) checkFence() error {
+	if t.fenced {
+		return nil
+	}
+	var fence int64
+	if err := t.tx.QueryRowContext(t.ctx, sqlRunFence, t.lease.RunID).Scan(&fence); err != nil {
+		return fmt.Errorf("%w: run %s: %w", ErrNotFound, t.lease.RunID, err)
+	}
+	if fence != t.lease.Fence {
+		return fmt.Errorf("%w: run %s is at fence %d, this attempt (%d) holds fence %d; it writes nothing more",
+			ErrFenced, t.lease.RunID, fence, t.lease.Attempt, t.lease.Fence)
+	}
+	t.fenced = true
+	return nil
+}
+
+// PutItems implements Tx.
+func (t *sqliteTx) PutItems(items []Item) error {
+	if err := t.checkFence(); err != nil {
+		return err
+	}
+	st := t.tx.StmtContext(t.ctx, t.s.stmt.putItem)
+	for _, it := range items {
+		if _, err := st.ExecContext(t.ctx, t.lease.RunID, it.Step, it.Key, it.Status, it.Output, it.Error,
+			t.lease.Attempt, it.Chunk); err != nil {
+			return fmt.Errorf("checkpoint: record item %s/%s: %w", it.Step, it.Key, err)
+		}
+	}
+	return nil
+}
+
+// PutChunkPlan implements Tx.
+func (t *sqliteTx) PutChunkPlan(p ChunkPlan) error {
+	if err := t.checkFence(); err != nil {
+		return err
+	}
+	if _, err := t.tx.ExecContext(t.ctx, sqlPutChunkPlan, t.lease.RunID, p.Step, p.EffectID, p.Plan); err != nil {
+		return err
+	}
+	if p.Supersedes != "" {
+		_, err := t.tx.ExecContext(t.ctx, sqlSupersedeChunkPlan, t.lease.RunID, p.Step, p.Supersedes)
+		return err
+	}
+	return nil
+}
+
+// FinishChunk implements Tx.
+func (t *sqliteTx) FinishChunk(step, effectID string) error {
+	if err := t.checkFence(); err != nil {
+		return err
+	}
+	if _, err := t.tx.ExecContext(t.ctx, sqlFinishChunk, t.lease.RunID, step, effectID); err != nil {
+		return err
+	}
+	_, err := t.tx.ExecContext(t.ctx, sqlFinishChunkPlan, t.lease.RunID, step, effectID)
+	return err
+}
+
+// Items implements Store.
+func (s *SQLite) Items(ctx context.Context, q ItemQuery, fn func(Item) error) error {
+	var rows *sql.Rows
+	var err error
+	switch {
+	case len(q.Keys) > 0:
+		cols := "item_key, status, output, error, attempt, chunk"
+		if q.KeysOnly {
+			cols = "item_key, status, attempt"
+		}
+		// Only placeholders are added to the text; keys are bound values.
+		query := "SELECT " + cols + " FROM items WHERE run_id = ? AND step_id = ? AND item_key IN (?" +
+			strings.Repeat(", ?", len(q.Keys)-1) + ") ORDER BY item_key"
+		args := make([]any, 0, len(q.Keys)+2)
+		args = append(args, q.RunID, q.Step)
+		for _, k := range q.Keys {
+			args = append(args, k)
+		}
+		rows, err = s.db.QueryContext(ctx, query, args...)
+	case q.From != "" || q.To != "":
+		rows, err = s.db.QueryContext(ctx, sqlItemKeysRange, q.RunID, q.Step, q.From, q.To)
+		q.KeysOnly = true
+	case q.KeysOnly:
+		rows, err = s.db.QueryContext(ctx, sqlItemKeysAll, q.RunID, q.Step)
+	default:
+		rows, err = s.db.QueryContext(ctx, sqlItemsAll, q.RunID, q.Step)
+	}
+	if err != nil {
+		return s.wrap("read items of "+q.RunID+" "+q.Step, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		it := Item{Step: q.Step}
+		if q.KeysOnly {
+			err = rows.Scan(&it.Key, &it.Status, &it.Attempt)
+		} else {
+			err = rows.Scan(&it.Key, &it.Status, &it.Output, &it.Error, &it.Attempt, &it.Chunk)
+		}
+		if err != nil {
+			return s.wrap("read items of "+q.RunID+" "+q.Step, err)
+		}
+		if err := fn(it); err != nil {
+			return err
+		}
+	}
+	return s.wrap("read items of "+q.RunID+" "+q.Step, rows.Err())
+}
+
+// ChunkPlans implements Store: the chunk plans of a step still planned.
+func (s *SQLite) ChunkPlans(ctx context.Context, runID, step string) ([]ChunkPlan, error) {
+	rows, err := s.db.QueryContext(ctx, sqlChunkPlans, runID, step)
+	if err != nil {
+		return nil, s.wrap("read chunk plans of "+runID, err)
+	}
+	defer rows.Close()
+	var out []ChunkPlan
+	for rows.Next() {
+		p := ChunkPlan{Step: step}
+		if err := rows.Scan(&p.EffectID, &p.Status, &p.Plan); err != nil {
+			return nil, s.wrap("read chunk plans of "+runID, err)
+		}
+		out = append(out, p)
+	}
+	return out, s.wrap("read chunk plans of "+runID, rows.Err())
+}
+
+// ItemCount is how many items of one batch step have one status.
+type ItemCount struct {
+	Step   string
+	Status string
+	Count  int64
+}
+
+// ItemCounts implements Store.
+func (s *SQLite) ItemCounts(ctx context.Context, runID string) ([]ItemCount, error) {
+	rows, err := s.db.QueryContext(ctx, sqlItemCounts, runID)
+	if err != nil {
+		return nil, s.wrap("count items of "+runID, err)
+	}
+	defer rows.Close()
+	var out []ItemCount
+	for rows.Next() {
+		var c ItemCount
+		if err := rows.Scan(&c.Step, &c.Status, &c.Count); err != nil {
+			return nil, s.wrap("count items of "+runID, err)
+		}
+		out = append(out, c)
+	}
+	return out, s.wrap("count items of "+runID, rows.Err())
+}

@@ -1,0 +1,590 @@
+package steps
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// DefaultChunkSize is a ForEach's commit interval unless ChunkSize says
+// otherwise.
+const DefaultChunkSize = 500
+
+// MaxChunkSize is the largest ChunkSize accepted: a chunk's keys are read
+// back with one query, which SQLite bounds.
+const MaxChunkSize = 10000
+
+// BatchSummary is the result of a ForEach, recorded as its step's output.
+type BatchSummary struct {
+	Total     int64 `json:"total"`     // items the source yielded
+	Completed int64 `json:"completed"` // items done (this attempt or before)
+	Rejected  int64 `json:"rejected"`  // items with a pinned rejection
+	Skipped   int64 `json:"skipped"`   // failed items let through by SkipFailures
+	Executed  int64 `json:"executed"`  // items processed by this attempt
+}
+
+// Progress reports a running ForEach after each chunk commit.
+type Progress struct {
+	Step      string
+	Total     int64 // -1 when the source does not know
+	Done      int64 // completed + rejected + skipped so far
+	Rejected  int64
+	Skipped   int64
+	Replayed  int64 // already done by earlier attempts
+	StartedAt time.Time
+}
+
+// itemPlan is one item's operations in a separate-store chunk plan.
+type itemPlan struct {
+	Key string `json:"key"`
+	Ops []Op   `json:"ops"`
+}
+
+// chunkPlanRecord is a separate-store chunk's recorded plan.
+type chunkPlanRecord struct {
+	Target   string             `json:"target"`
+	EffectID string             `json:"effect_id"`
+	Items    []itemPlan         `json:"items"`
+	Writes   []checkpoint.Write `json:"writes"`
+}
+
+// ForEach runs fn once per item of src as the batch step name: item IDs are
+// name/key, each chunk of items (ChunkSize) commits its item checkpoints,
+// outputs and effects together (WithTarget), and items completed by an
+// earlier attempt are skipped without calling fn. Items are processed in the
+// source's order; effects of several items on one key fold in that order,
+// guards checked as they go. An item whose effects break a guard, or whose
+// fn returns an error wrapped with Reject, is pinned as rejected and the
+// batch goes on. Any other error fails the step, or skips the item under
+// SkipFailures.
+//
+// Skipping needs no probe per item: a fresh step with keys in ascending
+// order reads nothing back; otherwise completed keys are read once per
+// chunk, as one key range (ordered sources) or one IN list. The order of a
+// source may change between attempts without harm: items are matched by key,
+// never by position. A key yielded twice in one attempt is an error.
+//
+// When the step finished in an earlier attempt, ForEach returns its recorded
+// summary without reading the source at all.
+func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], fn func(ctx context.Context, item I, e *Effects) (O, error), opts ...Option) (BatchSummary, error) {
+	o := newOptions(opts)
+	cp, sum, done, err := start[BatchSummary](ctx, r, name, opts)
+	if err != nil {
+		return sum, err
+	}
+	if done && !(r.retrySkipped && sum.Skipped > 0) {
+		return sum, nil
+	}
+	if o.chunkSize <= 0 {
+		o.chunkSize = DefaultChunkSize
+	}
+	if o.chunkSize > MaxChunkSize {
+		return sum, fmt.Errorf("steps: batch step %s: ChunkSize(%d) is over the limit of %d", name, o.chunkSize, MaxChunkSize)
+	}
+	b := &batch[I, O]{r: r, name: name, fn: fn, opts: o, fresh: cp.Tries <= 1 && !done, lastKey: "", ordered: true,
+		resumed: map[string]bool{}, prog: Progress{Step: name, Total: src.total, StartedAt: r.now()}}
+	if done {
+		cp = checkpoint.Step{ID: name, InputHash: cp.InputHash, Tries: cp.Tries + 1, StartedAt: r.now()}
+	}
+	if o.target != nil {
+		if b.target, err = r.target(ctx, *o.target); err != nil {
+			return sum, err
+		}
+	}
+	if !r.dryRun {
+		if !b.fresh && b.target != nil && !b.target.same {
+			if err := b.resumePlanned(context.WithoutCancel(ctx)); err != nil {
+				return sum, err
+			}
+		}
+		head := cp
+		head.Status, head.FinishedAt = checkpoint.StepRunning, r.now()
+		head.Output, _ = json.Marshal(BatchSummary{Total: src.total})
+		if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(head) }); err != nil {
+			return sum, fmt.Errorf("steps: start batch step %s: %w", name, err)
+		}
+	}
+	b.reserve()
+	var loopErr error
+	srcErr := src.all(ctx, func(key string, item I) bool {
+		b.keys = append(b.keys, key)
+		b.items = append(b.items, item)
+		if len(b.keys) < o.chunkSize {
+			return true
+		}
+		loopErr = b.flush(ctx)
+		return loopErr == nil
+	})
+	if loopErr == nil && srcErr == nil && len(b.keys) > 0 {
+		loopErr = b.flush(ctx)
+	}
+	if err := errors.Join(loopErr, srcErr); err != nil {
+		return b.sum, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	b.sum.Total = b.sum.Completed + b.sum.Rejected + b.sum.Skipped
+	cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
+	if cp.Output, err = json.Marshal(b.sum); err != nil {
+		return b.sum, err
+	}
+	if !r.dryRun {
+		if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
+			return b.sum, fmt.Errorf("steps: finish batch step %s: %w", name, err)
+		}
+	}
+	r.count(func(s *Stats) { s.Executed++ })
+	r.log.Info().Str(FieldStepID, name).Int64("completed", b.sum.Completed).Int64("rejected", b.sum.Rejected).
+		Int64("skipped", b.sum.Skipped).Int64("executed", b.sum.Executed).Dur("took", cp.FinishedAt.Sub(cp.StartedAt)).
+		Msg("batch step completed")
+	return b.sum, nil
+}
+
+// batch is the state of one ForEach call.
+type batch[I, O any] struct {
+	r      *Run
+	name   string
+	fn     func(context.Context, I, *Effects) (O, error)
+	opts   doOptions
+	target *openTarget
+
+	fresh   bool   // the step had no items before this attempt
+	ordered bool   // keys so far strictly ascending
+	lastKey string // last key seen, while ordered
+	resumed map[string]bool
+	chunk   int
+	replans int   // stale plans of earlier attempts made again
+	skips   int64 // items skipped under SkipFailures, this attempt or before
+
+	// per-chunk buffers, reused
+	keys   []string
+	items  []I
+	recs   []checkpoint.Item
+	groups [][]Op
+	owners []int // index into recs of each group
+	seen   map[string]bool
+
+	sum  BatchSummary
+	prog Progress
+}
+
+func (b *batch[I, O]) reserve() {
+	n := b.opts.chunkSize
+	b.keys = make([]string, 0, n)
+	b.items = make([]I, 0, n)
+	b.recs = make([]checkpoint.Item, 0, n)
+	b.groups = make([][]Op, 0, n)
+	b.owners = make([]int, 0, n)
+	b.seen = make(map[string]bool, n)
+}
+
+// flush processes and commits the buffered chunk.
+func (b *batch[I, O]) flush(ctx context.Context) error {
+	defer func() {
+		b.keys, b.items = b.keys[:0], b.items[:0]
+		b.recs, b.groups, b.owners = b.recs[:0], b.groups[:0], b.owners[:0]
+		clear(b.seen)
+		b.chunk++
+	}()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w before chunk %d of %s: %w", ErrInterrupted, b.chunk, b.name, context.Cause(ctx))
+	}
+	for _, k := range b.keys {
+		if err := validItemKey(b.name, k); err != nil {
+			return err
+		}
+		if b.seen[k] {
+			return fmt.Errorf("%w: item %q yielded twice by the source of %s", ErrDuplicateStep, k, b.name)
+		}
+		b.seen[k] = true
+		if b.ordered && b.lastKey != "" && k <= b.lastKey {
+			b.ordered = false
+		}
+		if b.ordered {
+			b.lastKey = k
+		}
+	}
+	done, err := b.doneKeys(ctx)
+	if err != nil {
+		return err
+	}
+	var failure error
+	for i, k := range b.keys {
+		if st, ok := done[k]; ok {
+			switch st {
+			case checkpoint.StepRejected:
+				b.sum.Rejected++
+			case checkpoint.ItemSkipped:
+				b.sum.Skipped++
+				b.skips++
+			default:
+				b.sum.Completed++
+			}
+			b.prog.Replayed++
+			continue
+		}
+		rec, ops, err := b.runItem(ctx, k, b.items[i])
+		if err != nil {
+			failure = err
+			break
+		}
+		b.recs = append(b.recs, rec)
+		if rec.Status == checkpoint.StepCompleted && len(ops) > 0 {
+			b.groups = append(b.groups, ops)
+			b.owners = append(b.owners, len(b.recs)-1)
+		}
+	}
+	if len(b.recs) > 0 {
+		if err := b.commit(ctx); err != nil {
+			return err
+		}
+	}
+	b.report()
+	return failure
+}
+
+// runItem calls fn for one item and returns its checkpoint (completed,
+// rejected or skipped) and effects. A failure beyond the skip policy is
+// returned as an error.
+func (b *batch[I, O]) runItem(ctx context.Context, key string, item I) (checkpoint.Item, []Op, error) {
+	rec := checkpoint.Item{Step: b.name, Key: key, Status: checkpoint.StepCompleted}
+	var e Effects
+	out, err := b.fn(ctx, item, &e)
+	var rej *rejection
+	switch {
+	case err == nil:
+	case errors.As(err, &rej):
+		rec.Status, rec.Error = checkpoint.StepRejected, rej.err.Error()
+		return rec, nil, nil
+	case b.opts.skipLimit > 0 && b.skips < int64(b.opts.skipLimit):
+		b.skips++
+		rec.Status, rec.Error = checkpoint.ItemSkipped, err.Error()
+		b.r.log.Warn().Str(FieldStepID, b.name+"/"+key).Err(err).Msg("item failed; skipped by policy")
+		return rec, nil, nil
+	default:
+		if b.opts.skipLimit > 0 {
+			err = fmt.Errorf("%w (more than %d items failed; the skip limit is reached)", err, b.opts.skipLimit)
+		}
+		return rec, nil, &StepError{RunID: b.r.lease.RunID, Step: b.name + "/" + key, Err: err}
+	}
+	if len(e.ops) > 0 && b.target == nil {
+		return rec, nil, fmt.Errorf("steps: item %s/%s recorded effects but %s has no target; pass steps.WithTarget", b.name, key, b.name)
+	}
+	if rec.Output, err = json.Marshal(out); err != nil {
+		return rec, nil, fmt.Errorf("steps: item %s/%s: encode output %T as JSON: %w", b.name, key, out, err)
+	}
+	return rec, e.ops, nil
+}
+
+// doneKeys returns the finished items among the chunk's keys, read with one
+// query, or nothing when the step is fresh and its keys ascend.
+func (b *batch[I, O]) doneKeys(ctx context.Context) (map[string]string, error) {
+	if b.fresh && b.ordered && len(b.resumed) == 0 {
+		return nil, nil
+	}
+	q := checkpoint.ItemQuery{RunID: b.r.lease.RunID, Step: b.name, KeysOnly: true}
+	if b.ordered {
+		q.From, q.To = b.keys[0], b.keys[len(b.keys)-1]
+	} else {
+		q.Keys = b.keys
+	}
+	done := make(map[string]string)
+	err := b.r.store.Items(ctx, q, func(it checkpoint.Item) error {
+		if !b.seen[it.Key] {
+			return nil
+		}
+		if it.Status == checkpoint.ItemSkipped && b.r.retrySkipped {
+			return nil
+		}
+		if it.Attempt == b.r.lease.Attempt && !b.resumed[it.Key] && !b.r.dryRun {
+			return fmt.Errorf("%w: item %q of %s was already processed by this attempt: the source yielded it twice",
+				ErrDuplicateStep, it.Key, b.name)
+		}
+		done[it.Key] = it.Status
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return done, nil
+}
+
+// commit writes the chunk: item checkpoints and their effects. A chunk
+// whose items have run is committed even if the run is being interrupted.
+func (b *batch[I, O]) commit(ctx context.Context) error {
+	ctx = context.WithoutCancel(ctx)
+	point := b.name + "#" + strconv.Itoa(b.chunk)
+	switch {
+	case b.r.dryRun:
+		if err := b.commitDry(ctx); err != nil {
+			return err
+		}
+	case b.target == nil || len(b.groups) == 0:
+		crashStep(point, "before-commit")
+		if err := b.r.store.InTx(ctx, b.r.lease, func(tx checkpoint.Tx) error { return tx.PutItems(b.recs) }); err != nil {
+			return fmt.Errorf("steps: commit chunk %d of %s: %w", b.chunk, b.name, err)
+		}
+	case b.target.same:
+		crashStep(point, "before-commit")
+		err := b.r.store.InTx(ctx, b.r.lease, func(tx checkpoint.Tx) error {
+			cur, err := b.target.h.Read(ctx, tx.SQL(), keysOf(b.groups...))
+			if err != nil {
+				return err
+			}
+			res, err := Plan(cur, b.groups...)
+			if err != nil {
+				return err
+			}
+			b.pinRejected(res.Rejected)
+			if err := b.target.h.Write(ctx, tx.SQL(), res.Writes); err != nil {
+				return err
+			}
+			return tx.PutItems(b.recs)
+		})
+		if err != nil {
+			return fmt.Errorf("steps: commit chunk %d of %s to %s: %w", b.chunk, b.name, b.target.name, err)
+		}
+	default:
+		if err := b.commitSeparate(ctx, point, "c"+strconv.Itoa(b.chunk), ""); err != nil {
+			return err
+		}
+	}
+	crashStep(point, "after-commit")
+	for _, rec := range b.recs {
+		switch rec.Status {
+		case checkpoint.StepRejected:
+			b.sum.Rejected++
+		case checkpoint.ItemSkipped:
+			b.sum.Skipped++
+		default:
+			b.sum.Completed++
+		}
+		b.sum.Executed++
+	}
+	return nil
+}
+
+// pinRejected turns the items whose effects broke a guard into rejections.
+func (b *batch[I, O]) pinRejected(rejected map[int]*GuardError) {
+	for gi, g := range rejected {
+		rec := &b.recs[b.owners[gi]]
+		rec.Status, rec.Error, rec.Output = checkpoint.StepRejected, g.Error(), nil
+		b.groups[gi] = nil // pinned: never planned again
+	}
+}
+
+// commitSeparate records the chunk's plan with its items (planned), applies
+// it in one target transaction with its effect ID, and marks it done. A
+// version conflict re-plans the chunk's accepted items. tag names the
+// chunk in its effect IDs; supersedes names a stale plan this one replaces.
+func (b *batch[I, O]) commitSeparate(ctx context.Context, point, tag, supersedes string) error {
+	for replan := 0; ; replan++ {
+		cur, err := readTarget(ctx, b.target, keysOf(b.groups...))
+		if err != nil {
+			return fmt.Errorf("steps: chunk %d of %s: read %s: %w", b.chunk, b.name, b.target.name, err)
+		}
+		res, err := Plan(cur, b.groups...)
+		if err != nil {
+			return err
+		}
+		b.pinRejected(res.Rejected)
+		pr := chunkPlanRecord{Target: b.target.name, Writes: res.Writes,
+			EffectID: fmt.Sprintf("%s/%s@%d.%s.%d", b.r.lease.RunID, b.name, b.r.lease.Fence, tag, replan)}
+		for gi, ops := range b.groups {
+			if ops != nil {
+				pr.Items = append(pr.Items, itemPlan{Key: b.recs[b.owners[gi]].Key, Ops: ops})
+			}
+		}
+		plan, err := json.Marshal(pr)
+		if err != nil {
+			return err
+		}
+		for i := range b.recs {
+			if b.recs[i].Status == checkpoint.StepCompleted || b.recs[i].Status == checkpoint.StepPlanned {
+				b.recs[i].Status, b.recs[i].Chunk = checkpoint.StepPlanned, pr.EffectID
+			}
+		}
+		err = b.r.store.InTx(ctx, b.r.lease, func(tx checkpoint.Tx) error {
+			if err := tx.PutItems(b.recs); err != nil {
+				return err
+			}
+			return tx.PutChunkPlan(checkpoint.ChunkPlan{Step: b.name, EffectID: pr.EffectID, Plan: plan, Supersedes: supersedes})
+		})
+		if err != nil {
+			return fmt.Errorf("steps: record plan of chunk %d of %s: %w", b.chunk, b.name, err)
+		}
+		crashStep(point, "after-plan")
+		err = b.r.applyChunk(ctx, b.target, b.name, pr)
+		var conflict *checkpoint.VersionConflictError
+		if errors.As(err, &conflict) && replan+1 < MaxReplans {
+			b.r.log.Warn().Str(FieldStepID, b.name).Str("key", conflict.Key).Msg("another writer moved a key; re-planning the chunk")
+			supersedes = pr.EffectID
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		for i := range b.recs {
+			if b.recs[i].Status == checkpoint.StepPlanned {
+				b.recs[i].Status = checkpoint.StepCompleted
+			}
+		}
+		return nil
+	}
+}
+
+// applyChunk applies a recorded chunk plan once: already applied (its
+// effect ID is in the target) or applied now, then marked done. A version
+// conflict is returned for the caller to re-plan.
+func (r *Run) applyChunk(ctx context.Context, ot *openTarget, step string, pr chunkPlanRecord) error {
+	if err := r.checkFence(ctx); err != nil {
+		return err
+	}
+	err := targetTx(ctx, ot.h.DB(), func(tx *sql.Tx) error {
+		applied, err := ot.h.IsApplied(ctx, tx, pr.EffectID)
+		if err != nil || applied {
+			return err
+		}
+		if err := ot.h.Write(ctx, tx, pr.Writes); err != nil {
+			return err
+		}
+		return ot.h.MarkApplied(ctx, tx, pr.EffectID, r.lease.RunID, step, r.now())
+	})
+	if err != nil {
+		var conflict *checkpoint.VersionConflictError
+		if errors.As(err, &conflict) {
+			return conflict
+		}
+		return fmt.Errorf("steps: apply chunk plan %s to %s: %w", pr.EffectID, ot.name, err)
+	}
+	crashStep(step+"#"+pr.EffectID, "after-apply")
+	crashStep(step, "after-apply")
+	if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.FinishChunk(step, pr.EffectID) }); err != nil {
+		return fmt.Errorf("steps: mark chunk plan %s applied: %w", pr.EffectID, err)
+	}
+	return nil
+}
+
+// resumePlanned finishes chunk plans an earlier attempt recorded but did not
+// see applied: applied already (effect ID in the target) or still applicable
+// (versions unchanged) are finished; a plan that lost a race is made again
+// from its items' recorded operations.
+func (b *batch[I, O]) resumePlanned(ctx context.Context) error {
+	plans, err := b.r.store.ChunkPlans(ctx, b.r.lease.RunID, b.name)
+	if err != nil {
+		return err
+	}
+	for _, p := range plans {
+		var pr chunkPlanRecord
+		if err := json.Unmarshal(p.Plan, &pr); err != nil {
+			return fmt.Errorf("steps: decode chunk plan %s: %w", p.EffectID, err)
+		}
+		b.r.log.Info().Str(FieldStepID, b.name).Str("effect_id", p.EffectID).Msg("finishing a recorded chunk plan")
+		err := b.r.applyChunk(ctx, b.target, b.name, pr)
+		var conflict *checkpoint.VersionConflictError
+		if errors.As(err, &conflict) {
+			err = b.replanRecorded(ctx, pr)
+		}
+		if err != nil {
+			return err
+		}
+		for _, it := range pr.Items {
+			b.resumed[it.Key] = true
+		}
+	}
+	return nil
+}
+
+// replanRecorded plans a stale chunk plan's items again from their recorded
+// operations. Their outputs are already recorded with the planned items.
+func (b *batch[I, O]) replanRecorded(ctx context.Context, old chunkPlanRecord) error {
+	keys := make([]string, len(old.Items))
+	for i, it := range old.Items {
+		keys[i] = it.Key
+	}
+	outputs := map[string]checkpoint.Item{}
+	err := b.r.store.Items(ctx, checkpoint.ItemQuery{RunID: b.r.lease.RunID, Step: b.name, Keys: keys}, func(it checkpoint.Item) error {
+		outputs[it.Key] = it
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	b.recs, b.groups, b.owners = b.recs[:0], b.groups[:0], b.owners[:0]
+	for _, it := range old.Items {
+		rec, ok := outputs[it.Key]
+		if !ok || rec.Status != checkpoint.StepPlanned {
+			return fmt.Errorf("steps: chunk plan %s lists item %s of %s, recorded as %q, not planned", old.EffectID, it.Key, b.name, rec.Status)
+		}
+		rec.Step, rec.Status = b.name, checkpoint.StepCompleted
+		b.recs = append(b.recs, rec)
+		b.groups = append(b.groups, it.Ops)
+		b.owners = append(b.owners, len(b.recs)-1)
+	}
+	b.r.log.Warn().Str(FieldStepID, b.name).Str("effect_id", old.EffectID).Msg("recorded chunk plan is stale; re-planning")
+	defer func() { b.recs, b.groups, b.owners = b.recs[:0], b.groups[:0], b.owners[:0] }()
+	b.replans++
+	return b.commitSeparate(ctx, b.name+"#resume", "r"+strconv.Itoa(b.replans), old.EffectID)
+}
+
+// commitDry plans the chunk against current values and earlier dry-run
+// plans, writing nothing.
+func (b *batch[I, O]) commitDry(ctx context.Context) error {
+	if b.target == nil || len(b.groups) == 0 {
+		return nil
+	}
+	keys := keysOf(b.groups...)
+	cur, err := readTarget(ctx, b.target, keys)
+	if err != nil {
+		return err
+	}
+	r := b.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range keys {
+		if s, ok := r.dryState[b.target.name+"\x00"+k]; ok {
+			cur[k] = s
+		}
+	}
+	res, err := Plan(cur, b.groups...)
+	if err != nil {
+		return err
+	}
+	b.pinRejected(res.Rejected)
+	for _, w := range res.Writes {
+		r.dryState[b.target.name+"\x00"+w.Key] = checkpoint.State{Value: w.NewValue, Version: w.OldVersion + 1, Exists: true}
+	}
+	plan := DryPlan{Step: fmt.Sprintf("%s (chunk %d, %d items)", b.name, b.chunk, len(b.recs)), Target: b.target.name, Writes: res.Writes}
+	for gi, g := range res.Rejected {
+		plan.Rejected += fmt.Sprintf("%s: %s; ", b.recs[b.owners[gi]].Key, g.Error())
+	}
+	r.dryPlans = append(r.dryPlans, plan)
+	return nil
+}
+
+// report sends progress to the run's progress hook.
+func (b *batch[I, O]) report() {
+	if b.r.progress == nil {
+		return
+	}
+	b.prog.Done = b.sum.Completed + b.sum.Rejected + b.sum.Skipped
+	b.prog.Rejected, b.prog.Skipped = b.sum.Rejected, b.sum.Skipped
+	b.r.progress(b.prog)
+}
+
+func validItemKey(step, key string) error {
+	if err := ValidateID(key); err != nil {
+		return fmt.Errorf("item key of %s: %w", step, err)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] == '/' {
+			return fmt.Errorf("%w: item key %q of %s contains /", ErrInvalidID, key, step)
+		}
+	}
+	return nil
+}

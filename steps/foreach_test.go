@@ -1,0 +1,176 @@
+package steps_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/steps"
+)
+
+type xfer struct {
+	ID       string
+	From, To string
+	Amount   int64
+}
+
+func xferKey(x xfer) string { return x.ID }
+
+func post(ctx context.Context, x xfer, e *steps.Effects) (int64, error) {
+	e.Add(x.From, -x.Amount, steps.NotBelow(0))
+	e.Add(x.To, x.Amount)
+	return x.Amount, nil
+}
+
+func totalBalance(t *testing.T, db *sql.DB) int64 {
+	t.Helper()
+	var n int64
+	if err := db.QueryRow(`SELECT sum(balance) FROM accounts`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestForEachFoldsInItemOrder(t *testing.T) {
+	for _, separate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("separate=%v", separate), func(t *testing.T) {
+			ctx := context.Background()
+			st := checkpointtest.Open(t)
+			db, target := st.DB(), steps.Target{Table: accountsTable}
+			if separate {
+				path := filepath.Join(t.TempDir(), "ledger.db")
+				var err error
+				if db, err = checkpoint.OpenTarget(ctx, checkpoint.Config{Path: path}); err != nil {
+					t.Fatal(err)
+				}
+				defer db.Close()
+				target.Path = path
+			}
+			ledger(t, db, map[string]int64{"a": 100, "b": 0, "c": 0})
+			// One account many times in one chunk: a gets 100; T1 takes 60,
+			// T2 (60) must be rejected, T3 (40) accepted, T4 refills, T5 ok.
+			items := []xfer{
+				{"T1", "a", "b", 60}, {"T2", "a", "c", 60}, {"T3", "a", "c", 40},
+				{"T4", "b", "a", 50}, {"T5", "a", "b", 50},
+			}
+			run := beginEffects(t, st, "j/k")
+			sum, err := steps.ForEach(ctx, run, "post", steps.Slice(items, xferKey), post, steps.WithTarget(target), steps.ChunkSize(10))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sum.Completed != 4 || sum.Rejected != 1 || sum.Total != 5 {
+				t.Fatalf("summary = %+v", sum)
+			}
+			want := map[string]int64{"a": 0, "b": 60, "c": 40}
+			for k, v := range want {
+				if got, _ := balance(t, db, k); got != v {
+					t.Errorf("%s = %d, want %d", k, got, v)
+				}
+			}
+			var status string
+			st.DB().QueryRow(`SELECT status FROM items WHERE item_key = 'T2'`).Scan(&status)
+			if status != checkpoint.StepRejected {
+				t.Fatalf("T2 status = %q, want rejected", status)
+			}
+			// A rerun in reverse order applies nothing again.
+			run2 := beginEffects(t, st, "j/k")
+			rev := slices.Clone(items)
+			slices.Reverse(rev)
+			calls := 0
+			_, err = steps.ForEach(ctx, run2, "post", steps.Slice(rev, xferKey), func(ctx context.Context, x xfer, e *steps.Effects) (int64, error) {
+				calls++
+				return post(ctx, x, e)
+			}, steps.WithTarget(target), steps.ChunkSize(2))
+			if err != nil || calls != 0 {
+				t.Fatalf("rerun: err %v, calls %d", err, calls)
+			}
+			if totalBalance(t, db) != 100 {
+				t.Fatalf("money not conserved: %d", totalBalance(t, db))
+			}
+		})
+	}
+}
+
+func TestForEachSkipsCompletedItemsOnResume(t *testing.T) {
+	ctx := context.Background()
+	st := checkpointtest.Open(t)
+	var items []xfer
+	for i := range 25 {
+		items = append(items, xfer{ID: fmt.Sprintf("T%03d", i), From: "a", To: "b", Amount: 1})
+	}
+	ledger(t, st.DB(), map[string]int64{"a": 1000, "b": 0})
+	target := steps.Target{Table: accountsTable}
+	run := beginEffects(t, st, "j/k")
+	boom := errors.New("boom")
+	_, err := steps.ForEach(ctx, run, "post", steps.Slice(items, xferKey), func(ctx context.Context, x xfer, e *steps.Effects) (int64, error) {
+		if x.ID == "T012" {
+			return 0, boom
+		}
+		return post(ctx, x, e)
+	}, steps.WithTarget(target), steps.ChunkSize(5))
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want boom", err)
+	}
+	if b, _ := balance(t, st.DB(), "b"); b != 12 {
+		t.Fatalf("b = %d after failing at item 12, want 12 (items before it committed)", b)
+	}
+	run2 := beginEffects(t, st, "j/k")
+	calls := 0
+	sum, err := steps.ForEach(ctx, run2, "post", steps.Slice(items, xferKey), func(ctx context.Context, x xfer, e *steps.Effects) (int64, error) {
+		calls++
+		return post(ctx, x, e)
+	}, steps.WithTarget(target), steps.ChunkSize(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls != 13 || sum.Completed != 25 || sum.Executed != 13 {
+		t.Fatalf("calls %d, summary %+v; want 13 calls, 25 completed", calls, sum)
+	}
+	if b, _ := balance(t, st.DB(), "b"); b != 25 {
+		t.Fatalf("b = %d, want 25", b)
+	}
+	// Finished: a third attempt returns the recorded summary without reading the source.
+	run3 := beginEffects(t, st, "j/k")
+	src := steps.Seq(func(yield func(string, xfer) bool) { t.Fatal("source read for a finished batch step") }, -1)
+	sum3, err := steps.ForEach(ctx, run3, "post", src, post, steps.WithTarget(target))
+	if err != nil || sum3.Completed != 25 {
+		t.Fatalf("finished rerun: %+v, %v", sum3, err)
+	}
+}
+
+func TestForEachSkipPolicy(t *testing.T) {
+	ctx := context.Background()
+	st := checkpointtest.Open(t)
+	items := []xfer{{ID: "A"}, {ID: "B"}, {ID: "C"}, {ID: "D"}}
+	fail := func(ctx context.Context, x xfer, e *steps.Effects) (string, error) {
+		if x.ID == "B" || x.ID == "D" {
+			return "", fmt.Errorf("bad item %s", x.ID)
+		}
+		return "ok " + x.ID, nil
+	}
+	run := beginEffects(t, st, "j/k")
+	if _, err := steps.ForEach(ctx, run, "skip1", steps.Slice(items, xferKey), fail, steps.SkipFailures(1)); err == nil {
+		t.Fatal("two failures passed a skip limit of 1")
+	}
+	sum, err := steps.ForEach(ctx, run, "skip2", steps.Slice(items, xferKey), fail, steps.SkipFailures(2))
+	if err != nil || sum.Skipped != 2 || sum.Completed != 2 {
+		t.Fatalf("skip2: %+v, %v", sum, err)
+	}
+	var msg string
+	st.DB().QueryRow(`SELECT error FROM items WHERE step_id = 'skip2' AND item_key = 'D' AND status = 'skipped'`).Scan(&msg)
+	if msg != "bad item D" {
+		t.Fatalf("skipped item error = %q", msg)
+	}
+	// A duplicate key is loud.
+	dup := []xfer{{ID: "A"}, {ID: "B"}, {ID: "A"}}
+	_, err = steps.ForEach(ctx, run, "dup", steps.Slice(dup, xferKey), fail, steps.SkipFailures(5))
+	if !errors.Is(err, steps.ErrDuplicateStep) {
+		t.Fatalf("duplicate key: %v", err)
+	}
+}

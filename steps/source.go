@@ -1,0 +1,76 @@
+package steps
+
+import (
+	"context"
+	"fmt"
+	"iter"
+)
+
+// Source streams the items of a batch step, each with its business key, in
+// a deterministic order. Items are pulled a chunk at a time, so a source of
+// millions of items is never held in memory.
+type Source[I any] struct {
+	all   func(ctx context.Context, yield func(key string, item I) bool) error
+	total int64
+}
+
+// Total is the number of items, or -1 when the source does not know.
+func (s Source[I]) Total() int64 { return s.total }
+
+// Slice is a source over items in memory, for small batches.
+func Slice[I any](items []I, key func(I) string) Source[I] {
+	return Source[I]{total: int64(len(items)), all: func(ctx context.Context, yield func(string, I) bool) error {
+		for _, it := range items {
+			if !yield(key(it), it) {
+				return nil
+			}
+		}
+		return nil
+	}}
+}
+
+// Seq is a source over an iterator of (key, item) pairs. total is the item
+// count if known, else -1.
+func Seq[I any](seq iter.Seq2[string, I], total int64) Source[I] {
+	return Source[I]{total: total, all: func(ctx context.Context, yield func(string, I) bool) error {
+		for k, it := range seq {
+			if !yield(k, it) {
+				return nil
+			}
+		}
+		return nil
+	}}
+}
+
+// Paged is a source that reads items page by page in ascending key order,
+// for large batches kept in a database: fetch returns up to limit items
+// whose keys sort after the key given ("" for the first page), in key
+// order, e.g. with `WHERE id > ? ORDER BY id LIMIT ?`. total is the item
+// count if known, else -1.
+func Paged[I any](pageSize int, key func(I) string, fetch func(ctx context.Context, after string, limit int) ([]I, error), total int64) Source[I] {
+	if pageSize <= 0 {
+		pageSize = 1000
+	}
+	return Source[I]{total: total, all: func(ctx context.Context, yield func(string, I) bool) error {
+		after := ""
+		for {
+			page, err := fetch(ctx, after, pageSize)
+			if err != nil {
+				return fmt.Errorf("steps: fetch items after %q: %w", after, err)
+			}
+			for _, it := range page {
+				k := key(it)
+				if k <= after {
+					return fmt.Errorf("steps: paged source returned key %q after %q; fetch must return keys in ascending order", k, after)
+				}
+				if !yield(k, it) {
+					return nil
+				}
+				after = k
+			}
+			if len(page) < pageSize {
+				return nil
+			}
+		}
+	}}
+}
