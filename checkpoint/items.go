@@ -36,6 +36,9 @@ type ItemQuery struct {
 	To    string
 	// KeysOnly skips reading outputs and errors.
 	KeysOnly bool
+	// Status, if set, selects only items with this status (with neither
+	// Keys nor a range set).
+	Status string
 }
 
 // ChunkPlan is a recorded effect plan of one chunk of a batch step.
@@ -64,6 +67,8 @@ WHERE run_id = ? AND step_id = ? AND chunk = ? AND status = 'planned'`
 	sqlChunkPlans         = `SELECT effect_id, status, plan FROM chunk_plans
 WHERE run_id = ? AND step_id = ? AND status = 'planned' ORDER BY effect_id`
 	sqlItemsAll      = `SELECT item_key, status, output, error, attempt, chunk FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key`
+	sqlItemsByStatus = `SELECT item_key, status, output, error, attempt, chunk FROM items
+WHERE run_id = ? AND step_id = ? AND status = ? ORDER BY item_key`
 	sqlItemKeysAll   = `SELECT item_key, status, attempt FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key`
 	sqlItemKeysRange = `SELECT item_key, status, attempt FROM items WHERE run_id = ? AND step_id = ? AND item_key BETWEEN ? AND ? ORDER BY item_key`
 	sqlItemCounts    = `SELECT step_id, status, count(*) FROM items WHERE run_id = ? GROUP BY step_id, status ORDER BY step_id, status`
@@ -151,6 +156,9 @@ func (s *SQLite) Items(ctx context.Context, q ItemQuery, fn func(Item) error) er
 	case q.From != "" || q.To != "":
 		rows, err = s.db.QueryContext(ctx, sqlItemKeysRange, q.RunID, q.Step, q.From, q.To)
 		q.KeysOnly = true
+	case q.Status != "":
+		rows, err = s.db.QueryContext(ctx, sqlItemsByStatus, q.RunID, q.Step, q.Status)
+		q.KeysOnly = false
 	case q.KeysOnly:
 		rows, err = s.db.QueryContext(ctx, sqlItemKeysAll, q.RunID, q.Step)
 	default:

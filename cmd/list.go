@@ -168,7 +168,27 @@ type showView struct {
 	Run      runView       `json:"run"`
 	Attempts []attemptView `json:"attempts"`
 	Steps    []stepView    `json:"steps"`
+	Batches  []batchView   `json:"batches"`
 }
+
+// batchView is a batch step's item counts and skipped items in `show`.
+type batchView struct {
+	Step         string     `json:"step"`
+	Total        int64      `json:"total"` // -1 when the source did not say
+	Completed    int64      `json:"completed"`
+	Rejected     int64      `json:"rejected"`
+	Skipped      int64      `json:"skipped"`
+	Planned      int64      `json:"planned"`
+	SkippedItems []itemView `json:"skipped_items,omitempty"`
+}
+
+type itemView struct {
+	Key   string `json:"key"`
+	Error string `json:"error"`
+}
+
+// maxSkippedShown bounds the skipped items `show` lists per batch step.
+const maxSkippedShown = 50
 
 // Run implements the show command.
 func (c *ShowCmd) Run(env *Env) error {
@@ -205,6 +225,9 @@ func (c *ShowCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
+	if v.Batches, err = batches(env, st, c.RunID, v.Steps); err != nil {
+		return err
+	}
 	if c.JSON {
 		return writeJSON(env.Stdout, v)
 	}
@@ -231,6 +254,22 @@ func (c *ShowCmd) Run(env *Env) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", s.ID, s.Status, s.Attempt, s.Tries,
 			s.FinishedAt.Sub(s.StartedAt).Round(time.Microsecond), preview(out, 60))
+	}
+	if len(v.Batches) > 0 {
+		fmt.Fprintln(tw, "\nBATCH STEP\tDONE\tTOTAL\tCOMPLETED\tREJECTED\tSKIPPED\tPLANNED")
+		for _, b := range v.Batches {
+			total := "?"
+			if b.Total >= 0 {
+				total = fmt.Sprint(b.Total)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\n", b.Step, b.Completed+b.Rejected+b.Skipped, total,
+				b.Completed, b.Rejected, b.Skipped, b.Planned)
+		}
+		for _, b := range v.Batches {
+			for _, it := range b.SkippedItems {
+				fmt.Fprintf(tw, "skipped %s/%s\t%s\n", b.Step, it.Key, preview(it.Error, 80))
+			}
+		}
 	}
 	if err := tw.Flush(); err != nil || !c.Effects {
 		return err
@@ -273,4 +312,52 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// batches counts each batch step's items by status and lists its skipped
+// items (retried with --retry-skipped).
+func batches(env *Env, st *checkpoint.SQLite, runID string, stepViews []stepView) ([]batchView, error) {
+	counts, err := st.ItemCounts(env.Ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	var out []batchView
+	for _, c := range counts {
+		if len(out) == 0 || out[len(out)-1].Step != c.Step {
+			b := batchView{Step: c.Step, Total: -1}
+			for _, s := range stepViews {
+				var sum steps.BatchSummary
+				if s.ID == c.Step && json.Unmarshal(s.Output, &sum) == nil {
+					b.Total = sum.Total
+				}
+			}
+			out = append(out, b)
+		}
+		b := &out[len(out)-1]
+		switch c.Status {
+		case checkpoint.StepCompleted:
+			b.Completed = c.Count
+		case checkpoint.StepRejected:
+			b.Rejected = c.Count
+		case checkpoint.ItemSkipped:
+			b.Skipped = c.Count
+		case checkpoint.StepPlanned:
+			b.Planned = c.Count
+		}
+	}
+	for i := range out {
+		if out[i].Skipped == 0 {
+			continue
+		}
+		err := st.Items(env.Ctx, checkpoint.ItemQuery{RunID: runID, Step: out[i].Step, Status: checkpoint.ItemSkipped}, func(it checkpoint.Item) error {
+			if len(out[i].SkippedItems) < maxSkippedShown {
+				out[i].SkippedItems = append(out[i].SkippedItems, itemView{Key: it.Key, Error: it.Error})
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

@@ -10,20 +10,25 @@ import (
 
 // runFlags are the flags shared by run and resume.
 type runFlags struct {
-	Wait  bool          `help:"If another runner holds the run, wait for it instead of exiting 4."`
-	Lease time.Duration `default:"30s" help:"Lease length; the runner heartbeats every third of it. A crashed runner's run is taken over when it expires (at once if it ran on this host and its process is gone)."`
-	Force bool          `help:"Run a succeeded or abandoned run again; completed steps are still skipped."`
+	Wait         bool          `help:"If another runner holds the run, wait for it instead of exiting 4."`
+	RetrySkipped bool          `name:"retry-skipped" help:"Process again the batch items an earlier attempt skipped under the step's skip policy."`
+	Progress     string        `default:"auto" enum:"auto,bar,log,none" help:"Batch progress: a live bar on a terminal and a log line every few seconds otherwise (auto), or forced."`
+	Lease        time.Duration `default:"30s" help:"Lease length; the runner heartbeats every third of it. A crashed runner's run is taken over when it expires (at once if it ran on this host and its process is gone)."`
+	Force        bool          `help:"Run a succeeded or abandoned run again; completed steps are still skipped."`
 }
 
-func (f runFlags) runner(env *Env) (*runner.Runner, error) {
+func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
 	st, err := env.Store()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return runner.New(runner.Config{
-		Store: st, Jobs: env.Registry, Logger: env.Globals.logger(env.Stderr),
-		Lease: f.Lease, Wait: f.Wait,
+	log := env.Globals.logger(env.Stderr)
+	prog := newProgress(f.Progress, env.Stderr, log)
+	r, err := runner.New(runner.Config{
+		Store: st, Jobs: env.Registry, Logger: log,
+		Lease: f.Lease, Wait: f.Wait, OnProgress: prog.report,
 	})
+	return r, prog, err
 }
 
 // RunCmd starts or resumes a run of a job.
@@ -44,11 +49,13 @@ func (c *RunCmd) Run(env *Env) error {
 			return usageError{fmt.Errorf("read --params-file: %w", err)}
 		}
 	}
-	r, err := c.runner(env)
+	r, prog, err := c.runner(env)
 	if err != nil {
 		return err
 	}
-	res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: c.Params, ParamsFile: file, Force: c.Force, DryRun: c.DryRun})
+	res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: c.Params, ParamsFile: file, Force: c.Force,
+		DryRun: c.DryRun, RetrySkipped: c.RetrySkipped})
+	prog.close()
 	if c.DryRun {
 		printDryRun(env, res)
 		return err
@@ -65,11 +72,12 @@ type ResumeCmd struct {
 
 // Run implements the resume command.
 func (c *ResumeCmd) Run(env *Env) error {
-	r, err := c.runner(env)
+	r, prog, err := c.runner(env)
 	if err != nil {
 		return err
 	}
-	res, err := r.Resume(env.Ctx, c.RunID, c.Force)
+	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: c.Force, RetrySkipped: c.RetrySkipped})
+	prog.close()
 	report(env, res, err)
 	return err
 }

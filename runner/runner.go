@@ -42,6 +42,8 @@ type Config struct {
 	Wait bool
 	// WaitPoll is how often a waiting claim retries. Defaults to 500ms.
 	WaitPoll time.Duration
+	// OnProgress, if set, receives batch steps' progress after each chunk.
+	OnProgress func(steps.Progress)
 }
 
 func (c *Config) validate() error {
@@ -101,6 +103,9 @@ type Request struct {
 	// anything: effects are planned against current values and returned in
 	// Result.DryPlans.
 	DryRun bool
+	// RetrySkipped makes batch steps process again the items an earlier
+	// attempt skipped under their skip policy.
+	RetrySkipped bool
 }
 
 // Result says how a run ended.
@@ -129,7 +134,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 	if req.DryRun {
 		return r.dryRun(ctx, job, dec)
 	}
-	return r.execute(ctx, job, dec, req.Force)
+	return r.execute(ctx, job, dec, req)
 }
 
 // dryRun executes the job on a write-free steps.Run.
@@ -150,8 +155,9 @@ func (r *Runner) dryRun(ctx context.Context, job jobs.Job, dec jobs.Decoded) (Re
 	return res, nil
 }
 
-// Resume runs runID again with its stored parameters.
-func (r *Runner) Resume(ctx context.Context, runID string, force bool) (Result, error) {
+// Resume runs runID again with its stored parameters; req.Job, Values and
+// ParamsFile are ignored.
+func (r *Runner) Resume(ctx context.Context, runID string, req Request) (Result, error) {
 	info, err := r.cfg.Store.Run(ctx, runID)
 	if err != nil {
 		return Result{}, err
@@ -164,16 +170,19 @@ func (r *Runner) Resume(ctx context.Context, runID string, force bool) (Result, 
 	if err != nil {
 		return Result{}, fmt.Errorf("run %s: stored parameters no longer decode: %w", runID, err)
 	}
-	return r.execute(ctx, job, dec, force)
+	if req.DryRun {
+		return r.dryRun(ctx, job, dec)
+	}
+	return r.execute(ctx, job, dec, req)
 }
 
-func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, force bool) (Result, error) {
+func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, req Request) (Result, error) {
 	runID := jobs.RunID(job.Name(), dec.RunKey)
 	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Logger()
 	log := jobLog.With().Str(steps.FieldRunID, runID).Logger()
 	claim, err := r.claim(ctx, checkpoint.ClaimRequest{
 		RunID: runID, Job: job.Name(), RunKey: dec.RunKey, Params: dec.JSON, ParamsHash: dec.Hash,
-		Owner: r.cfg.Owner, LeaseFor: r.cfg.Lease, Force: force, OwnerGone: ownerGone(r.cfg.Owner),
+		Owner: r.cfg.Owner, LeaseFor: r.cfg.Lease, Force: req.Force, OwnerGone: ownerGone(r.cfg.Owner),
 	}, log)
 	if err != nil {
 		return Result{RunID: runID}, err
@@ -194,7 +203,7 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, fo
 	defer cancel(nil)
 	stopBeat := r.heartbeat(runCtx, lease, cancel, log)
 
-	jobErr := r.drive(runCtx, job, lease, dec, &res, jobLog)
+	jobErr := r.drive(runCtx, job, lease, dec, req, &res, jobLog)
 	stopBeat()
 
 	end := checkpoint.Ending{Status: checkpoint.RunSucceeded, At: r.cfg.Clock.Now()}
@@ -228,8 +237,9 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, fo
 }
 
 // drive runs the job function on an attempt's steps.Run.
-func (r *Runner) drive(ctx context.Context, job jobs.Job, lease checkpoint.Lease, dec jobs.Decoded, res *Result, log zerolog.Logger) error {
-	run, err := steps.Begin(ctx, steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now})
+func (r *Runner) drive(ctx context.Context, job jobs.Job, lease checkpoint.Lease, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) error {
+	run, err := steps.Begin(ctx, steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
+		RetrySkipped: req.RetrySkipped, OnProgress: r.cfg.OnProgress})
 	if err != nil {
 		return err
 	}
