@@ -152,17 +152,17 @@ func (s *SQLite) Items(ctx context.Context, q ItemQuery, fn func(Item) error) er
 		for _, k := range q.Keys {
 			args = append(args, k)
 		}
-		rows, err = s.db.QueryContext(ctx, query, args...)
+		rows, err = s.rdb.QueryContext(ctx, query, args...)
 	case q.From != "" || q.To != "":
-		rows, err = s.db.QueryContext(ctx, sqlItemKeysRange, q.RunID, q.Step, q.From, q.To)
+		rows, err = s.rdb.QueryContext(ctx, sqlItemKeysRange, q.RunID, q.Step, q.From, q.To)
 		q.KeysOnly = true
 	case q.Status != "":
-		rows, err = s.db.QueryContext(ctx, sqlItemsByStatus, q.RunID, q.Step, q.Status)
+		rows, err = s.rdb.QueryContext(ctx, sqlItemsByStatus, q.RunID, q.Step, q.Status)
 		q.KeysOnly = false
 	case q.KeysOnly:
-		rows, err = s.db.QueryContext(ctx, sqlItemKeysAll, q.RunID, q.Step)
+		rows, err = s.rdb.QueryContext(ctx, sqlItemKeysAll, q.RunID, q.Step)
 	default:
-		rows, err = s.db.QueryContext(ctx, sqlItemsAll, q.RunID, q.Step)
+		rows, err = s.rdb.QueryContext(ctx, sqlItemsAll, q.RunID, q.Step)
 	}
 	if err != nil {
 		return s.wrap("read items of "+q.RunID+" "+q.Step, err)
@@ -187,7 +187,7 @@ func (s *SQLite) Items(ctx context.Context, q ItemQuery, fn func(Item) error) er
 
 // ChunkPlans implements Store: the chunk plans of a step still planned.
 func (s *SQLite) ChunkPlans(ctx context.Context, runID, step string) ([]ChunkPlan, error) {
-	rows, err := s.db.QueryContext(ctx, sqlChunkPlans, runID, step)
+	rows, err := s.rdb.QueryContext(ctx, sqlChunkPlans, runID, step)
 	if err != nil {
 		return nil, s.wrap("read chunk plans of "+runID, err)
 	}
@@ -212,7 +212,7 @@ type ItemCount struct {
 
 // ItemCounts implements Store.
 func (s *SQLite) ItemCounts(ctx context.Context, runID string) ([]ItemCount, error) {
-	rows, err := s.db.QueryContext(ctx, sqlItemCounts, runID)
+	rows, err := s.rdb.QueryContext(ctx, sqlItemCounts, runID)
 	if err != nil {
 		return nil, s.wrap("count items of "+runID, err)
 	}

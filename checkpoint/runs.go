@@ -24,7 +24,7 @@ func (s *SQLite) Runs(ctx context.Context, f RunFilter) ([]Run, error) {
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := s.db.QueryContext(ctx, sqlListRuns, f.Job, f.Status, limit)
+	rows, err := s.rdb.QueryContext(ctx, sqlListRuns, f.Job, f.Status, limit)
 	if err != nil {
 		return nil, s.wrap("list runs", err)
 	}
@@ -42,7 +42,7 @@ func (s *SQLite) Runs(ctx context.Context, f RunFilter) ([]Run, error) {
 
 // Run implements Store.
 func (s *SQLite) Run(ctx context.Context, runID string) (RunInfo, error) {
-	run, err := scanRun(s.db.QueryRowContext(ctx, sqlSelectRun, runID))
+	run, err := scanRun(s.rdb.QueryRowContext(ctx, sqlSelectRun, runID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return RunInfo{}, fmt.Errorf("%w: no run %q in %s; list runs with `stepwise runs`", ErrNotFound, runID, s.path)
 	}
@@ -50,7 +50,7 @@ func (s *SQLite) Run(ctx context.Context, runID string) (RunInfo, error) {
 		return RunInfo{}, s.wrap("read run "+runID, err)
 	}
 	info := RunInfo{Run: run}
-	rows, err := s.db.QueryContext(ctx, sqlAttempts, runID)
+	rows, err := s.rdb.QueryContext(ctx, sqlAttempts, runID)
 	if err != nil {
 		return RunInfo{}, s.wrap("read attempts of "+runID, err)
 	}

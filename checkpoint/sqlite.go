@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"modernc.org/sqlite"
@@ -62,7 +63,8 @@ func (c *Config) validate() error {
 // SQLite is the Store kept in one SQLite file: WAL journal, one writer
 // connection, BEGIN IMMEDIATE transactions and a busy timeout.
 type SQLite struct {
-	db   *sql.DB
+	db   *sql.DB // the one writer connection
+	rdb  *sql.DB // a pool of query-only connections for reads
 	path string
 	cfg  Config
 	stmt preparedStatements
@@ -74,6 +76,12 @@ var _ SQLStore = (*SQLite)(nil)
 // WAL, the busy timeout, the synchronous level and immediate transactions.
 // Benchmarks use it so their raw baselines run with the very same pragmas.
 func DSN(cfg Config) (string, error) {
+	return dsn(cfg, false)
+}
+
+// dsn builds the data source name; readOnly adds query_only, for the read
+// pool.
+func dsn(cfg Config, readOnly bool) (string, error) {
 	if err := cfg.validate(); err != nil {
 		return "", err
 	}
@@ -83,8 +91,20 @@ func DSN(cfg Config) (string, error) {
 	q.Add("_pragma", "synchronous("+cfg.Synchronous+")")
 	q.Add("_pragma", "foreign_keys(ON)")
 	q.Set("_txlock", "immediate")
-	return "file:" + cfg.Path + "?" + q.Encode(), nil
+	if readOnly {
+		q.Add("_pragma", "query_only(1)")
+		q.Set("_txlock", "deferred")
+	}
+	// The path is escaped so ?, # and % in it name the file, not URI parts.
+	return "file:" + pathEscaper.Replace(cfg.Path) + "?" + q.Encode(), nil
 }
+
+var pathEscaper = strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
+
+// readPoolSize is how many read connections a store keeps. Reads never wait
+// for the writer connection, so a job iterating query results can run steps
+// inside the loop, and listing commands read while a runner writes.
+const readPoolSize = 4
 
 // Open opens (creating if needed) the checkpoint database at cfg.Path and
 // brings its schema up to date. Its errors name the file and what to do.
@@ -115,6 +135,11 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 	if err := s.prepare(ctx); err != nil {
 		db.Close()
 		return nil, s.wrap("prepare statements", err)
+	}
+	if s.rdb, err = openReadPool(ctx, cfg); err != nil {
+		s.stmt.close()
+		db.Close()
+		return nil, err
 	}
 	return s, nil
 }
@@ -164,14 +189,38 @@ func (s *SQLite) migrateRetrying(ctx context.Context) error {
 // Path returns the database file's path.
 func (s *SQLite) Path() string { return s.path }
 
-// DB returns the underlying handle, for same-store effect targets and tests
-// that read the tables directly.
+// DB returns the writer handle (one connection), for same-store effect
+// targets and tests that write the tables directly. Never keep a query's
+// rows open on it while a step commits: reads belong on ReadDB.
 func (s *SQLite) DB() *sql.DB { return s.db }
+
+// ReadDB returns the pool of query-only connections.
+func (s *SQLite) ReadDB() *sql.DB { return s.rdb }
 
 // Close releases the database.
 func (s *SQLite) Close() error {
 	s.stmt.close()
+	s.rdb.Close()
 	return s.db.Close()
+}
+
+// openReadPool opens query-only connections to an existing database.
+func openReadPool(ctx context.Context, cfg Config) (*sql.DB, error) {
+	d, err := dsn(cfg, true)
+	if err != nil {
+		return nil, err
+	}
+	rdb, err := sql.Open("sqlite", d)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: open %s for reading: %w", cfg.Path, err)
+	}
+	rdb.SetMaxOpenConns(readPoolSize)
+	rdb.SetMaxIdleConns(readPoolSize)
+	if err := rdb.PingContext(ctx); err != nil {
+		rdb.Close()
+		return nil, wrapSQLiteError(cfg.Path, cfg.BusyTimeout, "open for reading", err)
+	}
+	return rdb, nil
 }
 
 // wrap turns driver errors into the package's sentinels, naming the file.

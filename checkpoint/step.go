@@ -20,9 +20,10 @@ ON CONFLICT (run_id, step_id) DO UPDATE SET
     error = excluded.error, tries = excluded.tries, attempt = excluded.attempt,
     started_at = excluded.started_at, finished_at = excluded.finished_at, plan = excluded.plan
 WHERE steps.status NOT IN ('completed', 'rejected')`
-	sqlRunFence = `SELECT fence FROM runs WHERE id = ?`
-	sqlGetStep  = `SELECT status, output, input_hash, error FROM steps WHERE run_id = ? AND step_id = ?`
-	sqlSteps    = `SELECT step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan
+	sqlRunFence   = `SELECT fence FROM runs WHERE id = ?`
+	sqlDeleteStep = `DELETE FROM steps WHERE run_id = ? AND step_id = ?`
+	sqlGetStep    = `SELECT status, output, input_hash, error FROM steps WHERE run_id = ? AND step_id = ?`
+	sqlSteps      = `SELECT step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan
 FROM steps WHERE run_id = ? ORDER BY step_id`
 )
 
@@ -77,6 +78,15 @@ func (t *sqliteTx) PutStep(st Step) error {
 	return t.explainRefusedPut(st)
 }
 
+// ResetStep implements Tx.
+func (t *sqliteTx) ResetStep(id string) error {
+	if err := t.checkFence(); err != nil {
+		return err
+	}
+	_, err := t.tx.ExecContext(t.ctx, sqlDeleteStep, t.lease.RunID, id)
+	return err
+}
+
 // explainRefusedPut decides why a checkpoint write changed nothing: the
 // fence moved (another runner claimed the run), or the step is already
 // finished. A finished step with identical content is our own earlier commit
@@ -106,7 +116,7 @@ func (t *sqliteTx) explainRefusedPut(st Step) error {
 
 // Steps implements Store.
 func (s *SQLite) Steps(ctx context.Context, runID string, fn func(Step) error) error {
-	rows, err := s.db.QueryContext(ctx, sqlSteps, runID)
+	rows, err := s.rdb.QueryContext(ctx, sqlSteps, runID)
 	if err != nil {
 		return s.wrap("read steps of "+runID, err)
 	}

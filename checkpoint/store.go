@@ -49,6 +49,9 @@ type Tx interface {
 	// accepted (our own earlier commit); different content is a
 	// *StepConflictError.
 	PutStep(s Step) error
+	// ResetStep deletes a step's checkpoint (not its items), so the step
+	// runs again: a batch step reopened to retry its skipped items.
+	ResetStep(id string) error
 	// PutItems records item checkpoints of batch steps, checked against the
 	// fence once per transaction. Finished (completed, rejected) items are
 	// never overwritten.
@@ -68,8 +71,10 @@ type Tx interface {
 // checkpoint's own transaction.
 type SQLStore interface {
 	Store
-	// DB is the store's database handle.
+	// DB is the store's writer handle.
 	DB() *sql.DB
+	// ReadDB is a handle for reads that never waits for the writer.
+	ReadDB() *sql.DB
 	// Path identifies the database (its file, for SQLite).
 	Path() string
 }

@@ -265,8 +265,8 @@ func OpenTarget(ctx context.Context, cfg Config) (*sql.DB, error) {
 	if _, err := statDB(cfg.Path); err != nil {
 		return nil, err
 	}
-	dsn, _ := DSN(cfg)
-	db, err := sql.Open("sqlite", dsn)
+	d, _ := DSN(cfg)
+	db, err := sql.Open("sqlite", d)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: open target %s: %w", cfg.Path, err)
 	}
@@ -276,4 +276,13 @@ func OpenTarget(ctx context.Context, cfg Config) (*sql.DB, error) {
 		return nil, wrapSQLiteError(cfg.Path, cfg.BusyTimeout, "open target", err)
 	}
 	return db, nil
+}
+
+// OpenTargetReader opens query-only connections to an effect target's
+// database, for job code that reads its own tables while steps commit.
+func OpenTargetReader(ctx context.Context, cfg Config) (*sql.DB, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return openReadPool(ctx, cfg)
 }

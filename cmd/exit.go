@@ -29,6 +29,9 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
+// UsageError marks err as a mistake in what the user asked for (exit 2).
+func UsageError(err error) error { return usageError{err} }
+
 // ExitCode maps an error to the command's exit code.
 func ExitCode(err error) int {
 	var (

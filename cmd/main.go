@@ -8,25 +8,38 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/rs/zerolog"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/runner"
 )
 
 // Main runs the stepwise command line with the jobs in reg and exits with
 // its exit code. SIGINT or SIGTERM interrupts the run resumably (exit 3); a
 // second signal ends the process at once, which is still safe.
-func Main(reg *jobs.Registry) {
+func Main(reg *jobs.Registry, opts ...Option) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-ctx.Done()
 		stop() // restore default handling: a second signal ends the process
 	}()
-	code := Execute(ctx, reg, os.Args[1:], os.Stdout, os.Stderr)
+	code := Execute(ctx, reg, os.Args[1:], os.Stdout, os.Stderr, opts...)
 	stop()
 	os.Exit(code)
+}
+
+// Option adds to the command line.
+type Option func(*[]kong.Option)
+
+// Command adds a program's own command (a kong command struct whose Run
+// method takes *Env) beside the stock ones, e.g. the example ledger's
+// `ledger seed` and `ledger check`.
+func Command(name, help string, c any) Option {
+	return func(o *[]kong.Option) { *o = append(*o, kong.DynamicCommand(name, help, "", c)) }
 }
 
 // exitRequest carries kong's request to exit (after --help) out of parsing.
@@ -34,7 +47,7 @@ type exitRequest struct{ code int }
 
 // Execute runs the command line args (without the program name) and returns
 // the exit code. Tests and embedding programs call it directly.
-func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, stderr io.Writer) (code int) {
+func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, stderr io.Writer, opts ...Option) (code int) {
 	var cli CLI
 	defer func() {
 		if r := recover(); r != nil {
@@ -45,14 +58,18 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 			panic(r)
 		}
 	}()
-	parser, err := kong.New(&cli,
+	kopts := []kong.Option{
 		kong.Name("stepwise"),
-		kong.Description("Stepwise runs batch jobs in resumable, checkpointed steps: rerun a crashed or failed run "+
-			"from the top and every completed step is skipped, every effect applied once.\n\n"+exitCodesHelp),
+		kong.Description("Stepwise runs batch jobs in resumable, checkpointed steps: rerun a crashed or failed run " +
+			"from the top and every completed step is skipped, every effect applied once.\n\n" + exitCodesHelp),
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(c int) { panic(exitRequest{c}) }),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-	)
+	}
+	for _, o := range opts {
+		o(&kopts)
+	}
+	parser, err := kong.New(&cli, kopts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "stepwise: %v\n", err)
 		return ExitUsage
@@ -103,6 +120,23 @@ func (e *Env) Store() (*checkpoint.SQLite, error) {
 	}
 	e.store = st
 	return st, nil
+}
+
+// Logger returns the logger the global flags ask for, writing to stderr.
+func (e *Env) Logger() zerolog.Logger { return e.Globals.logger(e.Stderr) }
+
+// RunJob runs a job as the run command does (progress display, the
+// one-line outcome on stdout) and returns its result.
+func (e *Env) RunJob(req runner.Request, lease time.Duration) (runner.Result, error) {
+	f := runFlags{Lease: lease, Progress: "auto", Force: req.Force, RetrySkipped: req.RetrySkipped}
+	r, prog, err := f.runner(e)
+	if err != nil {
+		return runner.Result{}, err
+	}
+	res, err := r.Run(e.Ctx, req)
+	prog.close()
+	report(e, res, err)
+	return res, err
 }
 
 func (e *Env) close() {

@@ -98,6 +98,11 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 		}
 	}
 	if !r.dryRun {
+		if done { // reopened to retry skipped items
+			if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.ResetStep(name) }); err != nil {
+				return sum, fmt.Errorf("steps: reopen batch step %s: %w", name, err)
+			}
+		}
 		if !b.fresh && b.target != nil && !b.target.same {
 			if err := b.resumePlanned(context.WithoutCancel(ctx)); err != nil {
 				return sum, err
@@ -350,6 +355,7 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 			return fmt.Errorf("steps: commit chunk %d of %s to %s: %w", b.chunk, b.name, b.target.name, err)
 		}
 	default:
+		crashStep(point, "before-commit") // before the plan is recorded
 		if err := b.commitSeparate(ctx, point, "c"+strconv.Itoa(b.chunk), ""); err != nil {
 			return err
 		}
@@ -587,4 +593,23 @@ func validItemKey(step, key string) error {
 		}
 	}
 	return nil
+}
+
+// ItemResult is one finished item of a batch step, as recorded.
+type ItemResult struct {
+	Key    string
+	Status string // completed, rejected or skipped
+	Output json.RawMessage
+	Error  string
+}
+
+// Items streams the recorded items of the batch step name of this run, in
+// key order; status "" means every status. Use it to summarise a batch
+// (the rejected transfers of a settlement, say) without holding it in
+// memory.
+func (r *Run) Items(ctx context.Context, name, status string, fn func(ItemResult) error) error {
+	q := checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, Status: status}
+	return r.store.Items(ctx, q, func(it checkpoint.Item) error {
+		return fn(ItemResult{Key: it.Key, Status: it.Status, Output: it.Output, Error: it.Error})
+	})
 }

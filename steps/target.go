@@ -10,6 +10,10 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
+// Table names a table that effects land in (key, value and version
+// columns); see checkpoint.Table.
+type Table = checkpoint.Table
+
 // Target says where a step's effects land: a table in the checkpoint
 // database (same store: effects commit in the checkpoint's transaction) or
 // in another SQLite database (separate store: plan, apply, record).
@@ -18,7 +22,7 @@ type Target struct {
 	// database's own path, means the same store.
 	Path string
 	// Table is the table and its key, value and version columns.
-	Table checkpoint.Table
+	Table Table
 }
 
 // State is the built-in key/value target in the checkpoint database, for
@@ -36,7 +40,8 @@ func (t Target) String() string {
 type openTarget struct {
 	h    *checkpoint.TableHandle
 	same bool    // lives in the checkpoint database
-	db   *sql.DB // owned (separate store) or nil
+	db   *sql.DB // owned writer (separate store) or nil
+	rdb  *sql.DB // reads for job code (owned when separate)
 	name string
 }
 
@@ -53,7 +58,7 @@ func (r *Run) target(ctx context.Context, t Target) (*openTarget, error) {
 		return nil, fmt.Errorf("steps: the checkpoint store %T cannot host effect targets", r.store)
 	}
 	same := t.Path == "" || samePath(t.Path, sqlStore.Path())
-	ot := &openTarget{same: same, name: t.String()}
+	ot := &openTarget{same: same, name: t.String(), rdb: sqlStore.ReadDB()}
 	db := sqlStore.DB()
 	if !same {
 		var err error
@@ -61,11 +66,16 @@ func (r *Run) target(ctx context.Context, t Target) (*openTarget, error) {
 			return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
 		}
 		ot.db = db
+		if ot.rdb, err = checkpoint.OpenTargetReader(ctx, checkpoint.Config{Path: t.Path}); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
+		}
 	}
 	h, err := checkpoint.OpenTable(ctx, db, t.Table)
 	if err != nil {
 		if ot.db != nil {
 			ot.db.Close()
+			ot.rdb.Close()
 		}
 		return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
 	}
@@ -104,9 +114,22 @@ func (r *Run) Close() error {
 	for k, ot := range r.targets {
 		ot.h.Close()
 		if ot.db != nil {
-			errs = append(errs, ot.db.Close())
+			errs = append(errs, ot.db.Close(), ot.rdb.Close())
 		}
 		delete(r.targets, k)
 	}
 	return errors.Join(errs...)
+}
+
+// TargetDB returns a query-only handle on target's database, opening it for
+// this attempt if needed, so job code can read its own tables (the day's
+// transfers, say) from the database its effects land in, even while
+// iterating rows and running steps inside the loop. Writes go through
+// effects.
+func (r *Run) TargetDB(ctx context.Context, t Target) (*sql.DB, error) {
+	ot, err := r.target(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	return ot.rdb, nil
 }

@@ -1,15 +1,31 @@
 // Command stepwise is the stock Stepwise binary, with the example jobs
-// compiled in. Run `stepwise --help` for its commands.
+// compiled in: settle (nightly settlement over a ledger, the main job) and
+// report. Run `stepwise --help` for its commands, `stepwise demo` to see it
+// work.
 package main
 
 import (
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/report"
+	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
 )
 
-func main() {
+// registry holds the example jobs.
+func registry() *jobs.Registry {
 	var reg jobs.Registry
-	reg.MustRegister(report.Job)
-	cmd.Main(&reg)
+	reg.MustRegister(settlement.Job, report.Job)
+	return &reg
+}
+
+// extraCommands are the stock binary's commands beyond the generic CLI.
+func extraCommands() []cmd.Option {
+	return []cmd.Option{
+		cmd.Command("demo", "Seed a demo ledger (if absent) and settle a day on it, with progress; start here.", &demoCmd{}),
+		cmd.Command("ledger", "The example ledger: seed one, or audit a settled day.", &ledgerCmd{}),
+	}
+}
+
+func main() {
+	cmd.Main(registry(), extraCommands()...)
 }

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/cmd"
+	"github.com/stepwise-run/stepwise/examples/settlement"
+	"github.com/stepwise-run/stepwise/runner"
+)
+
+// demoCmd seeds a demo ledger if needed and settles a day on it.
+type demoCmd struct {
+	Date      string `default:"2026-11-28" help:"Business date to seed (if absent) and settle."`
+	Accounts  int    `default:"10000" help:"Accounts in a new demo ledger."`
+	Transfers int    `default:"300000" help:"Transfers seeded for the date when it has none."`
+}
+
+func (c *demoCmd) Run(env *cmd.Env) error {
+	ctx := env.Ctx
+	db, path, err := openLedger(ctx, env, "")
+	if err != nil {
+		return err
+	}
+	err = settlement.Seed(ctx, db, settlement.SeedConfig{Accounts: c.Accounts, Transfers: c.Transfers, Date: c.Date, Seed: 1, Balance: 100000})
+	db.Close()
+	switch {
+	case err == nil:
+		fmt.Fprintf(env.Stdout, "seeded a demo ledger in %s: %d transfers on %s\n", path, c.Transfers, c.Date)
+	case errors.Is(err, settlement.ErrAlreadySeeded):
+		fmt.Fprintf(env.Stdout, "the ledger in %s already has %s's transfers\n", path, c.Date)
+	default:
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "settling %s (press Ctrl-C to interrupt; run the same command again to resume)\n", c.Date)
+	res, err := env.RunJob(runner.Request{Job: settlement.Job.Name(), Values: map[string]string{"date": c.Date}}, 30*time.Second)
+	if err != nil && !errors.Is(err, checkpoint.ErrAlreadySucceeded) {
+		return err
+	}
+	runID := "settle/" + c.Date
+	if res.RunID != "" {
+		runID = res.RunID
+	}
+	if err := printSummary(ctx, env, runID); err != nil {
+		return err
+	}
+	self := invokedAs()
+	next := c.nextDate()
+	fmt.Fprintf(env.Stdout, `
+Try next:
+  1. crash and rerun:  %[1]s demo --date %[2]s
+     press Ctrl-C (or kill -9 it) while it posts, then run the same command again:
+     it resumes at the first unposted chunk and posts every transfer exactly once
+  2. look inside:      %[1]s show %[3]s
+  3. audit the ledger: %[1]s ledger check --date %[4]s
+`, self, next, runID, c.Date)
+	return nil
+}
+
+func (c *demoCmd) nextDate() string {
+	d, err := time.Parse("2006-01-02", c.Date)
+	if err != nil {
+		return c.Date
+	}
+	return d.AddDate(0, 0, 1).Format("2006-01-02")
+}
+
+// printSummary prints the settlement summary recorded by the run.
+func printSummary(ctx context.Context, env *cmd.Env, runID string) error {
+	st, err := env.Store()
+	if err != nil {
+		return err
+	}
+	var found bool
+	err = st.Steps(ctx, runID, func(s checkpoint.Step) error {
+		if s.ID != "summary" || s.Status != checkpoint.StepCompleted {
+			return nil
+		}
+		sum, err := settlement.DecodeSummary(s.Output)
+		if err != nil {
+			return err
+		}
+		found = true
+		fmt.Fprintf(env.Stdout, "\nsettlement %s: %d transfers, %d posted (%s), %d rejected for overdraft (%s)\n",
+			sum.Date, sum.Transfers, sum.Posted, money(sum.PostedAmount), sum.Rejected, money(sum.RejectedAmount))
+		if len(sum.RejectedIDs) > 0 {
+			fmt.Fprintf(env.Stdout, "first rejected: %s\n", strings.Join(sum.RejectedIDs[:min(5, len(sum.RejectedIDs))], ", "))
+		}
+		return nil
+	})
+	if err == nil && !found {
+		err = fmt.Errorf("run %s has no summary yet", runID)
+	}
+	return err
+}
+
+// money formats minor units as units with two decimals.
+func money(minor int64) string {
+	sign := ""
+	if minor < 0 {
+		sign, minor = "-", -minor
+	}
+	return fmt.Sprintf("%s%d.%02d", sign, minor/100, minor%100)
+}
+
+// invokedAs is how the user started this program, for printed hints.
+func invokedAs() string {
+	if strings.Contains(os.Args[0], "go-build") {
+		return "go run ./cmd/stepwise"
+	}
+	return os.Args[0]
+}

@@ -1,0 +1,146 @@
+package settlement
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Schema of the ledger. The accounts and transfers columns are fixed: people
+// and tools read them.
+const schema = `
+CREATE TABLE IF NOT EXISTS accounts (
+    id      TEXT PRIMARY KEY,
+    balance INTEGER NOT NULL,
+    version INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS transfers (
+    id            TEXT PRIMARY KEY,
+    business_date TEXT NOT NULL,
+    from_account  TEXT NOT NULL,
+    to_account    TEXT NOT NULL,
+    amount        INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS transfers_by_date ON transfers (business_date, id);
+-- Balances when a business date was seeded, for ledger check.
+CREATE TABLE IF NOT EXISTS opening_balances (
+    business_date TEXT NOT NULL,
+    account_id    TEXT NOT NULL,
+    balance       INTEGER NOT NULL,
+    PRIMARY KEY (business_date, account_id)
+) WITHOUT ROWID;
+`
+
+// SeedConfig describes a reproducible ledger.
+type SeedConfig struct {
+	// Accounts is the number of accounts (created if the ledger has none).
+	Accounts int
+	// Transfers is the number of transfers for Date.
+	Transfers int
+	// Date is the business date of the transfers, YYYY-MM-DD.
+	Date string
+	// Seed makes the ledger reproducible: the same seed, the same ledger.
+	Seed uint64
+	// Balance is each new account's opening balance in minor units.
+	Balance int64
+	// MaxAmount bounds a transfer's amount (minor units). Defaults to
+	// Balance/2, which makes a few transfers overdraw and get rejected.
+	MaxAmount int64
+}
+
+func (c *SeedConfig) validate() error {
+	if _, err := time.Parse("2006-01-02", c.Date); err != nil {
+		return fmt.Errorf("seed: date %q is not YYYY-MM-DD", c.Date)
+	}
+	if c.Accounts < 2 || c.Accounts > 10_000_000 {
+		return fmt.Errorf("seed: accounts is %d; use 2 to 10000000", c.Accounts)
+	}
+	if c.Transfers < 0 || c.Transfers > 100_000_000 {
+		return fmt.Errorf("seed: transfers is %d; use 0 to 100000000", c.Transfers)
+	}
+	if c.Balance < 0 {
+		return fmt.Errorf("seed: balance is %d; it cannot be negative", c.Balance)
+	}
+	if c.MaxAmount == 0 {
+		c.MaxAmount = max(c.Balance/2, 1)
+	}
+	if c.MaxAmount < 1 {
+		return fmt.Errorf("seed: max amount is %d; use at least 1", c.MaxAmount)
+	}
+	return nil
+}
+
+// AccountID is the ID of account n (1-based): A-0000001.
+func AccountID(n int) string { return fmt.Sprintf("A-%07d", n) }
+
+// TransferID is the ID of transfer n (1-based) of a date: T-2026-11-28-00000001,
+// so IDs sort in posting order.
+func TransferID(date string, n int) string { return fmt.Sprintf("T-%s-%08d", date, n) }
+
+// ErrAlreadySeeded is returned by Seed when the ledger already has
+// transfers for the date.
+var ErrAlreadySeeded = errors.New("settlement: the ledger already has transfers for this date")
+
+// Seed creates the ledger tables in db if needed, the accounts if there are
+// none, and cfg.Transfers transfers for cfg.Date, all in one transaction,
+// and records every account's balance as the date's opening balance.
+func Seed(ctx context.Context, db *sql.DB, cfg SeedConfig) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, schema); err != nil {
+		return fmt.Errorf("seed: create ledger tables: %w", err)
+	}
+	var existing int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM transfers WHERE business_date = ?`, cfg.Date).Scan(&existing); err != nil {
+		return err
+	}
+	if existing > 0 {
+		return fmt.Errorf("%w: %d transfers on %s; seed another date or another file", ErrAlreadySeeded, existing, cfg.Date)
+	}
+	var accounts int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM accounts`).Scan(&accounts); err != nil {
+		return err
+	}
+	if accounts == 0 {
+		ins, err := tx.PrepareContext(ctx, `INSERT INTO accounts (id, balance, version) VALUES (?, ?, 0)`)
+		if err != nil {
+			return err
+		}
+		for i := 1; i <= cfg.Accounts; i++ {
+			if _, err := ins.ExecContext(ctx, AccountID(i), cfg.Balance); err != nil {
+				return err
+			}
+		}
+		accounts = cfg.Accounts
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5e771e))
+	ins, err := tx.PrepareContext(ctx, `INSERT INTO transfers (id, business_date, from_account, to_account, amount) VALUES (?, ?, ?, ?, ?)`)
+	if err != nil {
+		return err
+	}
+	for i := 1; i <= cfg.Transfers; i++ {
+		from := rng.IntN(accounts) + 1
+		to := rng.IntN(accounts-1) + 1
+		if to >= from {
+			to++ // never to itself
+		}
+		amount := rng.Int64N(cfg.MaxAmount) + 1
+		if _, err := ins.ExecContext(ctx, TransferID(cfg.Date, i), cfg.Date, AccountID(from), AccountID(to), amount); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO opening_balances (business_date, account_id, balance)
+SELECT ?, id, balance FROM accounts`, cfg.Date); err != nil {
+		return fmt.Errorf("seed: record opening balances: %w", err)
+	}
+	return tx.Commit()
+}
