@@ -240,8 +240,8 @@ func wrapSQLiteError(path string, busy time.Duration, op string, err error) erro
 		case sqlite3.SQLITE_READONLY:
 			return fmt.Errorf("%w: %s (%s): %v; make the file and its directory writable", ErrReadOnly, path, op, err)
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
-			return fmt.Errorf("%w: %s (%s): another process held it longer than the busy timeout (%s); "+
-				"retry when it is done, or raise the timeout", ErrLocked, path, op, busy)
+			return fmt.Errorf("%w: %s (%s): another process holds it (busy timeout %s); "+
+				"retry when it is done, or raise --busy-timeout", ErrLocked, path, op, busy)
 		case sqlite3.SQLITE_CANTOPEN:
 			return fmt.Errorf("checkpoint: cannot open %s (%s): %w", path, op, err)
 		case sqlite3.SQLITE_FULL:

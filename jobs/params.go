@@ -135,6 +135,9 @@ func decodeParams(job string, t reflect.Type, ps []Param, values map[string]stri
 			return v, fmt.Errorf("%w: params file for job %s is not a JSON object: %v", ErrBadParams, job, err)
 		}
 		for name, msg := range raw {
+			if string(bytes.TrimSpace(msg)) == "null" {
+				continue // null means not given
+			}
 			p, ok := findParam(ps, name)
 			if !ok {
 				return v, fmt.Errorf("%w: params file sets unknown parameter %q for job %s (known: %s)",
@@ -185,6 +188,9 @@ func decodeParams(job string, t reflect.Type, ps []Param, values map[string]stri
 	}
 	for _, p := range ps {
 		f := v.Field(p.field)
+		if p.Required && p.Type == "string" && f.String() == "" {
+			return v, fmt.Errorf("%w: job %s needs parameter %q (%s); it was given empty", ErrBadParams, job, p.Name, p.Help)
+		}
 		if p.Format == "date" && f.String() != "" {
 			if _, err := time.Parse(dateLayout, f.String()); err != nil {
 				return v, fmt.Errorf("%w: parameter %q is %q; want a date as YYYY-MM-DD", ErrBadParams, p.Name, f.String())

@@ -256,6 +256,9 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 	for {
 		req.Now = r.cfg.Clock.Now()
 		c, err := r.cfg.Store.Claim(ctx, req)
+		if err != nil && ctx.Err() != nil {
+			return c, fmt.Errorf("%w while claiming %s: %w", ErrInterrupted, req.RunID, context.Cause(ctx))
+		}
 		var held *checkpoint.LeaseHeldError
 		if !r.cfg.Wait || !errors.As(err, &held) {
 			return c, err
