@@ -379,7 +379,9 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 func (b *batch[I, O]) pinRejected(rejected map[int]*GuardError) {
 	for gi, g := range rejected {
 		rec := &b.recs[b.owners[gi]]
-		rec.Status, rec.Error, rec.Output = checkpoint.StepRejected, g.Error(), nil
+		// The item's output is kept: the rejection is recorded beside what
+		// the item computed (an amount, say) for summaries to read.
+		rec.Status, rec.Error = checkpoint.StepRejected, g.Error()
 		b.groups[gi] = nil // pinned: never planned again
 	}
 }
@@ -599,8 +601,12 @@ func validItemKey(step, key string) error {
 type ItemResult struct {
 	Key    string
 	Status string // completed, rejected or skipped
+	// Output is what the item's function returned, also kept when its
+	// effects were rejected by a guard; nil when the function failed or
+	// returned a Reject error.
 	Output json.RawMessage
-	Error  string
+	// Error is the rejection reason or the skipped failure.
+	Error string
 }
 
 // Items streams the recorded items of the batch step name of this run, in

@@ -27,9 +27,12 @@ func (c *demoCmd) Run(env *cmd.Env) error {
 	if err != nil {
 		return err
 	}
-	err = settlement.Seed(ctx, db, settlement.SeedConfig{Accounts: c.Accounts, Transfers: c.Transfers, Date: c.Date, Seed: 1, Balance: 100000})
+	err = settlement.Seed(ctx, db, settlement.SeedConfig{Accounts: c.Accounts, Transfers: c.Transfers, Date: c.Date,
+		Seed: 1, Balance: 100000, MaxAmount: 10000})
 	db.Close()
 	switch {
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("%w: seeding %s stopped; nothing of it was kept", runner.ErrInterrupted, c.Date)
 	case err == nil:
 		fmt.Fprintf(env.Stdout, "seeded a demo ledger in %s: %d transfers on %s\n", path, c.Transfers, c.Date)
 	case errors.Is(err, settlement.ErrAlreadySeeded):

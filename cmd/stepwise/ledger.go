@@ -10,6 +10,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
+	"github.com/stepwise-run/stepwise/runner"
 )
 
 // ledgerCmd groups the example ledger's commands.
@@ -45,6 +46,9 @@ func (c *seedCmd) Run(env *cmd.Env) error {
 	err = settlement.Seed(env.Ctx, db, settlement.SeedConfig{
 		Accounts: c.Accounts, Transfers: c.Transfers, Date: c.Date, Seed: c.Seed, Balance: c.Balance,
 	})
+	if err != nil && env.Ctx.Err() != nil {
+		return fmt.Errorf("%w: seeding stopped; nothing of it was kept", runner.ErrInterrupted)
+	}
 	if err != nil {
 		return cmd.UsageError(err)
 	}

@@ -116,9 +116,9 @@ WHERE business_date = ? AND id > ? ORDER BY id LIMIT ?`, p.Date, after, limit)
 	_, err = steps.Do(ctx, r, steps.ID("summary"), func(ctx context.Context) (Summary, error) {
 		s := Summary{Date: p.Date, Transfers: day.Transfers, RejectedIDs: []string{}}
 		err := r.Items(ctx, "post", "rejected", func(it steps.ItemResult) error {
-			var amount int64
-			if err := db.QueryRowContext(ctx, `SELECT amount FROM transfers WHERE id = ?`, it.Key).Scan(&amount); err != nil {
-				return fmt.Errorf("rejected transfer %s: %w", it.Key, err)
+			var amount int64 // post's output, kept with its rejection
+			if err := json.Unmarshal(it.Output, &amount); err != nil {
+				return fmt.Errorf("rejected transfer %s: decode its amount: %w", it.Key, err)
 			}
 			s.Rejected++
 			s.RejectedAmount += amount
