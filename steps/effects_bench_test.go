@@ -1,0 +1,347 @@
+package steps_test
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/steps"
+)
+
+// These benchmarks measure steps with effects against what the store must do
+// anyway. BenchmarkEffectSameVsRaw puts steps that each add to one key of the
+// built-in state table (steps.Apply on steps.State: read, compare-and-set,
+// checkpoint, one commit) beside a hand-written transaction doing the same
+// work through database/sql prepared statements on the same DSN
+// (checkpoint.DSN): SELECT value and version, UPDATE ... WHERE version = ?,
+// INSERT the checkpoint row, COMMIT. BenchmarkEffectSeparateVsSame puts
+// separate-store steps (plan, apply, record: three commits in two files)
+// beside same-store ones. Both sides of each benchmark alternate within one
+// run, so the ratio is not skewed by the machine's drift; read the ratio.
+// The goal for the same store is ratio >= 0.9 at sync=full.
+//
+//	go test -run '^$' -bench 'Effect' -benchtime 6x -count 3 ./steps/
+//
+// One iteration is one round of fxPerRound steps per side.
+
+// fxBenchSyncs are the synchronous levels each benchmark runs at: full is
+// the default and the goal's level; normal shows the CPU cost undiluted by
+// fsync.
+var fxBenchSyncs = []string{checkpoint.SyncFull, checkpoint.SyncNormal}
+
+const (
+	fxBenchOutput = 42 // every step returns it; the raw side stores its JSON
+	fxPerRound    = 500
+	fxBenchKeys   = 64 // distinct keys the steps cycle through
+)
+
+func fxKeyName(i int) string { return "acct:" + strconv.Itoa(i%fxBenchKeys) }
+
+// fxCPU is the process's user+system CPU time so far.
+func fxCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatalf("getrusage: %v", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// fxSide is one side of a benchmark: a name and a function committing the
+// steps with the given IDs, key i%fxBenchKeys for the i-th.
+type fxSide struct {
+	name      string
+	run       func(b *testing.B, ids []string)
+	wall, cpu time.Duration
+}
+
+// fxAlternate runs b.N rounds of fxPerRound steps on each side, the side
+// that goes first alternating by round, and reports each side's rate, the
+// ratio of the second side's rate to the first's, and the second side's
+// extra wall and CPU time per step.
+func fxAlternate(b *testing.B, base, other *fxSide) {
+	ids := make([]string, b.N*fxPerRound)
+	for i := range ids {
+		ids[i] = steps.ID("post", strconv.Itoa(i))
+	}
+	timed := func(s *fxSide, ids []string) {
+		w0, c0 := time.Now(), fxCPU(b)
+		s.run(b, ids)
+		s.wall += time.Since(w0)
+		s.cpu += fxCPU(b) - c0
+	}
+	b.ResetTimer()
+	for round := 0; round < b.N; round++ {
+		ids := ids[round*fxPerRound : (round+1)*fxPerRound]
+		if round%2 == 0 {
+			timed(base, ids)
+			timed(other, ids)
+		} else {
+			timed(other, ids)
+			timed(base, ids)
+		}
+	}
+	b.StopTimer()
+	n := float64(len(ids))
+	baseRate, otherRate := n/base.wall.Seconds(), n/other.wall.Seconds()
+	b.ReportMetric(baseRate, base.name+"/s")
+	b.ReportMetric(otherRate, other.name+"/s")
+	b.ReportMetric(otherRate/baseRate, "ratio")
+	b.ReportMetric((other.wall-base.wall).Seconds()/n*1e6, "extra-us/step")
+	b.ReportMetric((other.cpu-base.cpu).Seconds()/n*1e6, "extra-cpu-us/step")
+}
+
+// fxBenchStore opens a checkpoint store in dir, seeds fxBenchKeys keys of the
+// built-in state table at 0 and claims a run on it.
+func fxBenchStore(b *testing.B, dir, sync string) (*checkpoint.SQLite, *steps.Run) {
+	b.Helper()
+	ctx := context.Background()
+	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: filepath.Join(dir, "stepwise.db"), Synchronous: sync})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	for i := range fxBenchKeys {
+		if _, err := st.DB().Exec(`INSERT INTO stepwise_state (key, value, version) VALUES (?, 0, 0)`, fxKeyName(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c, err := st.Claim(ctx, checkpoint.ClaimRequest{
+		RunID: "bench/effects", Job: "bench", RunKey: "effects", Params: []byte("{}"), ParamsHash: "bench",
+		Owner: "bench:1", Now: time.Now(), LeaseFor: time.Hour,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	run, err := steps.Begin(ctx, steps.Config{Store: st, Lease: c.Lease})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { run.Close() })
+	return st, run
+}
+
+// fxApplySteps runs one steps.Apply per ID on target, each adding 1 to one
+// key.
+func fxApplySteps(run *steps.Run, target steps.Target) func(b *testing.B, ids []string) {
+	return func(b *testing.B, ids []string) {
+		ctx := context.Background()
+		for _, id := range ids {
+			key := fxKeyName(fxStepNumber(b, id))
+			out, err := steps.Apply(ctx, run, id, target, func(ctx context.Context, e *steps.Effects) (int, error) {
+				e.Add(key, 1)
+				return fxBenchOutput, nil
+			})
+			if err != nil || out != fxBenchOutput {
+				b.Fatalf("step %s: %d, %v", id, out, err)
+			}
+		}
+	}
+}
+
+func fxStepNumber(b *testing.B, id string) int {
+	n, err := strconv.Atoi(id[strings.LastIndexByte(id, '/')+1:])
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// The raw baseline's statements: the work one same-store effect step must
+// do, written by hand.
+const (
+	fxRawRead   = `SELECT value, version FROM stepwise_state WHERE key = ?`
+	fxRawCAS    = `UPDATE stepwise_state SET value = ?, version = ? WHERE key = ? AND version = ?`
+	fxRawInsert = `INSERT INTO steps (run_id, step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan)
+VALUES ('bench/effects', ?, 'completed', ?, '', '', 1, 1, ?, ?, ?)`
+)
+
+// fxRaw is the hand-written baseline on its own database with the same DSN,
+// one connection like the store, and prepared statements.
+type fxRaw struct {
+	db                *sql.DB
+	read, cas, insert *sql.Stmt
+}
+
+// fxOpenRaw creates raw.db in dir with the steps and stepwise_state tables
+// copied from the store's own schema (so columns, keys and WITHOUT ROWID are
+// identical) and the same seeded keys.
+func fxOpenRaw(b *testing.B, dir, sync string, schemaFrom *sql.DB) *fxRaw {
+	b.Helper()
+	ctx := context.Background()
+	rows, err := schemaFrom.QueryContext(ctx, `SELECT sql FROM sqlite_master
+WHERE tbl_name IN ('steps', 'stepwise_state') AND sql IS NOT NULL ORDER BY type = 'index', tbl_name`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ddl []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			b.Fatal(err)
+		}
+		ddl = append(ddl, s)
+	}
+	if err := rows.Close(); err != nil || len(ddl) < 2 {
+		b.Fatalf("read schema: %v (%d statements)", err, len(ddl))
+	}
+	dsn, err := checkpoint.DSN(checkpoint.Config{Path: filepath.Join(dir, "raw.db"), Synchronous: sync})
+	if err != nil {
+		b.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	b.Cleanup(func() { db.Close() })
+	for _, s := range ddl {
+		if _, err := db.ExecContext(ctx, s); err != nil {
+			b.Fatalf("create raw schema: %v", err)
+		}
+	}
+	for i := range fxBenchKeys {
+		if _, err := db.Exec(`INSERT INTO stepwise_state (key, value, version) VALUES (?, 0, 0)`, fxKeyName(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	r := &fxRaw{db: db}
+	for _, p := range []struct {
+		dst **sql.Stmt
+		q   string
+	}{{&r.read, fxRawRead}, {&r.cas, fxRawCAS}, {&r.insert, fxRawInsert}} {
+		if *p.dst, err = db.PrepareContext(ctx, p.q); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { (*p.dst).Close() })
+	}
+	return r
+}
+
+var fxBenchOutputJSON = []byte(strconv.Itoa(fxBenchOutput))
+
+// steps commits one transaction per ID: read the key, compare-and-set it,
+// insert the checkpoint row with a plan of the same shape Stepwise records.
+func (r *fxRaw) steps(b *testing.B, ids []string) {
+	ctx := context.Background()
+	plan := make([]byte, 0, 256)
+	for _, id := range ids {
+		key := fxKeyName(fxStepNumber(b, id))
+		now := time.Now().UTC().Format("2006-01-02T15:04:05.000000Z")
+		tx, err := r.db.BeginTx(ctx, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var value, version int64
+		if err := tx.StmtContext(ctx, r.read).QueryRowContext(ctx, key).Scan(&value, &version); err != nil {
+			b.Fatal(err)
+		}
+		res, err := tx.StmtContext(ctx, r.cas).ExecContext(ctx, value+1, version+1, key, version)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			b.Fatalf("raw CAS on %s missed", key)
+		}
+		plan = append(plan[:0], `{"target":"stepwise_state","ops":[{"key":"`...)
+		plan = append(plan, key...)
+		plan = append(plan, `","kind":"add","amount":1}],"writes":[{"key":"`...)
+		plan = append(plan, key...)
+		plan = append(plan, `","old_version":`...)
+		plan = strconv.AppendInt(plan, version, 10)
+		plan = append(plan, `,"old_value":`...)
+		plan = strconv.AppendInt(plan, value, 10)
+		plan = append(plan, `,"new_value":`...)
+		plan = strconv.AppendInt(plan, value+1, 10)
+		plan = append(plan, `}]}`...)
+		if _, err := tx.StmtContext(ctx, r.insert).ExecContext(ctx, id, fxBenchOutputJSON, now, now, plan); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// fxCheckState fails the benchmark unless the state table holds n additions
+// in all, each with its version bump.
+func fxCheckState(b *testing.B, db *sql.DB, n int) {
+	b.Helper()
+	var sum, versions int
+	if err := db.QueryRow(`SELECT sum(value), sum(version) FROM stepwise_state`).Scan(&sum, &versions); err != nil {
+		b.Fatal(err)
+	}
+	if sum != n || versions != n {
+		b.Fatalf("state holds %d added in %d versions; want %d", sum, versions, n)
+	}
+}
+
+// BenchmarkEffectSameVsRaw: same-store effect steps (raw/s is the baseline,
+// same/s Stepwise; ratio = same/raw).
+func BenchmarkEffectSameVsRaw(b *testing.B) {
+	for _, sync := range fxBenchSyncs {
+		b.Run("sync="+sync, func(b *testing.B) {
+			dir := b.TempDir()
+			st, run := fxBenchStore(b, dir, sync)
+			raw := fxOpenRaw(b, dir, sync, st.DB())
+			base := &fxSide{name: "raw", run: raw.steps}
+			same := &fxSide{name: "same", run: fxApplySteps(run, steps.State)}
+			fxAlternate(b, base, same)
+			fxCheckState(b, raw.db, b.N*fxPerRound)
+			fxCheckState(b, st.DB(), b.N*fxPerRound)
+		})
+	}
+}
+
+// BenchmarkEffectSeparateVsSame: separate-store effect steps (an accounts
+// table in another SQLite file) beside same-store ones (ratio =
+// separate/same). Each separate step commits three times in two files.
+func BenchmarkEffectSeparateVsSame(b *testing.B) {
+	for _, sync := range fxBenchSyncs {
+		b.Run("sync="+sync, func(b *testing.B) {
+			ctx := context.Background()
+			dir := b.TempDir()
+			st, run := fxBenchStore(b, dir, sync)
+			path := filepath.Join(dir, "ledger.db")
+			db, err := checkpoint.OpenTarget(ctx, checkpoint.Config{Path: path, Synchronous: sync})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { db.Close() })
+			if _, err := db.Exec(createAccounts); err != nil {
+				b.Fatal(err)
+			}
+			for i := range fxBenchKeys {
+				if _, err := db.Exec(`INSERT INTO accounts VALUES (?, 0, 0)`, fxKeyName(i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			// The two sides must not share step IDs: prefix the separate ones.
+			separate := fxApplySteps(run, steps.Target{Path: path, Table: accountsTable})
+			same := &fxSide{name: "same", run: fxApplySteps(run, steps.State)}
+			sep := &fxSide{name: "separate", run: func(b *testing.B, ids []string) {
+				sepIDs := make([]string, len(ids))
+				for i, id := range ids {
+					sepIDs[i] = "sep/" + id
+				}
+				separate(b, sepIDs)
+			}}
+			fxAlternate(b, same, sep)
+			fxCheckState(b, st.DB(), b.N*fxPerRound)
+			var sum, versions, applied int
+			if err := db.QueryRow(`SELECT sum(balance), sum(version), (SELECT count(*) FROM stepwise_applied) FROM accounts`).Scan(&sum, &versions, &applied); err != nil {
+				b.Fatal(err)
+			}
+			if n := b.N * fxPerRound; sum != n || versions != n || applied != n {
+				b.Fatalf("ledger holds %d in %d versions, %d applied effects; want %d each", sum, versions, applied, n)
+			}
+		})
+	}
+}
