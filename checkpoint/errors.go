@@ -30,6 +30,12 @@ var (
 	// ErrAlreadySucceeded is returned by Claim for a succeeded run unless
 	// the claim is forced.
 	ErrAlreadySucceeded = errors.New("checkpoint: run already succeeded")
+	// ErrPruned is returned by Claim for a run whose checkpoints were
+	// pruned: its tombstone refuses it, forced or not.
+	ErrPruned = errors.New("checkpoint: run was pruned")
+	// ErrNotStale is returned by Recover for a run whose runner still holds
+	// a live lease.
+	ErrNotStale = errors.New("checkpoint: run is not stale")
 	// ErrAbandoned is returned by Claim for an abandoned run unless the
 	// claim is forced.
 	ErrAbandoned = errors.New("checkpoint: run was abandoned")

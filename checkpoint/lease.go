@@ -10,7 +10,7 @@ import (
 
 const (
 	sqlSelectRun = `SELECT id, job, run_key, params, params_hash, status, fence,
-       lease_owner, lease_until, error, created_at, updated_at, finished_at
+       lease_owner, lease_until, error, created_at, updated_at, finished_at, pruned_at
 FROM runs WHERE id = ?`
 	sqlInsertRun = `INSERT INTO runs (id, job, run_key, params, params_hash, status, fence,
                   lease_owner, lease_until, created_at, updated_at)
@@ -37,10 +37,10 @@ type rowScanner interface{ Scan(dest ...any) error }
 
 func scanRun(row rowScanner) (Run, error) {
 	var r Run
-	var owner, until, created, updated, finished sql.NullString
+	var owner, until, created, updated, finished, pruned sql.NullString
 	var params string
 	err := row.Scan(&r.ID, &r.Job, &r.RunKey, &params, &r.ParamsHash, &r.Status, &r.Fence,
-		&owner, &until, &r.Error, &created, &updated, &finished)
+		&owner, &until, &r.Error, &created, &updated, &finished, &pruned)
 	if err != nil {
 		return Run{}, err
 	}
@@ -50,6 +50,7 @@ func scanRun(row rowScanner) (Run, error) {
 	r.CreatedAt = parseTime(created)
 	r.UpdatedAt = parseTime(updated)
 	r.FinishedAt = parseTime(finished)
+	r.PrunedAt = parseTime(pruned)
 	return r, nil
 }
 
@@ -88,6 +89,10 @@ func claimTx(ctx context.Context, tx *sql.Tx, req ClaimRequest) (Claim, error) {
 		return Claim{Lease: Lease{RunID: req.RunID, Fence: 1, Attempt: 1, Owner: req.Owner}, Run: run, Created: true}, nil
 	case err != nil:
 		return Claim{}, err
+	}
+	if !run.PrunedAt.IsZero() {
+		return Claim{}, fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so running it again "+
+			"would redo its effects; pick another run key", ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))
 	}
 	if run.ParamsHash != req.ParamsHash {
 		return Claim{}, &ParamsMismatchError{RunID: run.ID, Stored: string(run.Params), Given: string(req.Params)}

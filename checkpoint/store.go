@@ -169,6 +169,7 @@ type Run struct {
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
 	FinishedAt time.Time // zero while unfinished
+	PrunedAt   time.Time // set when prune removed its checkpoints
 }
 
 // Stale reports whether the run is marked running but its lease expired: its

@@ -18,6 +18,13 @@ type CLI struct {
 	Resume ResumeCmd `cmd:"" help:"Resume a run by ID with its stored parameters."`
 	Runs   RunsCmd   `cmd:"" help:"List runs, newest first; stale runs (dead runner, lease expired) are marked."`
 	Show   ShowCmd   `cmd:"" help:"Show one run: its attempts and steps with status, timings and output."`
+
+	Recover  RecoverCmd  `cmd:"" group:"Operating runs" help:"Mark a stale run (its runner died) failed, so it is resumable."`
+	Rerun    RerunCmd    `cmd:"" group:"Operating runs" help:"Run a run again: from the top (--force for a succeeded run) or --from-step STEP."`
+	Reset    ResetCmd    `cmd:"" group:"Operating runs" help:"Clear one step's checkpoint so it runs again (a changed step, exit 5)."`
+	Abandon  AbandonCmd  `cmd:"" group:"Operating runs" help:"Give up on a run: run and resume refuse it unless --force."`
+	Prune    PruneCmd    `cmd:"" group:"Operating runs" help:"Delete old finished runs' step payloads; their keys stay as tombstones."`
+	Backfill BackfillCmd `cmd:"" group:"Operating runs" help:"Start one run per business date of a job whose key is a date."`
 }
 
 // Globals are the flags every command takes.

@@ -43,7 +43,8 @@ func ExitCode(err error) int {
 	switch {
 	case err == nil, errors.Is(err, checkpoint.ErrAlreadySucceeded):
 		return ExitOK
-	case errors.As(err, &changed), errors.Is(err, checkpoint.ErrAbandoned):
+	case errors.As(err, &changed), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned),
+		errors.Is(err, ErrNeedsDecision):
 		return ExitOperator
 	case errors.As(err, &held), errors.Is(err, checkpoint.ErrFenced):
 		return ExitHeld

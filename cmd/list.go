@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/mattn/go-isatty"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/steps"
@@ -120,10 +123,11 @@ func (c *RunsCmd) Run(env *Env) error {
 		fmt.Fprintln(env.Stdout, "no runs yet; start one with `stepwise run JOB -p NAME=VALUE`")
 		return nil
 	}
+	col := colours(env.Stdout)
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN\tSTATUS\tUPDATED\tERROR")
 	for _, r := range runs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, statusText(r, now), ago(r.UpdatedAt, now), preview(r.Error, 60))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, col.status(r, statusText(r, now), now), ago(r.UpdatedAt, now), preview(r.Error, 60))
 	}
 	return tw.Flush()
 }
@@ -165,10 +169,11 @@ type planView struct {
 }
 
 type showView struct {
-	Run      runView       `json:"run"`
-	Attempts []attemptView `json:"attempts"`
-	Steps    []stepView    `json:"steps"`
-	Batches  []batchView   `json:"batches"`
+	Run      runView            `json:"run"`
+	Attempts []attemptView      `json:"attempts"`
+	Steps    []stepView         `json:"steps"`
+	Batches  []batchView        `json:"batches"`
+	Audit    []checkpoint.Audit `json:"audit"`
 }
 
 // batchView is a batch step's item counts and skipped items in `show`.
@@ -228,6 +233,12 @@ func (c *ShowCmd) Run(env *Env) error {
 	if v.Batches, err = batches(env, st, c.RunID, v.Steps); err != nil {
 		return err
 	}
+	if v.Audit, err = st.Audits(env.Ctx, c.RunID); err != nil {
+		return err
+	}
+	if v.Audit == nil {
+		v.Audit = []checkpoint.Audit{}
+	}
 	if c.JSON {
 		return writeJSON(env.Stdout, v)
 	}
@@ -269,6 +280,12 @@ func (c *ShowCmd) Run(env *Env) error {
 			for _, it := range b.SkippedItems {
 				fmt.Fprintf(tw, "skipped %s/%s\t%s\n", b.Step, it.Key, preview(it.Error, 80))
 			}
+		}
+	}
+	if len(v.Audit) > 0 {
+		fmt.Fprintln(tw, "\nAUDIT\tOPERATOR\tCOMMAND\tREASON\tDETAILS")
+		for _, a := range v.Audit {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.At.Format(time.RFC3339), a.Operator, a.Command, a.Reason, preview(a.Details, 60))
 		}
 	}
 	if err := tw.Flush(); err != nil || !c.Effects {
@@ -360,4 +377,35 @@ func batches(env *Env, st *checkpoint.SQLite, runID string, stepViews []stepView
 		}
 	}
 	return out, nil
+}
+
+// palette colours statuses on a terminal, unless NO_COLOR is set.
+type palette struct{ on bool }
+
+func colours(w io.Writer) palette {
+	f, ok := w.(*os.File)
+	return palette{on: ok && isatty.IsTerminal(f.Fd()) && os.Getenv("NO_COLOR") == ""}
+}
+
+// status colours a run's status text: green succeeded, red failed, yellow
+// stale or interrupted, grey abandoned. The codes have no width in the
+// terminal but tabwriter counts them, so each code pair is the same length.
+func (p palette) status(r checkpoint.Run, text string, now time.Time) string {
+	if !p.on {
+		return text
+	}
+	code := ""
+	switch {
+	case r.Stale(now), r.Status == checkpoint.RunInterrupted:
+		code = "33"
+	case r.Status == checkpoint.RunSucceeded:
+		code = "32"
+	case r.Status == checkpoint.RunFailed:
+		code = "31"
+	case r.Status == checkpoint.RunAbandoned:
+		code = "90"
+	default:
+		return "\x1b[39m" + text + "\x1b[0m"
+	}
+	return "\x1b[" + code + "m" + text + "\x1b[0m"
 }

@@ -104,7 +104,17 @@ type Env struct {
 	Stdout   io.Writer
 	Stderr   io.Writer
 	Globals  *Globals
-	store    *checkpoint.SQLite
+	// Now is the clock of manual operations and listings. Defaults to
+	// time.Now.
+	Now   func() time.Time
+	store *checkpoint.SQLite
+}
+
+func (e *Env) now() time.Time {
+	if e.Now != nil {
+		return e.Now()
+	}
+	return time.Now()
 }
 
 // Store opens the checkpoint database named by --db (once per command).

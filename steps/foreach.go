@@ -27,6 +27,9 @@ type BatchSummary struct {
 	Rejected  int64 `json:"rejected"`  // items with a pinned rejection
 	Skipped   int64 `json:"skipped"`   // failed items let through by SkipFailures
 	Executed  int64 `json:"executed"`  // items processed by this attempt
+	// Target names where the items' effects landed, if anywhere: an
+	// operator resetting the step is told these effects stay applied.
+	Target string `json:"target,omitempty"`
 }
 
 // Progress reports a running ForEach after each chunk commit.
@@ -96,6 +99,7 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 		if b.target, err = r.target(ctx, *o.target); err != nil {
 			return sum, err
 		}
+		b.sum.Target = b.target.name
 	}
 	if !r.dryRun {
 		if done { // reopened to retry skipped items

@@ -1,0 +1,220 @@
+package checkpoint
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Audit is one manual operation on a run: who, when, what and why.
+type Audit struct {
+	RunID    string    `json:"run_id"`
+	At       time.Time `json:"at"`
+	Operator string    `json:"operator"`
+	Command  string    `json:"command"`
+	Reason   string    `json:"reason"`
+	Details  string    `json:"details,omitempty"`
+}
+
+const (
+	sqlInsertAudit = `INSERT INTO audit (run_id, at, operator, command, reason, details) VALUES (?, ?, ?, ?, ?, ?)`
+	sqlAudits      = `SELECT at, operator, command, reason, details FROM audit WHERE run_id = ? ORDER BY id`
+	sqlRecoverRun  = `UPDATE runs SET status = 'failed', fence = fence + 1, lease_owner = NULL, lease_until = NULL,
+    error = ?, updated_at = ? WHERE id = ? AND fence = ?`
+	sqlAbandonRun = `UPDATE runs SET status = 'abandoned', fence = fence + 1, lease_owner = NULL, lease_until = NULL,
+    error = ?, updated_at = ?, finished_at = ? WHERE id = ? AND fence = ?`
+	sqlReopenRun = `UPDATE runs SET status = CASE WHEN status = 'succeeded' THEN 'failed' ELSE status END,
+    error = CASE WHEN status = 'succeeded' THEN ? ELSE error END,
+    fence = fence + 1, updated_at = ?, finished_at = NULL WHERE id = ? AND fence = ?`
+	sqlEndAttempts = `UPDATE attempts SET status = 'lost', finished_at = ?, error = ?
+WHERE run_id = ? AND finished_at IS NULL`
+	sqlDeleteItems      = `DELETE FROM items WHERE run_id = ? AND step_id = ?`
+	sqlDeleteChunkPlans = `DELETE FROM chunk_plans WHERE run_id = ? AND step_id = ?`
+	sqlPrunable         = `SELECT id FROM runs
+WHERE status IN ('succeeded', 'abandoned') AND pruned_at IS NULL AND finished_at IS NOT NULL AND finished_at < ?
+ORDER BY finished_at`
+	sqlPayloadSize = `SELECT
+    (SELECT count(*) FROM steps WHERE run_id = ?1),
+    (SELECT COALESCE(sum(length(output) + COALESCE(length(plan), 0)), 0) FROM steps WHERE run_id = ?1),
+    (SELECT count(*) FROM items WHERE run_id = ?1),
+    (SELECT COALESCE(sum(COALESCE(length(output), 0) + length(error) + length(item_key)), 0) FROM items WHERE run_id = ?1)`
+	sqlPruneSteps      = `UPDATE steps SET output = NULL, plan = NULL WHERE run_id = ?`
+	sqlPruneItems      = `DELETE FROM items WHERE run_id = ?`
+	sqlPruneChunkPlans = `DELETE FROM chunk_plans WHERE run_id = ?`
+	sqlMarkPruned      = `UPDATE runs SET pruned_at = ?, updated_at = ? WHERE id = ?`
+)
+
+// operate runs fn on the run in one write transaction and records the audit
+// row with it. It refuses a run held by a live runner.
+func (s *SQLite) operate(ctx context.Context, a Audit, now time.Time, allowLive bool, fn func(tx *sql.Tx, run Run) error) error {
+	return s.tx(ctx, a.Command+" "+a.RunID, func(tx *sql.Tx) error {
+		run, err := scanRun(tx.QueryRowContext(ctx, sqlSelectRun, a.RunID))
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%w: no run %q in %s; list runs with `stepwise runs`", ErrNotFound, a.RunID, s.path)
+		}
+		if err != nil {
+			return err
+		}
+		if !allowLive && run.Status == RunRunning && now.Before(run.LeaseUntil) {
+			return &LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil}
+		}
+		if err := fn(tx, run); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details)
+		return err
+	})
+}
+
+// Recover marks a stale run (running, lease expired: its runner died) as
+// failed, so it is resumable and no longer listed as running. The fence
+// grows, so the old runner, should it wake, writes nothing. A run whose
+// lease is live is refused with ErrNotStale unless force.
+func (s *SQLite) Recover(ctx context.Context, a Audit, now time.Time, force bool) error {
+	return s.operate(ctx, a, now, true, func(tx *sql.Tx, run Run) error {
+		if run.Status != RunRunning {
+			return fmt.Errorf("%w: %s is %s, not running; nothing to recover", ErrNotStale, run.ID, run.Status)
+		}
+		if !run.Stale(now) && !force {
+			return fmt.Errorf("%w: %s is held by %s until %s; wait for it, or --force if that runner is surely gone",
+				ErrNotStale, run.ID, run.LeaseOwner, run.LeaseUntil.Format(time.RFC3339))
+		}
+		msg := "recovered by " + a.Operator + ": " + a.Reason
+		if _, err := tx.ExecContext(ctx, sqlRecoverRun, msg, fmtTime(now), run.ID, run.Fence); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, sqlEndAttempts, fmtTime(now), msg, run.ID)
+		return err
+	})
+}
+
+// Abandon marks a run abandoned: run and resume refuse it unless forced.
+// A run held by a live runner is refused.
+func (s *SQLite) Abandon(ctx context.Context, a Audit, now time.Time) error {
+	return s.operate(ctx, a, now, false, func(tx *sql.Tx, run Run) error {
+		if run.Status == RunAbandoned {
+			return fmt.Errorf("%w: %s is already abandoned", ErrAbandoned, run.ID)
+		}
+		msg := "abandoned by " + a.Operator + ": " + a.Reason
+		if _, err := tx.ExecContext(ctx, sqlAbandonRun, msg, fmtTime(now), fmtTime(now), run.ID, run.Fence); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, sqlEndAttempts, fmtTime(now), msg, run.ID)
+		return err
+	})
+}
+
+// ResetSteps deletes the checkpoints (and batch items and chunk plans) of
+// the given steps so they run again, grows the fence, and reopens a
+// succeeded run as failed. It does not undo effects. A run held by a live
+// runner is refused.
+func (s *SQLite) ResetSteps(ctx context.Context, a Audit, now time.Time, stepIDs []string) error {
+	return s.operate(ctx, a, now, false, func(tx *sql.Tx, run Run) error {
+		for _, id := range stepIDs {
+			for _, q := range []string{sqlDeleteStep, sqlDeleteItems, sqlDeleteChunkPlans} {
+				if _, err := tx.ExecContext(ctx, q, run.ID, id); err != nil {
+					return err
+				}
+			}
+		}
+		msg := "reopened by " + a.Operator + " (" + a.Command + "): " + a.Reason
+		_, err := tx.ExecContext(ctx, sqlReopenRun, msg, fmtTime(now), run.ID, run.Fence)
+		return err
+	})
+}
+
+// RecordAudit stores a manual operation that changed nothing else (a forced
+// rerun, say).
+func (s *SQLite) RecordAudit(ctx context.Context, a Audit) error {
+	_, err := s.db.ExecContext(ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details)
+	return s.wrap("record audit of "+a.RunID, err)
+}
+
+// Audits returns a run's manual operations, oldest first.
+func (s *SQLite) Audits(ctx context.Context, runID string) ([]Audit, error) {
+	rows, err := s.rdb.QueryContext(ctx, sqlAudits, runID)
+	if err != nil {
+		return nil, s.wrap("read audit of "+runID, err)
+	}
+	defer rows.Close()
+	var out []Audit
+	for rows.Next() {
+		a := Audit{RunID: runID}
+		var at sql.NullString
+		if err := rows.Scan(&at, &a.Operator, &a.Command, &a.Reason, &a.Details); err != nil {
+			return nil, s.wrap("read audit of "+runID, err)
+		}
+		a.At = parseTime(at)
+		out = append(out, a)
+	}
+	return out, s.wrap("read audit of "+runID, rows.Err())
+}
+
+// PruneResult says what Prune removed (or would remove, in a dry run).
+type PruneResult struct {
+	Runs  []string `json:"runs"`
+	Steps int64    `json:"steps"` // step checkpoints whose payloads went
+	Items int64    `json:"items"` // item checkpoints deleted
+	Bytes int64    `json:"bytes"` // payload bytes freed
+}
+
+// Prune deletes the payloads of succeeded and abandoned runs that finished
+// before cutoff: step outputs and plans, item checkpoints and chunk plans.
+// Each run's row stays as a tombstone, so a later start of its key is
+// refused with ErrPruned instead of silently running again. With dryRun it
+// only counts.
+func (s *SQLite) Prune(ctx context.Context, a Audit, cutoff time.Time, dryRun bool) (PruneResult, error) {
+	var res PruneResult
+	rows, err := s.rdb.QueryContext(ctx, sqlPrunable, fmtTime(cutoff))
+	if err != nil {
+		return res, s.wrap("find runs to prune", err)
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return res, s.wrap("find runs to prune", err)
+		}
+		res.Runs = append(res.Runs, id)
+	}
+	rows.Close()
+	for _, id := range res.Runs {
+		var steps, stepBytes, items, itemBytes int64
+		if err := s.rdb.QueryRowContext(ctx, sqlPayloadSize, id).Scan(&steps, &stepBytes, &items, &itemBytes); err != nil {
+			return res, s.wrap("measure run "+id, err)
+		}
+		res.Steps += steps
+		res.Items += items
+		res.Bytes += stepBytes + itemBytes
+		if dryRun {
+			continue
+		}
+		ra := a
+		ra.RunID = id
+		ra.Details = fmt.Sprintf("%d steps, %d items, %d bytes", steps, items, stepBytes+itemBytes)
+		err := s.operate(ctx, ra, ra.At, false, func(tx *sql.Tx, run Run) error {
+			for _, q := range []string{sqlPruneSteps, sqlPruneItems, sqlPruneChunkPlans} {
+				if _, err := tx.ExecContext(ctx, q, id); err != nil {
+					return err
+				}
+			}
+			_, err := tx.ExecContext(ctx, sqlMarkPruned, fmtTime(ra.At), fmtTime(ra.At), id)
+			return err
+		})
+		if err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// JoinIDs is a short list of IDs for messages.
+func JoinIDs(ids []string, max int) string {
+	if len(ids) <= max {
+		return strings.Join(ids, ", ")
+	}
+	return strings.Join(ids[:max], ", ") + fmt.Sprintf(" and %d more", len(ids)-max)
+}

@@ -1,0 +1,163 @@
+package cmd
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/runner"
+)
+
+// BackfillCmd starts one run per business date.
+type BackfillCmd struct {
+	operatorFlags
+	Job         string            `arg:"" help:"Job whose identifying parameter is a date (format:\"date\")."`
+	From        string            `required:"" help:"First business date, YYYY-MM-DD."`
+	To          string            `required:"" help:"Last business date, YYYY-MM-DD (inclusive)."`
+	Params      map[string]string `short:"p" mapsep:"none" placeholder:"NAME=VALUE" help:"Other job parameters, the same for every date."`
+	Reprocess   string            `default:"none" enum:"none,failed,all" help:"Dates that already have a run: none (skip them: only dates without a run start), failed (also resume failed, interrupted and stale runs), all (also rerun succeeded and abandoned runs, forced; checkpointed steps are still skipped)."`
+	DryRun      bool              `name:"dry-run" help:"List what would be started, start nothing."`
+	MaxParallel int               `name:"max-parallel" default:"1" help:"Runs going at once."`
+	Lease       time.Duration     `default:"30s" help:"Lease length of each run."`
+}
+
+type backfillPlan struct {
+	date, runID, existing, action string
+	values                        map[string]string
+	force                         bool
+}
+
+// Run implements the backfill command.
+func (c *BackfillCmd) Run(env *Env) error {
+	job, err := env.Registry.Lookup(c.Job)
+	if err != nil {
+		return err
+	}
+	dateParam := ""
+	for _, p := range job.Params() {
+		if p.Key && p.Format == "date" {
+			if dateParam != "" {
+				return usageError{fmt.Errorf("job %s has two date key parameters (%s, %s); backfill needs exactly one", c.Job, dateParam, p.Name)}
+			}
+			dateParam = p.Name
+		}
+	}
+	if dateParam == "" {
+		return usageError{fmt.Errorf("job %s has no identifying date parameter (a key param with format:\"date\"); backfill needs one", c.Job)}
+	}
+	from, err1 := time.Parse("2006-01-02", c.From)
+	to, err2 := time.Parse("2006-01-02", c.To)
+	if err1 != nil || err2 != nil || to.Before(from) {
+		return usageError{fmt.Errorf("--from %q and --to %q must be YYYY-MM-DD dates with from <= to", c.From, c.To)}
+	}
+	if days := int(to.Sub(from).Hours()/24) + 1; days > 3660 {
+		return usageError{fmt.Errorf("--from %s --to %s spans %d days; backfill at most ten years at a time", c.From, c.To, days)}
+	}
+	if c.MaxParallel < 1 {
+		return usageError{fmt.Errorf("--max-parallel is %d; use at least 1", c.MaxParallel)}
+	}
+	st, err := env.Store()
+	if err != nil {
+		return err
+	}
+	var plans []backfillPlan
+	for d := from; !d.After(to); d = d.AddDate(0, 0, 1) {
+		values := maps.Clone(c.Params)
+		if values == nil {
+			values = map[string]string{}
+		}
+		values[dateParam] = d.Format("2006-01-02")
+		dec, err := job.Decode(values, nil)
+		if err != nil {
+			return err
+		}
+		p := backfillPlan{date: values[dateParam], runID: jobs.RunID(c.Job, dec.RunKey), values: values, existing: "-", action: "start"}
+		info, err := st.Run(env.Ctx, p.runID)
+		switch {
+		case errors.Is(err, checkpoint.ErrNotFound):
+		case err != nil:
+			return err
+		default:
+			p.existing = info.Run.Status
+			p.action, p.force = backfillAction(info.Run, c.Reprocess, env.now())
+		}
+		plans = append(plans, p)
+	}
+	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DATE\tRUN\tNOW\tACTION")
+	for _, p := range plans {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.date, p.runID, p.existing, p.action)
+	}
+	tw.Flush()
+	if c.DryRun {
+		fmt.Fprintln(env.Stdout, "dry run: nothing started")
+		return nil
+	}
+	r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease})
+	if err != nil {
+		return err
+	}
+	var (
+		mu    sync.Mutex
+		errs  []error
+		wg    sync.WaitGroup
+		slots = make(chan struct{}, c.MaxParallel)
+	)
+	for _, p := range plans {
+		if p.action != "start" && p.action != "resume" && p.action != "rerun (forced)" {
+			continue
+		}
+		if env.Ctx.Err() != nil {
+			break
+		}
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if p.force {
+				a := c.audit(env, p.runID, "backfill --reprocess "+c.Reprocess, "backfill "+c.From+".."+c.To, "")
+				if err := st.RecordAudit(env.Ctx, a); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					return
+				}
+			}
+			res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: p.values, Force: p.force})
+			mu.Lock()
+			defer mu.Unlock()
+			report(env, res, err)
+			if err != nil && !errors.Is(err, checkpoint.ErrAlreadySucceeded) {
+				fmt.Fprintf(env.Stderr, "stepwise: %s: %v\n", p.date, err)
+				errs = append(errs, err)
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return fmt.Errorf("backfill: %d of %d runs did not succeed: %w", len(errs), len(plans), errs[0])
+	}
+	return nil
+}
+
+// backfillAction decides what backfill does with a date that has a run.
+func backfillAction(run checkpoint.Run, reprocess string, now time.Time) (action string, force bool) {
+	switch {
+	case !run.PrunedAt.IsZero():
+		return "skip (pruned)", false
+	case run.Status == checkpoint.RunRunning && !run.Stale(now):
+		return "skip (running)", false
+	case run.Status == checkpoint.RunSucceeded || run.Status == checkpoint.RunAbandoned:
+		if reprocess == "all" {
+			return "rerun (forced)", true
+		}
+		return "skip (" + run.Status + ")", false
+	case reprocess == "none":
+		return "skip (" + run.Status + "; --reprocess failed resumes it)", false
+	}
+	return "resume", false
+}
