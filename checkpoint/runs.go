@@ -67,3 +67,13 @@ func (s *SQLite) Run(ctx context.Context, runID string) (RunInfo, error) {
 	}
 	return info, s.wrap("read attempts of "+runID, rows.Err())
 }
+
+// Fence implements Store.
+func (s *SQLite) Fence(ctx context.Context, runID string) (int64, error) {
+	var fence int64
+	err := s.stmt.fence.QueryRowContext(ctx, runID).Scan(&fence)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("%w: no run %q in %s", ErrNotFound, runID, s.path)
+	}
+	return fence, s.wrap("read fence of "+runID, err)
+}

@@ -141,6 +141,10 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 		db.Close()
 		return nil, err
 	}
+	if s.stmt.fence, err = s.rdb.PrepareContext(ctx, sqlRunFence); err != nil {
+		s.Close()
+		return nil, s.wrap("prepare statements", err)
+	}
 	return s, nil
 }
 

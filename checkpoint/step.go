@@ -35,10 +35,11 @@ FROM steps WHERE run_id = ? ORDER BY step_id`
 
 type preparedStatements struct {
 	putStep, putItem *sql.Stmt
+	fence            *sql.Stmt // on the read pool
 }
 
 func (p *preparedStatements) close() {
-	for _, s := range []*sql.Stmt{p.putStep, p.putItem} {
+	for _, s := range []*sql.Stmt{p.putStep, p.putItem, p.fence} {
 		if s != nil {
 			s.Close()
 		}

@@ -34,6 +34,10 @@ type Store interface {
 	ChunkPlans(ctx context.Context, runID, step string) ([]ChunkPlan, error)
 	// ItemCounts counts a run's item checkpoints by step and status.
 	ItemCounts(ctx context.Context, runID string) ([]ItemCount, error)
+	// Fence returns the run's current fence number, for a runner to check
+	// it still holds the run before writing somewhere the store cannot
+	// fence (a separate effect target).
+	Fence(ctx context.Context, runID string) (int64, error)
 	// Runs lists runs, newest first.
 	Runs(ctx context.Context, f RunFilter) ([]Run, error)
 	// Run returns one run and its attempts; ErrNotFound if there is none.

@@ -57,6 +57,18 @@ func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func
 		if err := json.Unmarshal(cp.Plan, &pr); err != nil {
 			return zero, fmt.Errorf("steps: step %s: decode recorded plan: %w", id, err)
 		}
+		if r.dryRun {
+			// Preview what re-planning from the recorded operations would do.
+			err := r.dryApply(ctx, ot, &cp, PlanRecord{Target: pr.Target, Ops: pr.Ops})
+			var g *GuardError
+			if errors.As(err, &g) {
+				return zero, r.pin(ctx, cp, g)
+			}
+			if err != nil {
+				return zero, err
+			}
+			return finish[T](r, cp)
+		}
 		r.log.Info().Str(FieldStepID, id).Str("effect_id", pr.EffectID).Msg("finishing a recorded plan")
 		err := r.finishPlanned(ctx, ot, &cp, pr)
 		var conflict *checkpoint.VersionConflictError
@@ -178,14 +190,15 @@ func (r *Run) applySeparate(ctx context.Context, ot *openTarget, cp *checkpoint.
 
 // finishPlanned brings a recorded separate-store plan to completion: if the
 // target already holds its effect ID it applied (record it); otherwise apply
-// it if every expected version still matches; otherwise nothing of ours
-// applied, so re-plan from the recorded operations.
+// it if every expected version still matches; otherwise it returns the
+// *checkpoint.VersionConflictError: nothing of ours applied, and the caller
+// re-plans from the recorded operations.
 func (r *Run) finishPlanned(ctx context.Context, ot *openTarget, cp *checkpoint.Step, pr PlanRecord) error {
 	if err := r.checkFence(ctx); err != nil {
 		return err
 	}
 	applied := false
-	err := targetTx(ctx, ot.h.DB(), func(tx *sql.Tx) error {
+	err := targetTx(ctx, ot.h.DB(), nil, func(tx *sql.Tx) error {
 		var err error
 		if applied, err = ot.h.IsApplied(ctx, tx, pr.EffectID); err != nil || applied {
 			return err
@@ -214,14 +227,18 @@ func (r *Run) finishPlanned(ctx context.Context, ot *openTarget, cp *checkpoint.
 }
 
 // checkFence fails with checkpoint.ErrFenced if another runner claimed the
-// run, so a runner that lost its lease does not touch a separate target.
+// run, so a runner that lost its lease does not touch a separate target
+// with a plan recorded by an earlier attempt. (A takeover between this
+// check and the target's commit can still let the old runner apply its own
+// recorded plan once; the new owner then finds its effect ID, so the effect
+// is still applied exactly once.)
 func (r *Run) checkFence(ctx context.Context) error {
-	info, err := r.store.Run(ctx, r.lease.RunID)
+	fence, err := r.store.Fence(ctx, r.lease.RunID)
 	if err != nil {
 		return err
 	}
-	if info.Run.Fence != r.lease.Fence {
-		return fmt.Errorf("%w: run %s is at fence %d, this attempt holds %d", checkpoint.ErrFenced, r.lease.RunID, info.Run.Fence, r.lease.Fence)
+	if fence != r.lease.Fence {
+		return fmt.Errorf("%w: run %s is at fence %d, this attempt holds %d", checkpoint.ErrFenced, r.lease.RunID, fence, r.lease.Fence)
 	}
 	return nil
 }
@@ -265,10 +282,12 @@ type DryPlan struct {
 	Rejected string             `json:"rejected,omitempty"`
 }
 
-// readTarget reads keys' current state in a short read transaction.
+// readTarget reads keys' current state in one read transaction (a
+// deferred BEGIN: reading takes no write lock from the target's other
+// writers).
 func readTarget(ctx context.Context, ot *openTarget, keys []string) (map[string]checkpoint.State, error) {
 	var cur map[string]checkpoint.State
-	err := targetTx(ctx, ot.h.DB(), func(tx *sql.Tx) error {
+	err := targetTx(ctx, ot.h.DB(), &sql.TxOptions{ReadOnly: true}, func(tx *sql.Tx) error {
 		var err error
 		cur, err = ot.h.Read(ctx, tx, keys)
 		return err
@@ -277,8 +296,8 @@ func readTarget(ctx context.Context, ot *openTarget, keys []string) (map[string]
 }
 
 // targetTx runs fn in one transaction on a target database.
-func targetTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, nil)
+func targetTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, opts)
 	if err != nil {
 		return err
 	}

@@ -8,8 +8,16 @@ import (
 // CrashEnv names the environment variable that selects a crash point. When
 // it equals a point passed to Crash, the process kills itself with SIGKILL at
 // that point: crash tests use it to stop a real runner exactly at a
-// boundary. Points are "step:ID:before-checkpoint", "step:ID:after-checkpoint"
-// and "run:before-finish". Unset, it costs one string comparison.
+// boundary. Points:
+//
+//	step:ID:before-checkpoint, step:ID:after-checkpoint   Do
+//	step:ID:before-commit, step:ID:after-commit           Apply, same store (inside and after the transaction)
+//	step:ID:after-plan, step:ID:after-apply               Apply, separate store
+//	step:NAME#N:before-commit, step:NAME#N:after-commit   ForEach chunk N (0-based within the attempt)
+//	step:NAME#N:after-plan, step:NAME:after-apply         ForEach, separate store
+//	run:before-finish                                     after the last step, before the run is marked
+//
+// Unset, it costs one string comparison.
 const CrashEnv = "STEPWISE_CRASH_AT"
 
 var crashAt = os.Getenv(CrashEnv)

@@ -457,7 +457,7 @@ func (r *Run) applyChunk(ctx context.Context, ot *openTarget, step string, pr ch
 	if err := r.checkFence(ctx); err != nil {
 		return err
 	}
-	err := targetTx(ctx, ot.h.DB(), func(tx *sql.Tx) error {
+	err := targetTx(ctx, ot.h.DB(), nil, func(tx *sql.Tx) error {
 		applied, err := ot.h.IsApplied(ctx, tx, pr.EffectID)
 		if err != nil || applied {
 			return err
