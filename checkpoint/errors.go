@@ -30,6 +30,10 @@ var (
 	// ErrAlreadySucceeded is returned by Claim for a succeeded run unless
 	// the claim is forced.
 	ErrAlreadySucceeded = errors.New("checkpoint: run already succeeded")
+	// ErrItemFinished is returned by Tx.PutItems when an item is already
+	// recorded as completed or rejected: processing it again would apply
+	// its effects twice, so the whole chunk transaction is refused.
+	ErrItemFinished = errors.New("checkpoint: batch item already finished")
 	// ErrPruned is returned by Claim for a run whose checkpoints were
 	// pruned: its tombstone refuses it, forced or not.
 	ErrPruned = errors.New("checkpoint: run was pruned")

@@ -39,6 +39,9 @@ type ItemQuery struct {
 	// Status, if set, selects only items with this status (with neither
 	// Keys nor a range set).
 	Status string
+	// Limit, if positive, reads at most this many items (with neither Keys,
+	// a range nor Status set).
+	Limit int
 }
 
 // ChunkPlan is a recorded effect plan of one chunk of a batch step.
@@ -69,7 +72,7 @@ WHERE run_id = ? AND step_id = ? AND status = 'planned' ORDER BY effect_id`
 	sqlItemsAll      = `SELECT item_key, status, output, error, attempt, chunk FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key`
 	sqlItemsByStatus = `SELECT item_key, status, output, error, attempt, chunk FROM items
 WHERE run_id = ? AND step_id = ? AND status = ? ORDER BY item_key`
-	sqlItemKeysAll   = `SELECT item_key, status, attempt FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key`
+	sqlItemKeysAll   = `SELECT item_key, status, attempt FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key LIMIT ?`
 	sqlItemKeysRange = `SELECT item_key, status, attempt FROM items WHERE run_id = ? AND step_id = ? AND item_key BETWEEN ? AND ? ORDER BY item_key`
 	sqlItemCounts    = `SELECT step_id, status, count(*) FROM items WHERE run_id = ? GROUP BY step_id, status ORDER BY step_id, status`
 )
@@ -99,9 +102,16 @@ func (t *sqliteTx) PutItems(items []Item) error {
 	}
 	st := t.tx.StmtContext(t.ctx, t.s.stmt.putItem)
 	for _, it := range items {
-		if _, err := st.ExecContext(t.ctx, t.lease.RunID, it.Step, it.Key, it.Status, it.Output, it.Error,
-			t.lease.Attempt, it.Chunk); err != nil {
+		res, err := st.ExecContext(t.ctx, t.lease.RunID, it.Step, it.Key, it.Status, it.Output, it.Error,
+			t.lease.Attempt, it.Chunk)
+		if err != nil {
 			return fmt.Errorf("checkpoint: record item %s/%s: %w", it.Step, it.Key, err)
+		}
+		// A finished item is never written twice: refusing here rolls back
+		// the chunk's effects with it, whatever the caller believed.
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return fmt.Errorf("%w: item %s/%s of run %s is already finished; the chunk is rolled back",
+				ErrItemFinished, it.Step, it.Key, t.lease.RunID)
 		}
 	}
 	return nil
@@ -160,7 +170,11 @@ func (s *SQLite) Items(ctx context.Context, q ItemQuery, fn func(Item) error) er
 		rows, err = s.rdb.QueryContext(ctx, sqlItemsByStatus, q.RunID, q.Step, q.Status)
 		q.KeysOnly = false
 	case q.KeysOnly:
-		rows, err = s.rdb.QueryContext(ctx, sqlItemKeysAll, q.RunID, q.Step)
+		limit := q.Limit
+		if limit <= 0 {
+			limit = -1
+		}
+		rows, err = s.rdb.QueryContext(ctx, sqlItemKeysAll, q.RunID, q.Step, limit)
 	default:
 		rows, err = s.rdb.QueryContext(ctx, sqlItemsAll, q.RunID, q.Step)
 	}

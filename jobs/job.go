@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/stepwise-run/stepwise/steps"
 )
@@ -25,17 +26,35 @@ type Job interface {
 	Decode(values map[string]string, file []byte) (Decoded, error)
 	// Execute decodes canonical parameters and runs the job function.
 	Execute(ctx context.Context, run *steps.Run, params []byte) error
+	// Settings are the job's run-wide options.
+	Settings() Settings
+}
+
+// Settings are a job's run-wide options, set with Option values.
+type Settings struct {
+	// Retry is the retry policy of the job's steps that set none.
+	Retry steps.RetryPolicy
+	// Deadline bounds a whole attempt; 0 means none. A run past its
+	// deadline fails (resumable by a rerun).
+	Deadline time.Duration
 }
 
 // Option configures a job definition.
 type Option func(*options)
 
 type options struct {
-	help string
+	help     string
+	settings Settings
 }
 
 // Help sets the one-line description shown by `stepwise jobs`.
 func Help(text string) Option { return func(o *options) { o.help = text } }
+
+// Retry sets the retry policy of the job's steps that set none.
+func Retry(p steps.RetryPolicy) Option { return func(o *options) { o.settings.Retry = p } }
+
+// Deadline bounds each attempt of the job's runs.
+func Deadline(d time.Duration) Option { return func(o *options) { o.settings.Deadline = d } }
 
 // Definition is a job with parameters of type P. Create it with Define.
 type Definition[P any] struct {
@@ -65,8 +84,17 @@ func Define[P any](name string, fn func(ctx context.Context, run *steps.Run, p P
 	for _, o := range opts {
 		o(&d.opts)
 	}
+	if err := d.opts.settings.Retry.Validate(); err != nil {
+		panic(fmt.Sprintf("jobs: job %s: %v", name, err))
+	}
+	if d.opts.settings.Deadline < 0 {
+		panic(fmt.Sprintf("jobs: job %s: negative deadline %s", name, d.opts.settings.Deadline))
+	}
 	return d
 }
+
+// Settings implements Job.
+func (d *Definition[P]) Settings() Settings { return d.opts.settings }
 
 // Name implements Job.
 func (d *Definition[P]) Name() string { return d.name }

@@ -217,6 +217,11 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	case ctx.Err() != nil:
 		end.Status, end.Error = checkpoint.RunInterrupted, "interrupted: "+context.Cause(ctx).Error()
 		outErr = fmt.Errorf("run %s: %w (resumable: run or resume it again)", runID, ErrInterrupted)
+	case errors.Is(jobErr, ErrInterrupted) || errors.Is(jobErr, context.DeadlineExceeded):
+		// The job's own deadline passed (the caller's context is fine).
+		end.Status = checkpoint.RunFailed
+		end.Error = fmt.Sprintf("deadline of %s passed: %v", job.Settings().Deadline, jobErr)
+		outErr = fmt.Errorf("run %s failed: %s (rerun to resume)", runID, end.Error)
 	default:
 		end.Status, end.Error = checkpoint.RunFailed, jobErr.Error()
 		outErr = fmt.Errorf("run %s failed: %w", runID, jobErr)
@@ -238,8 +243,17 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 
 // drive runs the job function on an attempt's steps.Run.
 func (r *Runner) drive(ctx context.Context, job jobs.Job, lease checkpoint.Lease, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) error {
-	run, err := steps.Begin(ctx, steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
-		RetrySkipped: req.RetrySkipped, OnProgress: r.cfg.OnProgress})
+	cfg := steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
+		RetrySkipped: req.RetrySkipped, OnProgress: r.cfg.OnProgress, Retry: job.Settings().Retry}
+	if s, ok := r.cfg.Clock.(Sleeper); ok {
+		cfg.Sleep = s.Sleep
+	}
+	if d := job.Settings().Deadline; d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	run, err := steps.Begin(ctx, cfg)
 	if err != nil {
 		return err
 	}

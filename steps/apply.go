@@ -88,7 +88,10 @@ func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func
 		return finish[T](r, cp)
 	}
 	var e Effects
-	result, fnErr := fn(ctx, &e)
+	result, fnErr := callWithPolicy(ctx, r, &cp, newOptions(opts), func(ctx context.Context) (T, error) {
+		e = Effects{} // a retried try records its operations afresh
+		return fn(ctx, &e)
+	})
 	ctx = context.WithoutCancel(ctx) // finish recording even if interrupted
 	if fnErr != nil {
 		return zero, r.recordFailure(ctx, cp, fnErr)

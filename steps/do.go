@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
@@ -17,6 +18,8 @@ type Option func(*doOptions)
 type doOptions struct {
 	input     any
 	hasInput  bool
+	retry     *RetryPolicy
+	timeout   time.Duration
 	chunkSize int
 	target    *Target
 	skipLimit int
@@ -56,16 +59,19 @@ func (o *doOptions) hash(id string) (string, error) {
 // is always decoded from that JSON, so the first attempt and every rerun see
 // identical data.
 //
-// An error from fn is returned wrapped in a *StepError and recorded as a
-// failed try; a rerun runs the step again. An error wrapped with Reject is
-// pinned: recorded, and returned as a *RejectedError on every rerun.
+// An error from fn is classified (see Classify): a transient one is retried
+// under the step's RetryPolicy (Retry, or the job's), each try counted in
+// the checkpoint; a permanent one, or the last transient one, is returned
+// wrapped in a *StepError and recorded as failed, and a rerun runs the step
+// again. An error wrapped with Reject is pinned: recorded, and returned as a
+// *RejectedError on every rerun. Timeout bounds each try.
 func Do[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Context) (T, error), opts ...Option) (T, error) {
 	var zero T
 	cp, out, done, err := start[T](ctx, r, id, opts)
 	if done || err != nil {
 		return out, err
 	}
-	result, fnErr := fn(ctx)
+	result, fnErr := callWithPolicy(ctx, r, &cp, newOptions(opts), fn)
 	// From here the step's result is known: record it even if the run is
 	// being interrupted, so a finished step is never thrown away.
 	ctx = context.WithoutCancel(ctx)

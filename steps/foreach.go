@@ -90,7 +90,17 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 	if o.chunkSize > MaxChunkSize {
 		return sum, fmt.Errorf("steps: batch step %s: ChunkSize(%d) is over the limit of %d", name, o.chunkSize, MaxChunkSize)
 	}
-	b := &batch[I, O]{r: r, name: name, fn: fn, opts: o, fresh: cp.Tries <= 1 && !done, lastKey: "", ordered: true,
+	// A step is fresh when no item of it is recorded yet: then a source with
+	// ascending keys needs no read-back at all. Decided from the items
+	// themselves, not from the step's own checkpoint, which a reopened or
+	// interrupted step may lack.
+	fresh := true
+	err = r.store.Items(ctx, checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, KeysOnly: true, Limit: 1},
+		func(checkpoint.Item) error { fresh = false; return nil })
+	if err != nil {
+		return sum, err
+	}
+	b := &batch[I, O]{r: r, name: name, fn: fn, opts: o, fresh: fresh, lastKey: "", ordered: true,
 		resumed: map[string]bool{}, prog: Progress{Step: name, Total: src.total, StartedAt: r.now()}}
 	if done {
 		cp = checkpoint.Step{ID: name, InputHash: cp.InputHash, Tries: cp.Tries + 1, StartedAt: r.now()}

@@ -42,6 +42,12 @@ type Config struct {
 	RetrySkipped bool
 	// OnProgress, if set, is called by batch steps after each chunk.
 	OnProgress func(Progress)
+	// Retry is the retry policy of steps that set none. Defaults to no
+	// retries.
+	Retry RetryPolicy
+	// Sleep waits between retries. Defaults to a real timer; tests inject
+	// their clock's.
+	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // Run is one attempt's view of a run, passed to job code. It is safe for use
@@ -60,6 +66,8 @@ type Run struct {
 
 	retrySkipped bool
 	progress     func(Progress)
+	retry        RetryPolicy
+	sleepFn      func(context.Context, time.Duration) error
 
 	dryRun   bool
 	dryState map[string]checkpoint.State // values planned by earlier dry-run steps
@@ -91,6 +99,8 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 		seen:         make(map[string]struct{}),
 		dryRun:       cfg.DryRun,
 		retrySkipped: cfg.RetrySkipped,
+		retry:        cfg.Retry,
+		sleepFn:      cfg.Sleep,
 		progress:     cfg.OnProgress,
 		dryState:     make(map[string]checkpoint.State),
 	}
@@ -99,6 +109,9 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 	}
 	if r.now == nil {
 		r.now = time.Now
+	}
+	if err := cfg.Retry.Validate(); err != nil {
+		return nil, err
 	}
 	err := cfg.Store.Steps(ctx, cfg.Lease.RunID, func(s checkpoint.Step) error {
 		r.recorded[s.ID] = s
@@ -124,6 +137,21 @@ func (r *Run) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.stats
+}
+
+// sleep waits d or until ctx is done.
+func (r *Run) sleep(ctx context.Context, d time.Duration) error {
+	if r.sleepFn != nil {
+		return r.sleepFn(ctx, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
 }
 
 // DryPlans returns what a dry run would have applied, step by step.
