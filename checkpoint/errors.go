@@ -37,6 +37,9 @@ var (
 	// ErrPruned is returned by Claim for a run whose checkpoints were
 	// pruned: its tombstone refuses it, forced or not.
 	ErrPruned = errors.New("checkpoint: run was pruned")
+	// ErrNotUnknown is returned by ResolveStep for a step that is not an
+	// outside call of unknown outcome.
+	ErrNotUnknown = errors.New("checkpoint: step is not awaiting a decision")
 	// ErrNotStale is returned by Recover for a run whose runner still holds
 	// a live lease.
 	ErrNotStale = errors.New("checkpoint: run is not stale")

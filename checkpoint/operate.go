@@ -218,3 +218,35 @@ func JoinIDs(ids []string, max int) string {
 	}
 	return strings.Join(ids[:max], ", ") + fmt.Sprintf(" and %d more", len(ids)-max)
 }
+
+const (
+	sqlStepStatus  = `SELECT status FROM steps WHERE run_id = ? AND step_id = ?`
+	sqlResolveStep = `UPDATE steps SET status = ?, output = ?, error = ?, finished_at = ? WHERE run_id = ? AND step_id = ?`
+)
+
+// ResolveStep settles an outside call whose outcome is unknown: done
+// records it as completed with output (JSON), otherwise it is marked failed
+// so the next run calls again. Only a step awaiting that decision can be
+// resolved; a run held by a live runner is refused.
+func (s *SQLite) ResolveStep(ctx context.Context, a Audit, now time.Time, stepID string, done bool, output []byte) error {
+	return s.operate(ctx, a, now, false, func(tx *sql.Tx, run Run) error {
+		var status string
+		err := tx.QueryRowContext(ctx, sqlStepStatus, run.ID, stepID).Scan(&status)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%w: run %s has no step %q", ErrNotFound, run.ID, stepID)
+		}
+		if err != nil {
+			return err
+		}
+		if status != StepCalling {
+			return fmt.Errorf("%w: step %s of %s is %s, not an outside call of unknown outcome; nothing to resolve",
+				ErrNotUnknown, stepID, run.ID, status)
+		}
+		newStatus, errText := StepFailed, "resolved by "+a.Operator+" as not done: "+a.Reason
+		if done {
+			newStatus, errText = StepCompleted, ""
+		}
+		_, err = tx.ExecContext(ctx, sqlResolveStep, newStatus, output, errText, fmtTime(now), run.ID, stepID)
+		return err
+	})
+}

@@ -108,6 +108,9 @@ const (
 	// StepPlanned: the step's effects on a separate store are planned and
 	// recorded, not yet known to be applied. A rerun finishes the plan.
 	StepPlanned = "planned"
+	// StepCalling: an outside call's intent is recorded and its result
+	// is not: its outcome is unknown until reconciled or resolved.
+	StepCalling = "calling"
 	// StepRunning: a batch step has started and its items are being
 	// checkpointed; its output holds the item total when known.
 	StepRunning = "running"

@@ -38,12 +38,13 @@ func ExitCode(err error) int {
 		held     *checkpoint.LeaseHeldError
 		mismatch *checkpoint.ParamsMismatchError
 		changed  *steps.StepChangedError
+		unknown  *steps.OutcomeUnknownError
 		usage    usageError
 	)
 	switch {
 	case err == nil, errors.Is(err, checkpoint.ErrAlreadySucceeded):
 		return ExitOK
-	case errors.As(err, &changed), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned),
+	case errors.As(err, &changed), errors.As(err, &unknown), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned),
 		errors.Is(err, ErrNeedsDecision):
 		return ExitOperator
 	case errors.As(err, &held), errors.Is(err, checkpoint.ErrFenced):

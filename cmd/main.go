@@ -18,14 +18,34 @@ import (
 	"github.com/stepwise-run/stepwise/runner"
 )
 
+// GraceEnv names the environment variable holding how long, after SIGINT
+// or SIGTERM, the current step or chunk may take to finish before the
+// process exits anyway (a Go duration; default 30s).
+const GraceEnv = "STEPWISE_GRACE"
+
 // Main runs the stepwise command line with the jobs in reg and exits with
-// its exit code. SIGINT or SIGTERM interrupts the run resumably (exit 3); a
-// second signal ends the process at once, which is still safe.
+// its exit code. SIGINT or SIGTERM stops the run from starting new steps;
+// the current step or chunk finishes (or rolls back) within the grace
+// period, the attempt is recorded as interrupted, and the process exits 3.
+// A second signal, or the end of the grace period, ends the process at
+// once, which is still safe: nothing is ever half-written.
 func Main(reg *jobs.Registry, opts ...Option) {
+	grace := 30 * time.Second
+	if v := os.Getenv(GraceEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			fmt.Fprintf(os.Stderr, "stepwise: %s=%q is not a positive duration such as 30s\n", GraceEnv, v)
+			os.Exit(ExitUsage)
+		}
+		grace = d
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-ctx.Done()
 		stop() // restore default handling: a second signal ends the process
+		time.Sleep(grace)
+		fmt.Fprintf(os.Stderr, "stepwise: the current step did not finish within the %s grace period; exiting (resumable)\n", grace)
+		os.Exit(ExitInterrupted)
 	}()
 	code := Execute(ctx, reg, os.Args[1:], os.Stdout, os.Stderr, opts...)
 	stop()

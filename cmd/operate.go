@@ -295,3 +295,33 @@ func bytesText(n int64) string {
 	}
 	return fmt.Sprintf("%d bytes", n)
 }
+
+// ResolveCmd settles an outside call whose outcome is unknown.
+type ResolveCmd struct {
+	operatorFlags
+	RunID  string `arg:"" name:"run-id" help:"Run that stopped with exit 5 on an outside call of unknown outcome."`
+	Step   string `required:"" help:"The outside call's step ID, as the error named it."`
+	As     string `required:"" enum:"done,retry" help:"done: the call happened (checked in the outside system); retry: it did not, call again."`
+	Output string `default:"null" help:"With --as done: the call's result as JSON, returned to later steps."`
+	Reason string `required:"" help:"What you checked, for the audit log."`
+}
+
+// Run implements the resolve command.
+func (c *ResolveCmd) Run(env *Env) error {
+	if !json.Valid([]byte(c.Output)) {
+		return usageError{fmt.Errorf("--output %q is not JSON", c.Output)}
+	}
+	st, err := env.Store()
+	if err != nil {
+		return err
+	}
+	a := c.audit(env, c.RunID, "resolve --step "+c.Step+" --as "+c.As, c.Reason, "output "+preview(c.Output, 200))
+	if err := st.ResolveStep(env.Ctx, a, env.now(), c.Step, c.As == "done", []byte(c.Output)); err != nil {
+		if errors.Is(err, checkpoint.ErrNotUnknown) {
+			return usageError{err}
+		}
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "step %s of %s resolved as %s; continue with `stepwise resume %s`\n", c.Step, c.RunID, c.As, c.RunID)
+	return nil
+}

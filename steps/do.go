@@ -20,6 +20,7 @@ type doOptions struct {
 	hasInput  bool
 	retry     *RetryPolicy
 	timeout   time.Duration
+	reconcile ReconcileFunc
 	chunkSize int
 	target    *Target
 	skipLimit int
@@ -113,7 +114,7 @@ func start[T any](ctx context.Context, r *Run, id string, opts []Option) (cp che
 			return cp, out, false, &StepChangedError{RunID: r.lease.RunID, Step: id, Old: rec.InputHash, New: hash}
 		}
 		switch rec.Status {
-		case checkpoint.StepPlanned:
+		case checkpoint.StepPlanned, checkpoint.StepCalling:
 			return rec, out, false, nil
 		case checkpoint.StepCompleted, checkpoint.StepRejected:
 			r.count(func(s *Stats) { s.Skipped++ })

@@ -208,6 +208,7 @@ func callWithPolicy[T any](ctx context.Context, r *Run, cp *checkpoint.Step, o d
 // function still running when its timeout passes is reported: it is not
 // honouring its context.
 func callOnce[T any](ctx context.Context, r *Run, id string, timeout time.Duration, fn func(ctx context.Context) (T, error)) (T, error) {
+	ctx = withStep(ctx, r, id)
 	if timeout <= 0 {
 		return fn(ctx)
 	}
