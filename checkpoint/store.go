@@ -65,6 +65,8 @@ type Tx interface {
 	// FinishChunk marks a chunk plan applied and its planned items
 	// completed.
 	FinishChunk(step, effectID string) error
+	// Enqueue queues an outbox message with the transaction's checkpoint.
+	Enqueue(m Message) error
 	// SQL gives same-store effect targets the underlying transaction, so
 	// their writes commit or roll back with the checkpoint.
 	SQL() *sql.Tx

@@ -13,11 +13,12 @@ import (
 type CLI struct {
 	Globals
 
-	Jobs   JobsCmd   `cmd:"" help:"List the registered jobs and their parameters."`
-	Run    RunCmd    `cmd:"" help:"Start a run of JOB, or resume it if its run key exists."`
-	Resume ResumeCmd `cmd:"" help:"Resume a run by ID with its stored parameters."`
-	Runs   RunsCmd   `cmd:"" help:"List runs, newest first; stale runs (dead runner, lease expired) are marked."`
-	Show   ShowCmd   `cmd:"" help:"Show one run: its attempts and steps with status, timings and output."`
+	Jobs     JobsCmd     `cmd:"" help:"List the registered jobs and their parameters."`
+	Run      RunCmd      `cmd:"" help:"Start a run of JOB, or resume it if its run key exists."`
+	Resume   ResumeCmd   `cmd:"" help:"Resume a run by ID with its stored parameters."`
+	Runs     RunsCmd     `cmd:"" help:"List runs, newest first; stale runs (dead runner, lease expired) are marked."`
+	Show     ShowCmd     `cmd:"" help:"Show one run: its attempts and steps with status, timings and output."`
+	Dispatch DispatchCmd `cmd:"" help:"Deliver queued notifications (at least once, with stable keys), once or --every interval."`
 
 	Recover  RecoverCmd  `cmd:"" group:"Operating runs" help:"Mark a stale run (its runner died) failed, so it is resumable."`
 	Rerun    RerunCmd    `cmd:"" group:"Operating runs" help:"Run a run again: from the top (--force for a succeeded run) or --from-step STEP."`

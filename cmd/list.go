@@ -169,11 +169,12 @@ type planView struct {
 }
 
 type showView struct {
-	Run      runView            `json:"run"`
-	Attempts []attemptView      `json:"attempts"`
-	Steps    []stepView         `json:"steps"`
-	Batches  []batchView        `json:"batches"`
-	Audit    []checkpoint.Audit `json:"audit"`
+	Run      runView              `json:"run"`
+	Attempts []attemptView        `json:"attempts"`
+	Steps    []stepView           `json:"steps"`
+	Batches  []batchView          `json:"batches"`
+	Audit    []checkpoint.Audit   `json:"audit"`
+	Outbox   []checkpoint.Message `json:"outbox"`
 }
 
 // batchView is a batch step's item counts and skipped items in `show`.
@@ -239,6 +240,12 @@ func (c *ShowCmd) Run(env *Env) error {
 	if v.Audit == nil {
 		v.Audit = []checkpoint.Audit{}
 	}
+	if v.Outbox, err = st.RunMessages(env.Ctx, c.RunID); err != nil {
+		return err
+	}
+	if v.Outbox == nil {
+		v.Outbox = []checkpoint.Message{}
+	}
 	if c.JSON {
 		return writeJSON(env.Stdout, v)
 	}
@@ -280,6 +287,12 @@ func (c *ShowCmd) Run(env *Env) error {
 			for _, it := range b.SkippedItems {
 				fmt.Fprintf(tw, "skipped %s/%s\t%s\n", b.Step, it.Key, preview(it.Error, 80))
 			}
+		}
+	}
+	if len(v.Outbox) > 0 {
+		fmt.Fprintln(tw, "\nNOTIFICATION\tTOPIC\tSTATE\tTRIES\tLAST ERROR")
+		for _, m := range v.Outbox {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", m.Key, m.Topic, m.Status, m.Tries, preview(m.LastError, 60))
 		}
 	}
 	if len(v.Audit) > 0 {

@@ -15,6 +15,7 @@ type runFlags struct {
 	Progress     string        `default:"auto" enum:"auto,bar,log,none" help:"Batch progress: a live bar on a terminal and a log line every few seconds otherwise (auto), or forced."`
 	Lease        time.Duration `default:"30s" help:"Lease length; the runner heartbeats every third of it. A crashed runner's run is taken over when it expires (at once if it ran on this host and its process is gone)."`
 	Force        bool          `help:"Run a succeeded or abandoned run again; completed steps are still skipped."`
+	Deliver      string        `env:"STEPWISE_DELIVER" placeholder:"TARGET" help:"After the run, deliver queued notifications (at least once, with stable keys) to stdout, file:PATH or an http(s):// webhook URL."`
 }
 
 func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
@@ -24,9 +25,15 @@ func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
 	}
 	log := env.Globals.logger(env.Stderr)
 	prog := newProgress(f.Progress, env.Stderr, log)
+	var deliver runner.Delivery
+	if f.Deliver != "" {
+		if deliver, err = runner.ParseDelivery(f.Deliver, env.Stdout); err != nil {
+			return nil, nil, usageError{fmt.Errorf("--deliver: %w", err)}
+		}
+	}
 	r, err := runner.New(runner.Config{
 		Store: st, Jobs: env.Registry, Logger: log,
-		Lease: f.Lease, Wait: f.Wait, OnProgress: prog.report,
+		Lease: f.Lease, Wait: f.Wait, OnProgress: prog.report, Deliver: deliver,
 	})
 	return r, prog, err
 }
@@ -107,5 +114,44 @@ func report(env *Env, res runner.Result, err error) {
 		res.RunID, res.Status, res.Attempt, res.Stats.Executed, res.Stats.Skipped)
 	if err != nil && res.Status == "interrupted" {
 		fmt.Fprintf(env.Stdout, "resume it with: stepwise resume %s\n", res.RunID)
+	}
+}
+
+// DispatchCmd delivers queued notifications.
+type DispatchCmd struct {
+	To    string        `required:"" placeholder:"TARGET" help:"Where to deliver: stdout, file:PATH or an http(s):// webhook URL (POST, Idempotency-Key header)."`
+	Every time.Duration `placeholder:"DURATION" help:"Keep dispatching at this interval until interrupted, instead of one pass."`
+}
+
+// Run implements the dispatch command.
+func (c *DispatchCmd) Run(env *Env) error {
+	to, err := runner.ParseDelivery(c.To, env.Stdout)
+	if err != nil {
+		return usageError{fmt.Errorf("--to: %w", err)}
+	}
+	if c.Every < 0 {
+		return usageError{fmt.Errorf("--every is %s; it cannot be negative", c.Every)}
+	}
+	st, err := env.Store()
+	if err != nil {
+		return err
+	}
+	d := runner.Dispatcher{Store: st, To: to, Logger: env.Logger()}
+	for {
+		res, err := d.Pass(env.Ctx)
+		if err != nil && env.Ctx.Err() == nil {
+			return err
+		}
+		fmt.Fprintf(env.Stderr, "dispatched: %d sent, %d failed (retried later)\n", res.Sent, res.Failed)
+		if c.Every == 0 || env.Ctx.Err() != nil {
+			return nil
+		}
+		t := time.NewTimer(c.Every)
+		select {
+		case <-env.Ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
 	}
 }

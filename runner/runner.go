@@ -44,6 +44,9 @@ type Config struct {
 	WaitPoll time.Duration
 	// OnProgress, if set, receives batch steps' progress after each chunk.
 	OnProgress func(steps.Progress)
+	// Deliver, if set, receives the outbox messages due after each run
+	// (those of this run and any left undelivered before).
+	Deliver Delivery
 }
 
 func (c *Config) validate() error {
@@ -233,12 +236,30 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 		return res, fmt.Errorf("run %s: record end (%s): %w", runID, end.Status, err)
 	}
 	res.Status = end.Status
+	r.dispatch(ctx, log)
 	ev := log.Info()
 	if outErr != nil {
 		ev = log.Error().Err(jobErr)
 	}
 	ev.Str("status", end.Status).Int("executed", res.Stats.Executed).Int("skipped", res.Stats.Skipped).Msg("run " + end.Status)
 	return res, outErr
+}
+
+// dispatch delivers the outbox messages due, when a delivery is set.
+// Failures are logged and retried on a later pass: the run's outcome does
+// not depend on them.
+func (r *Runner) dispatch(ctx context.Context, log zerolog.Logger) {
+	ob, ok := r.cfg.Store.(checkpoint.OutboxStore)
+	if r.cfg.Deliver == nil || !ok {
+		return
+	}
+	d := Dispatcher{Store: ob, To: r.cfg.Deliver, Clock: r.cfg.Clock, Logger: log}
+	res, err := d.Pass(context.WithoutCancel(ctx))
+	if err != nil {
+		log.Warn().Err(err).Msg("outbox dispatch failed; messages stay queued")
+	} else if res.Sent+res.Failed > 0 {
+		log.Info().Int("sent", res.Sent).Int("failed", res.Failed).Msg("outbox dispatched")
+	}
 }
 
 // drive runs the job function on an attempt's steps.Run.

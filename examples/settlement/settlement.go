@@ -11,6 +11,7 @@
 //	         no-overdraft guard and Add(to, +amount); one that would
 //	         overdraw is rejected, and that rejection is pinned
 //	summary  counts, totals and the rejected transfers
+//	notify   queues a "settled" notification in the outbox
 //
 // The ledger's accounts table is the effects' target. By default it lives
 // in the checkpoint database (same store: a chunk's balances and item
@@ -133,7 +134,13 @@ WHERE business_date = ? AND id > ? ORDER BY id LIMIT ?`, p.Date, after, limit)
 			Msg("settlement summary")
 		return s, err
 	}, steps.Input(day))
-	return err
+	if err != nil {
+		return err
+	}
+	// Queued with its checkpoint: sent at least once, whatever crashes.
+	return steps.Notify(ctx, r, steps.ID("notify"), "settled", map[string]string{
+		"date": p.Date, "message": "settlement for " + p.Date + " done",
+	})
 }
 
 // post is one transfer's effects: debit with a no-overdraft guard, credit.

@@ -1,0 +1,205 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/steps"
+)
+
+// Delivery sends outbox messages somewhere. It must be safe to deliver one
+// message twice: delivery is at least once, and receivers deduplicate by
+// the message's key.
+type Delivery interface {
+	Deliver(ctx context.Context, m checkpoint.Message) error
+}
+
+// envelope is a message as delivered: JSON with its stable key.
+type envelope struct {
+	Key     string          `json:"key"`
+	RunID   string          `json:"run_id"`
+	Topic   string          `json:"topic"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+func envelopeOf(m checkpoint.Message) envelope {
+	return envelope{Key: m.Key, RunID: m.RunID, Topic: m.Topic, Payload: m.Payload}
+}
+
+// WriterDelivery writes each message as one JSON line to W (stdout, a
+// file).
+type WriterDelivery struct {
+	W  io.Writer
+	mu sync.Mutex
+}
+
+// Deliver implements Delivery.
+func (d *WriterDelivery) Deliver(ctx context.Context, m checkpoint.Message) error {
+	b, err := json.Marshal(envelopeOf(m))
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, err = d.W.Write(append(b, '\n'))
+	return err
+}
+
+// FileDelivery appends each message as one JSON line to the file at Path,
+// synced before the message counts as delivered.
+type FileDelivery struct {
+	Path string
+}
+
+// Deliver implements Delivery.
+func (d FileDelivery) Deliver(ctx context.Context, m checkpoint.Message) error {
+	f, err := os.OpenFile(d.Path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(envelopeOf(m))
+	if err == nil {
+		_, err = f.Write(append(b, '\n'))
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	return errors.Join(err, f.Close())
+}
+
+// WebhookDelivery POSTs each message as JSON to URL with the headers
+// Idempotency-Key (the message's key) and X-Stepwise-Topic. Any 2xx answer
+// is a delivery; anything else is retried later.
+type WebhookDelivery struct {
+	URL string
+	// Client defaults to one with a 10s timeout.
+	Client *http.Client
+}
+
+// Deliver implements Delivery.
+func (d WebhookDelivery) Deliver(ctx context.Context, m checkpoint.Message) error {
+	b, err := json.Marshal(envelopeOf(m))
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.URL, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", m.Key)
+	req.Header.Set("X-Stepwise-Topic", m.Topic)
+	client := d.Client
+	if client == nil {
+		client = &http.Client{Timeout: 10 * time.Second}
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("webhook %s answered %s", d.URL, resp.Status)
+	}
+	return nil
+}
+
+// ParseDelivery turns a --deliver value into a Delivery: "stdout",
+// "file:PATH" or an http(s) URL.
+func ParseDelivery(s string, stdout io.Writer) (Delivery, error) {
+	switch {
+	case s == "stdout":
+		return &WriterDelivery{W: stdout}, nil
+	case strings.HasPrefix(s, "file:") && len(s) > len("file:"):
+		return FileDelivery{Path: strings.TrimPrefix(s, "file:")}, nil
+	case strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://"):
+		return WebhookDelivery{URL: s}, nil
+	}
+	return nil, fmt.Errorf("delivery target %q: use stdout, file:PATH or an http(s):// URL", s)
+}
+
+// Dispatcher delivers queued outbox messages at least once, retrying failed
+// deliveries with backoff.
+type Dispatcher struct {
+	// Store holds the outbox. Required.
+	Store checkpoint.OutboxStore
+	// To delivers the messages. Required.
+	To Delivery
+	// Clock tells the time. Defaults to SystemClock.
+	Clock Clock
+	// Backoff spaces the retries of a failed delivery (its Multiplier,
+	// Initial, Max and Jitter are used). Defaults to 1s doubling up to 10m.
+	Backoff steps.RetryPolicy
+	// Logger receives delivery logs. Defaults to zerolog.Nop().
+	Logger zerolog.Logger
+}
+
+// PassResult counts what one dispatcher pass did.
+type PassResult struct {
+	Sent, Failed int
+}
+
+// Pass delivers every message due now, once each, and records the outcome.
+func (d *Dispatcher) Pass(ctx context.Context) (PassResult, error) {
+	var res PassResult
+	if d.Store == nil || d.To == nil {
+		return res, errors.New("runner: Dispatcher needs a Store and a Delivery")
+	}
+	clock := d.Clock
+	if clock == nil {
+		clock = SystemClock{}
+	}
+	backoff := d.Backoff
+	if backoff.Initial == 0 {
+		backoff.Initial = time.Second
+	}
+	if backoff.Max == 0 {
+		backoff.Max = 10 * time.Minute
+	}
+	for {
+		due, err := d.Store.DueMessages(ctx, clock.Now(), 100)
+		if err != nil || len(due) == 0 {
+			return res, err
+		}
+		progressed := false
+		for _, m := range due {
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+			derr := d.To.Deliver(ctx, m)
+			now := clock.Now()
+			if derr == nil {
+				if err := d.Store.MarkSent(ctx, m.Key, now); err != nil {
+					return res, err
+				}
+				res.Sent++
+				progressed = true
+				d.Logger.Info().Str("key", m.Key).Str("topic", m.Topic).Int("tries", m.Tries+1).Msg("message delivered")
+				continue
+			}
+			delay := backoff.Backoff(m.Tries+1, rand.Float64())
+			if err := d.Store.MarkFailed(ctx, m.Key, derr.Error(), now.Add(delay)); err != nil {
+				return res, err
+			}
+			res.Failed++
+			d.Logger.Warn().Str("key", m.Key).Err(derr).Dur("retry_in", delay).Msg("delivery failed; will retry")
+		}
+		if !progressed {
+			return res, nil
+		}
+	}
+}
