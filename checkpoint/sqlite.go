@@ -270,13 +270,6 @@ func fmtTime(t time.Time) string {
 	return t.UTC().Format(timeFormat)
 }
 
-func nullTime(t time.Time) any {
-	if t.IsZero() {
-		return nil
-	}
-	return fmtTime(t)
-}
-
 func parseTime(s sql.NullString) time.Time {
 	if !s.Valid || s.String == "" {
 		return time.Time{}
