@@ -1,0 +1,601 @@
+package settlement_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/cmd"
+	"github.com/stepwise-run/stepwise/examples/settlement"
+	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/steps"
+)
+
+// The crash campaign settles a small ledger in real processes (this test
+// binary re-executed as the stepwise CLI, see TestMain), kills them with
+// SIGKILL at every named crash point and at random moments, reruns them
+// until the run succeeds, and then audits the result: settlement.Check
+// passes, and every balance, every version and the set of rejected
+// transfers equal those of a run that never crashed.
+//
+//	STEPWISE_CAMPAIGN=500 go test -run TestCrashCampaign ./examples/settlement/   # 500 random kills
+//	STEPWISE_CAMPAIGN_SEED=1234 go test -run TestCrashCampaign ./examples/settlement/  # replay a failure
+
+const (
+	// childEnv makes TestMain act as the stepwise CLI.
+	childEnv = "STEPWISE_SETTLEMENT_CHILD"
+	// campaignEnv sets the number of random kills (both layouts together).
+	campaignEnv = "STEPWISE_CAMPAIGN"
+	// campaignSeedEnv replays a campaign's random choices.
+	campaignSeedEnv = "STEPWISE_CAMPAIGN_SEED"
+	// defaultRandomKills is the random kills of a plain `go test`.
+	defaultRandomKills = 20
+)
+
+// campaignLedger is small: every child run under -race on two shared
+// cores stays around a second, and it still has several chunks and both
+// posted and rejected transfers.
+var campaignLedger = settlement.SeedConfig{Accounts: 20, Transfers: 300, Date: testDate, Seed: 11, Balance: 5_000}
+
+// campaignChunk gives campaignLedger six chunks, #0 to #5.
+const (
+	campaignChunk = 50
+	lastChunk     = 5
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		args := os.Args[1:]
+		if i := slices.Index(args, "--"); i >= 0 {
+			args = args[i+1:]
+		}
+		os.Exit(cmd.Execute(context.Background(), registry(), args, os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// child is the CLI running in another process.
+type child struct {
+	cmd            *exec.Cmd
+	stdout, stderr bytes.Buffer
+	done           chan struct{}
+}
+
+// startChild runs the settle job of s in a new process, with env added
+// (and the test's own STEPWISE_ variables removed).
+func startChild(t *testing.T, s store, env ...string) *child {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--", "--db", s.db, "--log-level", "error", "run", "settle", "--progress", "none"}
+	for k, v := range s.values(testDate, campaignChunk) {
+		args = append(args, "-p", k+"="+v)
+	}
+	c := &child{cmd: exec.Command(exe, args...), done: make(chan struct{})}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "STEPWISE_") {
+			c.cmd.Env = append(c.cmd.Env, kv)
+		}
+	}
+	// The race detector would sleep a second before each child exits.
+	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
+	c.cmd.Env = append(c.cmd.Env, childEnv+"=1", "GORACE="+gorace)
+	c.cmd.Env = append(c.cmd.Env, env...)
+	c.cmd.Stdout, c.cmd.Stderr = &c.stdout, &c.stderr
+	if err := c.cmd.Start(); err != nil {
+		t.Fatalf("start child: %v", err)
+	}
+	go func() {
+		c.cmd.Wait()
+		close(c.done)
+	}()
+	t.Cleanup(func() {
+		c.cmd.Process.Kill()
+		<-c.done
+	})
+	return c
+}
+
+// wait returns how the child ended: its exit code, or -1 if a signal
+// killed it.
+func (c *child) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(2 * time.Minute):
+		c.cmd.Process.Kill()
+		<-c.done
+		t.Fatalf("child did not end within 2 minutes\nstdout:\n%s\nstderr:\n%s", &c.stdout, &c.stderr)
+	}
+	ws := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if ws.Signaled() {
+		if ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("child killed by %v\nstderr:\n%s", ws.Signal(), &c.stderr)
+		}
+		return -1
+	}
+	return ws.ExitStatus()
+}
+
+// crashAt runs the job with the crash point set and fails unless the
+// process died there.
+func crashAt(t *testing.T, s store, point string) {
+	t.Helper()
+	c := startChild(t, s, steps.CrashEnv+"="+point)
+	if code := c.wait(t); code != -1 {
+		t.Fatalf("crash point %s: the child exited %d instead of dying there (is the point named right?)\nstdout:\n%s\nstderr:\n%s",
+			point, code, &c.stdout, &c.stderr)
+	}
+}
+
+// settleToSuccess runs the job in a child and fails unless it succeeds.
+func settleToSuccess(t *testing.T, s store) time.Duration {
+	t.Helper()
+	start := time.Now()
+	c := startChild(t, s)
+	if code := c.wait(t); code != cmd.ExitOK {
+		t.Fatalf("rerun exited %d\nstdout:\n%s\nstderr:\n%s", code, &c.stdout, &c.stderr)
+	}
+	return time.Since(start)
+}
+
+// outcome is what a settlement left behind, compared across runs.
+type outcome struct {
+	accounts accounts // balance and version of every account
+	rejected []string // rejected transfers, sorted
+	posted   int
+	summary  settlement.Summary
+}
+
+func readOutcome(t *testing.T, s store) outcome {
+	t.Helper()
+	o := outcome{accounts: readAccounts(t, s.ledgerPath()), summary: s.summary(t, testDate)}
+	for k, st := range s.items(t, testDate) {
+		switch st {
+		case checkpoint.StepRejected:
+			o.rejected = append(o.rejected, k)
+		case checkpoint.StepCompleted:
+			o.posted++
+		}
+	}
+	slices.Sort(o.rejected)
+	return o
+}
+
+// audit returns every way the settlement in s differs from what it must
+// be: the independent ledger check, the no-crash reference outcome, each
+// transfer recorded once as posted or rejected, the run succeeded and, on
+// a separate store, every chunk plan applied exactly once.
+func audit(t *testing.T, s store, ref outcome) []string {
+	t.Helper()
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+
+	rep := s.check(t, testDate)
+	if rep.Total != rep.OpeningTotal {
+		bad("money not conserved: total %d, opening %d", rep.Total, rep.OpeningTotal)
+	}
+	for _, m := range rep.Mismatches {
+		bad("ledger check: account %s has balance %d, want %d", m.Account, m.Got, m.Want)
+	}
+
+	got := readOutcome(t, s)
+	for id, want := range ref.accounts {
+		if g, ok := got.accounts[id]; !ok || g != want {
+			bad("account %s: balance %d version %d, reference run %d version %d", id, g[0], g[1], want[0], want[1])
+		}
+	}
+	if len(got.accounts) != len(ref.accounts) {
+		bad("%d accounts, reference run %d", len(got.accounts), len(ref.accounts))
+	}
+	if !slices.Equal(got.rejected, ref.rejected) {
+		bad("rejected %d transfers %v, reference run %d %v", len(got.rejected), got.rejected, len(ref.rejected), ref.rejected)
+	}
+	if n := got.posted + len(got.rejected); n != campaignLedger.Transfers || got.posted != ref.posted {
+		bad("%d transfers posted and %d rejected of %d; the reference posted %d", got.posted, len(got.rejected), campaignLedger.Transfers, ref.posted)
+	}
+	if !summariesEqual(got.summary, ref.summary) {
+		bad("summary %+v, reference run %+v", got.summary, ref.summary)
+	}
+
+	ctx := context.Background()
+	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: s.db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	info, err := st.Run(ctx, jobs.RunID(settlement.Job.Name(), testDate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Run.Status != checkpoint.RunSucceeded {
+		bad("run is %s, want succeeded", info.Run.Status)
+	}
+	if s.ledger != "" {
+		plans := map[string]string{}
+		rows, err := st.ReadDB().Query(`SELECT effect_id, status FROM chunk_plans WHERE run_id = ?`, info.Run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var id, status string
+			if err := rows.Scan(&id, &status); err != nil {
+				t.Fatal(err)
+			}
+			plans[id] = status
+		}
+		rows.Close()
+		ledger := openLedger(t, s.ledger)
+		defer ledger.Close()
+		rows, err = ledger.Query(`SELECT effect_id FROM stepwise_applied WHERE run_id = ?`, info.Run.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		applied := map[string]bool{}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			applied[id] = true
+		}
+		rows.Close()
+		for id, status := range plans {
+			switch {
+			case status == "applied" && !applied[id]:
+				bad("chunk plan %s is marked applied but its effect ID is not in the ledger", id)
+			case status == checkpoint.StepPlanned:
+				bad("chunk plan %s is still planned after the run succeeded", id)
+			case status == "superseded" && applied[id]:
+				bad("chunk plan %s was superseded, yet its effect ID is in the ledger", id)
+			}
+		}
+		for id := range applied {
+			if plans[id] != "applied" {
+				bad("effect %s is in the ledger, but its chunk plan is %q", id, plans[id])
+			}
+		}
+	}
+	return problems
+}
+
+func summariesEqual(a, b settlement.Summary) bool {
+	return a.Date == b.Date && a.Transfers == b.Transfers && a.Posted == b.Posted && a.Rejected == b.Rejected &&
+		a.PostedAmount == b.PostedAmount && a.RejectedAmount == b.RejectedAmount && slices.Equal(a.RejectedIDs, b.RejectedIDs)
+}
+
+// campaignLayout is one ledger layout with its seeded template and the
+// reference outcome of a run that never crashed.
+type campaignLayout struct {
+	name     string
+	separate bool
+	template store // seeded, never run
+	ref      outcome
+	took     time.Duration // the reference run's wall time
+}
+
+// fresh copies the seeded template into a new directory.
+func (l *campaignLayout) fresh(t *testing.T) store {
+	t.Helper()
+	dir := t.TempDir()
+	s := store{db: filepath.Join(dir, "stepwise.db")}
+	if l.separate {
+		s.ledger = filepath.Join(dir, "ledger.db")
+	}
+	copyFile(t, l.template.ledgerPath(), s.ledgerPath())
+	return s
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newLayout seeds the template in dir, which outlives the test, and runs the reference settlement in a
+// child that is never killed.
+func newLayout(t *testing.T, dir, name string, separate bool) *campaignLayout {
+	t.Helper()
+	l := &campaignLayout{name: name, separate: separate}
+	l.template = store{db: filepath.Join(dir, "unused.db")}
+	if separate {
+		l.template.ledger = filepath.Join(dir, "ledger.db")
+	}
+	seed(t, l.template.ledgerPath(), campaignLedger)
+	if _, err := os.Stat(l.template.ledgerPath() + "-wal"); err == nil {
+		t.Fatalf("the seeded template %s kept a WAL file; copying it alone would lose rows", l.template.ledgerPath())
+	}
+	s := l.fresh(t)
+	l.took = settleToSuccess(t, s)
+	if problems := checkOnly(t, s); len(problems) > 0 {
+		t.Fatalf("%s: the reference run itself is wrong:\n%s", name, strings.Join(problems, "\n"))
+	}
+	l.ref = readOutcome(t, s)
+	if len(l.ref.rejected) == 0 || l.ref.posted == 0 {
+		t.Fatalf("the campaign ledger should post some and reject some transfers: %d posted, %d rejected", l.ref.posted, len(l.ref.rejected))
+	}
+	return l
+}
+
+// checkOnly is the part of audit that needs no reference.
+func checkOnly(t *testing.T, s store) []string {
+	rep := s.check(t, testDate)
+	if rep.OK() {
+		return nil
+	}
+	return []string{rep.String()}
+}
+
+// namedCases are the crash sequences every layout goes through: each run
+// but the last dies at its point, then reruns go to success. Chunk
+// indices count chunks within an attempt, replayed ones too, so #3 is the
+// same fourth chunk of transfers in every attempt.
+func namedCases(separate bool) [][]string {
+	cases := [][]string{
+		{"step:count:before-checkpoint"},
+		{"step:count:after-checkpoint"},
+		{"step:post#0:before-commit"},
+		{"step:post#0:after-commit"},
+		{"step:post#3:before-commit"},
+		{"step:post#3:after-commit"},
+		{"step:post#" + strconv.Itoa(lastChunk) + ":after-commit"},
+		{"step:summary:before-checkpoint"},
+		{"step:summary:after-checkpoint"},
+		{"run:before-finish"},
+		// A rerun killed again, further on.
+		{"step:post#1:after-commit", "step:post#4:before-commit"},
+	}
+	if separate {
+		runID := jobs.RunID(settlement.Job.Name(), testDate)
+		cases = append(cases,
+			[]string{"step:post#0:after-plan"},
+			[]string{"step:post#3:after-plan"},
+			[]string{"step:post:after-apply"}, // the first chunk applied, not recorded
+			// Chunk #3 of the first attempt (fence 1) applied, not recorded.
+			[]string{"step:post#" + runID + "/post@1.c3.0:after-apply"},
+			// Planned, then the rerun dies right after applying the
+			// recorded plan, before recording it.
+			[]string{"step:post#2:after-plan", "step:post:after-apply"},
+			[]string{"step:post#2:after-plan", "step:post#4:after-plan"},
+		)
+	}
+	return cases
+}
+
+func TestCrashCampaign(t *testing.T) {
+	t.Parallel()
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv(campaignSeedEnv); v != "" {
+		var err error
+		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
+			t.Fatalf("%s=%q: %v", campaignSeedEnv, v, err)
+		}
+	}
+	kills := defaultRandomKills
+	if v := os.Getenv(campaignEnv); v != "" {
+		var err error
+		if kills, err = strconv.Atoi(v); err != nil || kills < 0 {
+			t.Fatalf("%s=%q: want a number of random kills", campaignEnv, v)
+		}
+	}
+	t.Logf("campaign seed %d, %d random kills (replay with %s=%d)", seed, kills, campaignSeedEnv, seed)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("FAILED campaign seed %d: replay with %s=%d go test -run TestCrashCampaign ./examples/settlement/", seed, campaignSeedEnv, seed)
+		}
+	})
+
+	// The two reference runs run side by side; t.Run returns when both
+	// have.
+	var layouts [2]*campaignLayout
+	templates := t.TempDir()
+	t.Run("reference", func(t *testing.T) {
+		for i, sep := range []bool{false, true} {
+			name := map[bool]string{false: "same store", true: "separate store"}[sep]
+			dir := filepath.Join(templates, strconv.Itoa(i))
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				layouts[i] = newLayout(t, dir, name, sep)
+			})
+		}
+	})
+	if layouts[0] == nil || layouts[1] == nil {
+		t.FailNow()
+	}
+	// Both layouts settle the same ledger to the same balances.
+	if a, b := layouts[0].ref, layouts[1].ref; !mapsEqual(a.accounts, b.accounts) || !slices.Equal(a.rejected, b.rejected) {
+		t.Fatalf("same-store and separate-store reference runs disagree")
+	}
+
+	for li, l := range layouts {
+		t.Run(l.name, func(t *testing.T) {
+			t.Parallel()
+			for _, points := range namedCases(l.separate) {
+				t.Run(strings.Join(points, " then "), func(t *testing.T) {
+					t.Parallel()
+					s := l.fresh(t)
+					for _, p := range points {
+						crashAt(t, s, p)
+					}
+					settleToSuccess(t, s)
+					if problems := audit(t, s, l.ref); len(problems) > 0 {
+						t.Fatalf("after crashes at %v and a rerun:\n%s", points, strings.Join(problems, "\n"))
+					}
+				})
+			}
+
+			// Random kills: this layout's share, each with its own seed
+			// derived from the campaign's, so one case replays alone.
+			n := kills / 2
+			if li == 0 {
+				n += kills % 2
+			}
+			for k := range n {
+				caseSeed := seed ^ uint64(li+1)<<32 ^ uint64(k)
+				t.Run("random kill "+strconv.Itoa(k), func(t *testing.T) {
+					t.Parallel()
+					randomKills(t, l, caseSeed, seed)
+				})
+			}
+
+			t.Run("a double apply is caught", func(t *testing.T) {
+				t.Parallel()
+				s := l.fresh(t)
+				crashAt(t, s, "step:post#2:after-commit")
+				settleToSuccess(t, s)
+				if problems := audit(t, s, l.ref); len(problems) > 0 {
+					t.Fatalf("after a crash and a rerun:\n%s", strings.Join(problems, "\n"))
+				}
+				from, to := applyTwice(t, s)
+				problems := audit(t, s, l.ref)
+				for _, id := range []string{from, to} {
+					named := false
+					for _, p := range problems {
+						named = named || strings.Contains(p, "ledger check: account "+id)
+					}
+					if !named {
+						t.Errorf("the audit does not report %s after a transfer from %s to %s was applied twice:\n%s",
+							id, from, to, strings.Join(problems, "\n"))
+					}
+				}
+			})
+		})
+	}
+}
+
+// randomKills kills the settlement at a random moment, reruns it (a rerun
+// that gets killed too may be followed by another kill, three at most),
+// reruns it to success and audits it. A quarter of the kills come at a
+// random time over a whole run's span (startup, claim, count, posting,
+// summary, finish); the rest once a random number of transfers are
+// checkpointed, plus up to 50 ms, to land inside posting.
+func randomKills(t *testing.T, l *campaignLayout, caseSeed, campaignSeed uint64) {
+	rng := rand.New(rand.NewPCG(caseSeed, 0xc4a5))
+	s := l.fresh(t)
+	var log []string
+	for i := 0; i < 3 && (i == 0 || rng.IntN(2) == 0); i++ {
+		c := startChild(t, s)
+		var when string
+		if rng.IntN(4) == 0 {
+			delay := time.Duration(rng.Int64N(int64(l.took)))
+			time.Sleep(delay)
+			when = fmt.Sprintf("at %s", delay.Round(time.Millisecond))
+		} else {
+			target := 1 + rng.IntN(campaignLedger.Transfers)
+			jitter := time.Duration(rng.Int64N(int64(50 * time.Millisecond)))
+			waitForItems(t, c, s, target)
+			time.Sleep(jitter)
+			when = fmt.Sprintf("%s after transfer %d was checkpointed", jitter.Round(time.Millisecond), target)
+		}
+		c.cmd.Process.Signal(syscall.SIGKILL) // harmless if it just ended
+		code := c.wait(t)
+		if code == cmd.ExitOK {
+			log = append(log, "finished before the kill "+when)
+			break
+		}
+		if code != -1 {
+			t.Fatalf("killed run exited %d (replay with %s=%d)\nstderr:\n%s", code, campaignSeedEnv, campaignSeed, &c.stderr)
+		}
+		log = append(log, fmt.Sprintf("killed %s (%s)", when, progressOf(t, s)))
+	}
+	settleToSuccess(t, s)
+	if problems := audit(t, s, l.ref); len(problems) > 0 {
+		t.Fatalf("%s, then a rerun (replay with %s=%d):\n%s", strings.Join(log, "; "), campaignSeedEnv, campaignSeed, strings.Join(problems, "\n"))
+	}
+	t.Logf("%s; audit passed", strings.Join(log, "; "))
+}
+
+// waitForItems returns once the child has checkpointed n items (in all its
+// attempts) or has ended. It opens the database only once the child has
+// put it in WAL mode, so it never races the child's schema migration.
+func waitForItems(t *testing.T, c *child, s store, n int) {
+	t.Helper()
+	var db *sql.DB
+	defer func() {
+		if db != nil {
+			db.Close()
+		}
+	}()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-time.After(2 * time.Millisecond):
+		}
+		if db == nil {
+			if _, err := os.Stat(s.db + "-wal"); err != nil {
+				continue
+			}
+			var err error
+			if db, err = checkpoint.OpenTargetReader(context.Background(), checkpoint.Config{Path: s.db}); err != nil {
+				t.Fatalf("open %s to watch the child: %v", s.db, err)
+			}
+		}
+		var got int
+		if err := db.QueryRow(`SELECT count(*) FROM items`).Scan(&got); err == nil && got >= n {
+			return
+		}
+	}
+}
+
+// progressOf says how many transfers a killed run left checkpointed.
+func progressOf(t *testing.T, s store) string {
+	t.Helper()
+	if _, err := os.Stat(s.db); err != nil {
+		return "no checkpoint database yet"
+	}
+	db := openLedger(t, s.db)
+	defer db.Close()
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM items`).Scan(&n); err != nil {
+		return "no items table yet"
+	}
+	return fmt.Sprintf("%d of %d transfers checkpointed", n, campaignLedger.Transfers)
+}
+
+// applyTwice posts one posted transfer a second time with plain SQL, as a
+// bug that lost track of it would, and returns its accounts.
+func applyTwice(t *testing.T, s store) (from, to string) {
+	t.Helper()
+	var key string
+	for k, st := range s.items(t, testDate) {
+		if st == checkpoint.StepCompleted && (key == "" || k < key) {
+			key = k
+		}
+	}
+	db := openLedger(t, s.ledgerPath())
+	defer db.Close()
+	var amount int64
+	if err := db.QueryRow(`SELECT from_account, to_account, amount FROM transfers WHERE id = ?`, key).Scan(&from, &to, &amount); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE accounts SET balance = balance - ?, version = version + 1 WHERE id = ?`, amount, from); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE accounts SET balance = balance + ?, version = version + 1 WHERE id = ?`, amount, to); err != nil {
+		t.Fatal(err)
+	}
+	return from, to
+}

@@ -1,0 +1,517 @@
+package settlement_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/examples/settlement"
+	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/runner"
+)
+
+// testDate is the business date the tests settle.
+const testDate = "2026-11-28"
+
+// smallLedger is the ledger most tests use: small enough to settle in well
+// under a second, with opening balances low enough that some transfers
+// overdraw and are rejected.
+var smallLedger = settlement.SeedConfig{Accounts: 50, Transfers: 800, Date: testDate, Seed: 7, Balance: 10_000}
+
+// registry holds the settle job, as cmd/stepwise registers it.
+func registry() *jobs.Registry {
+	var reg jobs.Registry
+	reg.MustRegister(settlement.Job)
+	return &reg
+}
+
+// openLedger opens a ledger file with the checkpoint store's pragmas.
+func openLedger(t testing.TB, path string) *sql.DB {
+	t.Helper()
+	db, err := checkpoint.OpenTarget(context.Background(), checkpoint.Config{Path: path})
+	if err != nil {
+		t.Fatalf("open ledger %s: %v", path, err)
+	}
+	return db
+}
+
+// seed seeds cfg into the ledger file at path.
+func seed(t testing.TB, path string, cfg settlement.SeedConfig) {
+	t.Helper()
+	db := openLedger(t, path)
+	defer db.Close()
+	if err := settlement.Seed(context.Background(), db, cfg); err != nil {
+		t.Fatalf("seed %s: %v", path, err)
+	}
+}
+
+// store is where a test's run keeps its checkpoints and its ledger: ledger
+// "" is the same store (the ledger lives in the checkpoint database).
+type store struct {
+	db     string // checkpoint database file
+	ledger string // the ledger parameter: "" or a separate file
+}
+
+// ledgerPath is the file the ledger lives in.
+func (s store) ledgerPath() string {
+	if s.ledger == "" {
+		return s.db
+	}
+	return s.ledger
+}
+
+// newStore makes a same-store or separate-store layout in a fresh
+// directory and seeds cfg into its ledger.
+func newStore(t testing.TB, separate bool, cfg settlement.SeedConfig) store {
+	t.Helper()
+	dir := t.TempDir()
+	s := store{db: filepath.Join(dir, "stepwise.db")}
+	if separate {
+		s.ledger = filepath.Join(dir, "ledger.db")
+	}
+	seed(t, s.ledgerPath(), cfg)
+	return s
+}
+
+// values are the settle job's -p parameters for this layout.
+func (s store) values(date string, chunk int) map[string]string {
+	v := map[string]string{"date": date, "chunk": strconv.Itoa(chunk)}
+	if s.ledger != "" {
+		v["ledger"] = s.ledger
+	}
+	return v
+}
+
+// settle runs the settle job in this process through the runner, as the
+// run command does.
+func (s store) settle(t testing.TB, date string, chunk int, force bool) (runner.Result, error) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: s.db})
+	if err != nil {
+		t.Fatalf("open checkpoint store: %v", err)
+	}
+	defer st.Close()
+	r, err := runner.New(runner.Config{Store: st, Jobs: registry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Run(ctx, runner.Request{Job: settlement.Job.Name(), Values: s.values(date, chunk), Force: force})
+}
+
+// mustSettle settles date and fails the test unless the run succeeds.
+func (s store) mustSettle(t testing.TB, date string, chunk int) runner.Result {
+	t.Helper()
+	res, err := s.settle(t, date, chunk, false)
+	if err != nil || res.Status != checkpoint.RunSucceeded {
+		t.Fatalf("settle %s: status %q, %v", date, res.Status, err)
+	}
+	return res
+}
+
+// check runs settlement.Check on the layout's ledger.
+func (s store) check(t testing.TB, date string) settlement.Report {
+	t.Helper()
+	db := openLedger(t, s.ledgerPath())
+	defer db.Close()
+	rep, err := settlement.Check(context.Background(), db, date)
+	if err != nil {
+		t.Fatalf("ledger check: %v", err)
+	}
+	return rep
+}
+
+// summary returns the settlement summary the run of date recorded.
+func (s store) summary(t testing.TB, date string) settlement.Summary {
+	t.Helper()
+	ctx := context.Background()
+	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: s.db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var sum *settlement.Summary
+	err = st.Steps(ctx, jobs.RunID(settlement.Job.Name(), date), func(c checkpoint.Step) error {
+		if c.ID != "summary" {
+			return nil
+		}
+		if c.Status != checkpoint.StepCompleted {
+			return fmt.Errorf("summary step is %s", c.Status)
+		}
+		v, err := settlement.DecodeSummary(c.Output)
+		sum = &v
+		return err
+	})
+	if err != nil || sum == nil {
+		t.Fatalf("read the summary of %s: %v (found: %v)", date, err, sum != nil)
+	}
+	return *sum
+}
+
+// items returns the status of every recorded item of the run's post step.
+func (s store) items(t testing.TB, date string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: s.db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	out := map[string]string{}
+	q := checkpoint.ItemQuery{RunID: jobs.RunID(settlement.Job.Name(), date), Step: "post", KeysOnly: true}
+	if err := st.Items(ctx, q, func(it checkpoint.Item) error {
+		out[it.Key] = it.Status
+		return nil
+	}); err != nil {
+		t.Fatalf("read items: %v", err)
+	}
+	return out
+}
+
+// accounts is every account's balance and version.
+type accounts map[string][2]int64
+
+func readAccounts(t testing.TB, path string) accounts {
+	t.Helper()
+	db := openLedger(t, path)
+	defer db.Close()
+	rows, err := db.Query(`SELECT id, balance, version FROM accounts`)
+	if err != nil {
+		t.Fatalf("read accounts: %v", err)
+	}
+	defer rows.Close()
+	out := accounts{}
+	for rows.Next() {
+		var id string
+		var b, v int64
+		if err := rows.Scan(&id, &b, &v); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = [2]int64{b, v}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// dump returns the ledger's tables as text, for comparing two ledgers.
+func dump(t testing.TB, path string) string {
+	t.Helper()
+	db := openLedger(t, path)
+	defer db.Close()
+	var b strings.Builder
+	for _, q := range []string{
+		`SELECT id, balance, version FROM accounts ORDER BY id`,
+		`SELECT id, business_date, from_account, to_account, amount FROM transfers ORDER BY id`,
+		`SELECT business_date, account_id, balance FROM opening_balances ORDER BY business_date, account_id`,
+	} {
+		rows, err := db.Query(q)
+		if err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		cols, _ := rows.Columns()
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		for rows.Next() {
+			if err := rows.Scan(ptrs...); err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintln(&b, vals...)
+		}
+		rows.Close()
+		b.WriteString("--\n")
+	}
+	return b.String()
+}
+
+// count runs a count(*) query on the ledger file.
+func count(t testing.TB, path, query string, args ...any) int {
+	t.Helper()
+	db := openLedger(t, path)
+	defer db.Close()
+	var n int
+	if err := db.QueryRow(query, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+func TestSeedIsReproducible(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	a, b, c := filepath.Join(dir, "a.db"), filepath.Join(dir, "b.db"), filepath.Join(dir, "c.db")
+	seed(t, a, smallLedger)
+	seed(t, b, smallLedger)
+	if da, db := dump(t, a), dump(t, b); da != db {
+		t.Fatalf("the same seed made two different ledgers:\n%.500s\n...\n%.500s", da, db)
+	}
+	other := smallLedger
+	other.Seed++
+	seed(t, c, other)
+	if dump(t, a) == dump(t, c) {
+		t.Fatalf("seeds %d and %d made the same ledger", smallLedger.Seed, other.Seed)
+	}
+	if n := count(t, a, `SELECT count(*) FROM transfers WHERE from_account = to_account`); n != 0 {
+		t.Errorf("%d transfers go from an account to itself", n)
+	}
+
+	// Another date in the same ledger adds that date's transfers over the
+	// accounts already there (Accounts is ignored) and records the current
+	// balances as its opening balances.
+	before := readAccounts(t, a)
+	firstDay := count(t, a, `SELECT count(*) FROM transfers WHERE business_date = ?`, testDate)
+	next := settlement.SeedConfig{Accounts: 999, Transfers: 300, Date: "2026-11-29", Seed: 7, Balance: 1}
+	seed(t, a, next)
+	if got := readAccounts(t, a); !mapsEqual(got, before) {
+		t.Errorf("seeding another date changed the accounts: %d accounts before, %d after", len(before), len(got))
+	}
+	if n := count(t, a, `SELECT count(*) FROM transfers WHERE business_date = ?`, next.Date); n != next.Transfers {
+		t.Errorf("%d transfers on %s, want %d", n, next.Date, next.Transfers)
+	}
+	if n := count(t, a, `SELECT count(*) FROM transfers WHERE business_date = ?`, testDate); n != firstDay {
+		t.Errorf("%s has %d transfers after seeding another date, had %d", testDate, n, firstDay)
+	}
+	if n := count(t, a, `SELECT count(*) FROM transfers t WHERE business_date = ?
+AND (NOT EXISTS (SELECT 1 FROM accounts WHERE id = t.from_account) OR NOT EXISTS (SELECT 1 FROM accounts WHERE id = t.to_account))`, next.Date); n != 0 {
+		t.Errorf("%d transfers of %s name accounts that do not exist", n, next.Date)
+	}
+	if n := count(t, a, `SELECT count(*) FROM opening_balances o JOIN accounts a ON a.id = o.account_id
+WHERE o.business_date = ? AND o.balance = a.balance`, next.Date); n != len(before) {
+		t.Errorf("%d of %d accounts have their current balance as %s's opening balance", n, len(before), next.Date)
+	}
+	if da, db := dump(t, a), dump(t, b); da == db {
+		t.Error("seeding another date changed nothing")
+	}
+}
+
+func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestSeedRefusesASeededDate(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	seed(t, path, smallLedger)
+	before := dump(t, path)
+	db := openLedger(t, path)
+	defer db.Close()
+	again := smallLedger
+	again.Seed = 99
+	err := settlement.Seed(context.Background(), db, again)
+	if !errors.Is(err, settlement.ErrAlreadySeeded) {
+		t.Fatalf("seeding %s again: %v, want ErrAlreadySeeded", testDate, err)
+	}
+	if !strings.Contains(err.Error(), testDate) {
+		t.Errorf("error %q does not name the date", err)
+	}
+	if after := dump(t, path); after != before {
+		t.Error("a refused seed changed the ledger")
+	}
+}
+
+// layouts are the two places the ledger can live.
+var layouts = []struct {
+	name     string
+	separate bool
+}{{"same store", false}, {"separate store", true}}
+
+func TestSettleThenCheck(t *testing.T) {
+	t.Parallel()
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, l.separate, smallLedger)
+			if rep := s.check(t, testDate); rep.OK() {
+				t.Fatalf("ledger check passed on a day not settled yet:\n%s", rep)
+			}
+			res := s.mustSettle(t, testDate, 100)
+			if res.RunID != "settle/"+testDate || res.Attempt != 1 || res.Stats.Executed < 3 || res.Stats.Skipped != 0 {
+				t.Errorf("result %+v, want run settle/%s with every step (count, post, summary, ...) executed", res, testDate)
+			}
+
+			rep := s.check(t, testDate)
+			if !rep.OK() {
+				t.Fatalf("ledger check failed after settlement:\n%s", rep)
+			}
+			if rep.Transfers != smallLedger.Transfers || rep.Accounts != smallLedger.Accounts {
+				t.Errorf("check saw %d transfers over %d accounts, want %d over %d", rep.Transfers, rep.Accounts, smallLedger.Transfers, smallLedger.Accounts)
+			}
+			if rep.Posted == 0 || rep.Rejected == 0 {
+				t.Fatalf("the test ledger should post some and reject some transfers: %d posted, %d rejected", rep.Posted, rep.Rejected)
+			}
+
+			// The job's own summary agrees with the independent audit, and
+			// with the items it recorded.
+			sum := s.summary(t, testDate)
+			if sum.Date != testDate || sum.Transfers != int64(rep.Transfers) || sum.Posted != int64(rep.Posted) || sum.Rejected != int64(rep.Rejected) {
+				t.Errorf("summary %s: %d transfers, %d posted, %d rejected; ledger check: %d, %d, %d",
+					sum.Date, sum.Transfers, sum.Posted, sum.Rejected, rep.Transfers, rep.Posted, rep.Rejected)
+			}
+			items := s.items(t, testDate)
+			var rejected []string
+			for k, st := range items {
+				switch st {
+				case checkpoint.StepRejected:
+					rejected = append(rejected, k)
+				case checkpoint.StepCompleted:
+				default:
+					t.Errorf("item %s is %s after a successful run", k, st)
+				}
+			}
+			slices.Sort(rejected)
+			if len(items) != rep.Transfers || len(rejected) != rep.Rejected {
+				t.Errorf("%d items recorded (%d rejected); want %d (%d)", len(items), len(rejected), rep.Transfers, rep.Rejected)
+			}
+			if want := rejected[:min(len(rejected), settlement.MaxListed)]; !slices.Equal(sum.RejectedIDs, want) {
+				t.Errorf("summary lists rejected %v, want the first %d rejected items %v", sum.RejectedIDs, settlement.MaxListed, want)
+			}
+			total := int64(count(t, s.ledgerPath(), `SELECT sum(amount) FROM transfers WHERE business_date = ?`, testDate))
+			args := []any{}
+			for _, k := range rejected {
+				args = append(args, k)
+			}
+			rejAmount := int64(count(t, s.ledgerPath(), `SELECT COALESCE(sum(amount), 0) FROM transfers WHERE id IN (?`+
+				strings.Repeat(",?", len(rejected)-1)+`)`, args...))
+			if sum.RejectedAmount != rejAmount || sum.PostedAmount != total-rejAmount {
+				t.Errorf("summary amounts: posted %d, rejected %d; want %d, %d", sum.PostedAmount, sum.RejectedAmount, total-rejAmount, rejAmount)
+			}
+		})
+	}
+}
+
+func TestCheckNamesADoubleApply(t *testing.T) {
+	t.Parallel()
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, l.separate, smallLedger)
+			s.mustSettle(t, testDate, 250)
+			if rep := s.check(t, testDate); !rep.OK() {
+				t.Fatalf("ledger check failed before the corruption:\n%s", rep)
+			}
+			// Post one posted transfer a second time, as a runner that
+			// lost track of it would: both balances move, money is still
+			// conserved, so only the per-account audit can see it.
+			var key string
+			for k, st := range s.items(t, testDate) {
+				if st == checkpoint.StepCompleted && (key == "" || k < key) {
+					key = k
+				}
+			}
+			db := openLedger(t, s.ledgerPath())
+			var from, to string
+			var amount int64
+			if err := db.QueryRow(`SELECT from_account, to_account, amount FROM transfers WHERE id = ?`, key).Scan(&from, &to, &amount); err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range []struct {
+				id    string
+				delta int64
+			}{{from, -amount}, {to, amount}} {
+				if _, err := db.Exec(`UPDATE accounts SET balance = balance + ?, version = version + 1 WHERE id = ?`, q.delta, q.id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			db.Close()
+
+			rep := s.check(t, testDate)
+			if rep.OK() {
+				t.Fatalf("ledger check passed after %s was applied twice:\n%s", key, rep)
+			}
+			if rep.Total != rep.OpeningTotal {
+				t.Errorf("a double transfer conserves money, yet check reports total %d, opening %d", rep.Total, rep.OpeningTotal)
+			}
+			wrong := map[string]int64{}
+			for _, m := range rep.Mismatches {
+				wrong[m.Account] = m.Got - m.Want
+			}
+			if want := map[string]int64{from: -amount, to: amount}; !mapsEqual(wrong, want) {
+				t.Errorf("check names %v (account: off by), want exactly %v", wrong, want)
+			}
+			text := rep.String()
+			for _, id := range []string{from, to} {
+				if !strings.Contains(text, "WRONG "+id) {
+					t.Errorf("report does not name %s:\n%s", id, text)
+				}
+			}
+		})
+	}
+}
+
+func TestRerunAfterSuccessPostsNothing(t *testing.T) {
+	t.Parallel()
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, l.separate, smallLedger)
+			first := s.mustSettle(t, testDate, 100)
+			before := readAccounts(t, s.ledgerPath())
+			applied := count(t, s.ledgerPath(), `SELECT count(*) FROM stepwise_applied`)
+			items := s.items(t, testDate)
+			sum := s.summary(t, testDate)
+
+			// A plain rerun is refused as already succeeded (exit 0 in the
+			// CLI); a forced one replays every step from its checkpoint.
+			res, err := s.settle(t, testDate, 100, false)
+			if !errors.Is(err, checkpoint.ErrAlreadySucceeded) {
+				t.Errorf("rerun without force: %+v, %v; want ErrAlreadySucceeded", res, err)
+			}
+			res, err = s.settle(t, testDate, 100, true)
+			if err != nil || res.Status != checkpoint.RunSucceeded {
+				t.Fatalf("forced rerun: %+v, %v", res, err)
+			}
+			if res.Attempt != 2 || res.Stats.Executed != 0 || res.Stats.Skipped != first.Stats.Executed {
+				t.Errorf("forced rerun: attempt %d, %d steps executed, %d skipped; want attempt 2, 0 executed and all %d skipped",
+					res.Attempt, res.Stats.Executed, res.Stats.Skipped, first.Stats.Executed)
+			}
+			if after := readAccounts(t, s.ledgerPath()); !mapsEqual(after, before) {
+				t.Error("a forced rerun of a settled day changed balances or versions")
+			}
+			if n := count(t, s.ledgerPath(), `SELECT count(*) FROM stepwise_applied`); n != applied {
+				t.Errorf("stepwise_applied has %d effects after the rerun, %d before", n, applied)
+			}
+			if got := s.items(t, testDate); !mapsEqual(got, items) {
+				t.Error("a forced rerun changed the recorded items")
+			}
+			if got := s.summary(t, testDate); !slices.Equal(got.RejectedIDs, sum.RejectedIDs) || got.Posted != sum.Posted {
+				t.Errorf("summary changed across the rerun: %+v, then %+v", sum, got)
+			}
+			if rep := s.check(t, testDate); !rep.OK() {
+				t.Fatalf("ledger check failed after the forced rerun:\n%s", rep)
+			}
+		})
+	}
+}
+
+// The next business date settles over the balances the last one left, and
+// its check passes from the opening balances its seed recorded.
+func TestSettleTheNextDay(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, false, smallLedger)
+	s.mustSettle(t, testDate, 100)
+	next := settlement.SeedConfig{Transfers: 500, Date: "2026-11-29", Seed: 8, Accounts: 2, Balance: 10_000}
+	seed(t, s.ledgerPath(), next)
+	s.mustSettle(t, next.Date, 100)
+	if rep := s.check(t, next.Date); !rep.OK() || rep.Transfers != next.Transfers {
+		t.Fatalf("check of %s:\n%s", next.Date, rep)
+	}
+}
