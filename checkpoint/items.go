@@ -72,8 +72,10 @@ WHERE run_id = ? AND step_id = ? AND status = 'planned' ORDER BY effect_id`
 	sqlItemsAll      = `SELECT item_key, status, output, error, attempt, chunk FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key`
 	sqlItemsByStatus = `SELECT item_key, status, output, error, attempt, chunk FROM items
 WHERE run_id = ? AND step_id = ? AND status = ? ORDER BY item_key`
-	sqlItemKeysAll   = `SELECT item_key, status, attempt FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key LIMIT ?`
-	sqlItemKeysRange = `SELECT item_key, status, attempt FROM items WHERE run_id = ? AND step_id = ? AND item_key BETWEEN ? AND ? ORDER BY item_key`
+	sqlItemKeysAll = `SELECT item_key, status, attempt FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key LIMIT ?`
+	// sqlItemKeysRange reads a key range without the attempt: a range comes
+	// from a source whose keys ascend, which cannot repeat a key.
+	sqlItemKeysRange = `SELECT item_key, status FROM items WHERE run_id = ? AND step_id = ? AND item_key BETWEEN ? AND ? ORDER BY item_key`
 	sqlItemCounts    = `SELECT step_id, status, count(*) FROM items WHERE run_id = ? GROUP BY step_id, status ORDER BY step_id, status`
 )
 
@@ -164,8 +166,7 @@ func (s *SQLite) Items(ctx context.Context, q ItemQuery, fn func(Item) error) er
 		}
 		rows, err = s.rdb.QueryContext(ctx, query, args...)
 	case q.From != "" || q.To != "":
-		rows, err = s.rdb.QueryContext(ctx, sqlItemKeysRange, q.RunID, q.Step, q.From, q.To)
-		q.KeysOnly = true
+		return s.itemRange(ctx, q, fn)
 	case q.Status != "":
 		rows, err = s.rdb.QueryContext(ctx, sqlItemsByStatus, q.RunID, q.Step, q.Status)
 		q.KeysOnly = false
@@ -184,12 +185,34 @@ func (s *SQLite) Items(ctx context.Context, q ItemQuery, fn func(Item) error) er
 	defer rows.Close()
 	for rows.Next() {
 		it := Item{Step: q.Step}
+		var attempt int64 // scanned as int64: database/sql converts to int through a string
 		if q.KeysOnly {
-			err = rows.Scan(&it.Key, &it.Status, &it.Attempt)
+			err = rows.Scan(&it.Key, &it.Status, &attempt)
 		} else {
-			err = rows.Scan(&it.Key, &it.Status, &it.Output, &it.Error, &it.Attempt, &it.Chunk)
+			err = rows.Scan(&it.Key, &it.Status, &it.Output, &it.Error, &attempt, &it.Chunk)
 		}
+		it.Attempt = int(attempt)
 		if err != nil {
+			return s.wrap("read items of "+q.RunID+" "+q.Step, err)
+		}
+		if err := fn(it); err != nil {
+			return err
+		}
+	}
+	return s.wrap("read items of "+q.RunID+" "+q.Step, rows.Err())
+}
+
+// itemRange streams the keys and statuses of a key range with a prepared
+// statement: a resumed batch step reads one range per chunk.
+func (s *SQLite) itemRange(ctx context.Context, q ItemQuery, fn func(Item) error) error {
+	rows, err := s.stmt.itemRange.QueryContext(ctx, q.RunID, q.Step, q.From, q.To)
+	if err != nil {
+		return s.wrap("read items of "+q.RunID+" "+q.Step, err)
+	}
+	defer rows.Close()
+	it := Item{Step: q.Step}
+	for rows.Next() {
+		if err := rows.Scan(&it.Key, &it.Status); err != nil {
 			return s.wrap("read items of "+q.RunID+" "+q.Step, err)
 		}
 		if err := fn(it); err != nil {

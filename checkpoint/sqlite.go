@@ -141,7 +141,10 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 		db.Close()
 		return nil, err
 	}
-	if s.stmt.fence, err = s.rdb.PrepareContext(ctx, sqlRunFence); err != nil {
+	if s.stmt.fence, err = s.rdb.PrepareContext(ctx, sqlRunFence); err == nil {
+		s.stmt.itemRange, err = s.rdb.PrepareContext(ctx, sqlItemKeysRange)
+	}
+	if err != nil {
 		s.Close()
 		return nil, s.wrap("prepare statements", err)
 	}

@@ -35,11 +35,11 @@ FROM steps WHERE run_id = ? ORDER BY step_id`
 
 type preparedStatements struct {
 	putStep, putItem *sql.Stmt
-	fence            *sql.Stmt // on the read pool
+	fence, itemRange *sql.Stmt // on the read pool
 }
 
 func (p *preparedStatements) close() {
-	for _, s := range []*sql.Stmt{p.putStep, p.putItem, p.fence} {
+	for _, s := range []*sql.Stmt{p.putStep, p.putItem, p.fence, p.itemRange} {
 		if s != nil {
 			s.Close()
 		}

@@ -112,11 +112,6 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 		b.sum.Target = b.target.name
 	}
 	if !r.dryRun {
-		if done { // reopened to retry skipped items
-			if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.ResetStep(name) }); err != nil {
-				return sum, fmt.Errorf("steps: reopen batch step %s: %w", name, err)
-			}
-		}
 		if !b.fresh && b.target != nil && !b.target.same {
 			if err := b.resumePlanned(context.WithoutCancel(ctx)); err != nil {
 				return sum, err
@@ -125,7 +120,17 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 		head := cp
 		head.Status, head.FinishedAt = checkpoint.StepRunning, r.now()
 		head.Output, _ = json.Marshal(BatchSummary{Total: src.total})
-		if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(head) }); err != nil {
+		// A step reopened to retry its skipped items swaps its finished
+		// checkpoint for the running one in one transaction.
+		err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error {
+			if done {
+				if err := tx.ResetStep(name); err != nil {
+					return err
+				}
+			}
+			return tx.PutStep(head)
+		})
+		if err != nil {
 			return sum, fmt.Errorf("steps: start batch step %s: %w", name, err)
 		}
 	}
@@ -187,6 +192,7 @@ type batch[I, O any] struct {
 	groups [][]Op
 	owners []int // index into recs of each group
 	seen   map[string]bool
+	done   map[string]string
 
 	sum  BatchSummary
 	prog Progress
@@ -301,18 +307,22 @@ func (b *batch[I, O]) runItem(ctx context.Context, key string, item I) (checkpoi
 }
 
 // doneKeys returns the finished items among the chunk's keys, read with one
-// query, or nothing when the step is fresh and its keys ascend.
+// query, or nothing when the step is fresh and its keys ascend. The map is
+// reused from chunk to chunk.
 func (b *batch[I, O]) doneKeys(ctx context.Context) (map[string]string, error) {
 	if b.fresh && b.ordered && len(b.resumed) == 0 {
 		return nil, nil
 	}
+	if b.done == nil {
+		b.done = make(map[string]string, len(b.keys))
+	}
+	clear(b.done)
 	q := checkpoint.ItemQuery{RunID: b.r.lease.RunID, Step: b.name, KeysOnly: true}
 	if b.ordered {
 		q.From, q.To = b.keys[0], b.keys[len(b.keys)-1]
 	} else {
 		q.Keys = b.keys
 	}
-	done := make(map[string]string)
 	err := b.r.store.Items(ctx, q, func(it checkpoint.Item) error {
 		if !b.seen[it.Key] {
 			return nil
@@ -320,17 +330,19 @@ func (b *batch[I, O]) doneKeys(ctx context.Context) (map[string]string, error) {
 		if it.Status == checkpoint.ItemSkipped && b.r.retrySkipped {
 			return nil
 		}
-		if it.Attempt == b.r.lease.Attempt && !b.resumed[it.Key] && !b.r.dryRun {
+		// Only unordered reads carry the attempt; an ascending source
+		// cannot yield a key twice.
+		if !b.ordered && it.Attempt == b.r.lease.Attempt && !b.resumed[it.Key] && !b.r.dryRun {
 			return fmt.Errorf("%w: item %q of %s was already processed by this attempt: the source yielded it twice",
 				ErrDuplicateStep, it.Key, b.name)
 		}
-		done[it.Key] = it.Status
+		b.done[it.Key] = it.Status
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return done, nil
+	return b.done, nil
 }
 
 // commit writes the chunk: item checkpoints and their effects. A chunk

@@ -3,6 +3,7 @@ package steps
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // MaxIDLength is the longest step ID accepted, in bytes.
@@ -29,24 +30,32 @@ func ValidateID(id string) error {
 		return fmt.Errorf("%w: step ID %.40q... is %d bytes, the limit is %d; shorten its key",
 			ErrInvalidID, id, len(id), MaxIDLength)
 	}
-	for part := range strings.SplitSeq(id, "/") {
-		if part == "" {
-			return fmt.Errorf("%w: step ID %q has an empty part; each part between / must be non-empty", ErrInvalidID, id)
-		}
-		for _, c := range part {
-			if !validIDRune(c) {
+	start := 0
+	for i := 0; i <= len(id); i++ {
+		if i < len(id) && id[i] != '/' {
+			if !validIDByte(id[i]) {
+				c, _ := utf8.DecodeRuneInString(id[i:])
 				return fmt.Errorf("%w: step ID %q contains %q; use letters, digits and . _ - : @ = +",
 					ErrInvalidID, id, c)
 			}
+			continue
 		}
+		if i == start {
+			return fmt.Errorf("%w: step ID %q has an empty part; each part between / must be non-empty", ErrInvalidID, id)
+		}
+		start = i + 1
 	}
 	return nil
 }
 
-func validIDRune(c rune) bool {
+func validIDByte(c byte) bool {
 	switch {
 	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
 		return true
 	}
-	return strings.ContainsRune("._-:@=+", c)
+	switch c {
+	case '.', '_', '-', ':', '@', '=', '+':
+		return true
+	}
+	return false
 }
