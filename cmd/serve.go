@@ -1,0 +1,149 @@
+package cmd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/stepwise-run/stepwise/runner"
+)
+
+// ServeCmd runs the scheduler until SIGTERM or SIGINT.
+type ServeCmd struct {
+	Listen           string        `placeholder:"ADDR" help:"Serve /healthz and Prometheus /metrics on this address, e.g. 127.0.0.1:9090 (port 0 picks a free one; the address is printed)."`
+	Grace            time.Duration `default:"20s" help:"After SIGTERM or SIGINT, how long running runs may take to finish before they are interrupted (resumably: the next serve resumes them). Keep it under STEPWISE_GRACE, after which the process exits anyway."`
+	Lease            time.Duration `default:"30s" help:"Lease length of the runs started and of the schedules fired; a standby serve takes a schedule over when its lease expires (at once if its owner ran on this host and is gone)."`
+	MisfireThreshold time.Duration `name:"misfire-threshold" default:"1m" help:"How late a fire may be noticed and still count as on time; later ones follow the schedule's misfire policy."`
+
+	schedules func() ([]runner.Schedule, error)
+}
+
+// Run implements the serve command.
+func (c *ServeCmd) Run(env *Env) error {
+	scheds, err := c.schedules()
+	if err != nil {
+		return usageError{err}
+	}
+	if err := c.checkGrace(); err != nil {
+		return usageError{err}
+	}
+	st, err := env.Store()
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := runner.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	sched, err := runner.NewScheduler(runner.SchedulerConfig{
+		Runner:           runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease},
+		Schedules:        scheds,
+		Grace:            c.Grace,
+		MisfireThreshold: c.MisfireThreshold,
+		Metrics:          metrics,
+	})
+	if err != nil {
+		return usageError{err}
+	}
+	where := ""
+	if c.Listen != "" {
+		srv, addr, err := serveHTTP(c.Listen, sched, reg)
+		if err != nil {
+			return usageError{err}
+		}
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(env.Ctx), 5*time.Second)
+			defer cancel()
+			srv.Shutdown(ctx)
+		}()
+		where = "; /healthz and /metrics on http://" + addr
+	}
+	fmt.Fprintf(env.Stdout, "stepwise serve: firing %d schedules from %s%s\n", len(scheds), st.Path(), where)
+	if err := sched.Run(env.Ctx); err != nil {
+		return err
+	}
+	fmt.Fprintln(env.Stdout, "stepwise serve: stopped")
+	return nil
+}
+
+// checkGrace refuses a grace period Main's own would cut short: after the
+// signal, Main ends the process once STEPWISE_GRACE has passed.
+func (c *ServeCmd) checkGrace() error {
+	if c.Grace < 0 {
+		return fmt.Errorf("--grace is %s; use 0 (interrupt at once) or more", c.Grace)
+	}
+	process := 30 * time.Second
+	if v := os.Getenv(GraceEnv); v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			process = d
+		}
+	}
+	if c.Grace >= process {
+		return fmt.Errorf("--grace %s is not under %s (%s), after which the process exits regardless; "+
+			"lower --grace or raise %s", c.Grace, GraceEnv, process, GraceEnv)
+	}
+	return nil
+}
+
+// serveHTTP serves /healthz and /metrics on addr in the background and
+// returns the server and the address it listens on.
+func serveHTTP(addr string, sched *runner.Scheduler, reg *prometheus.Registry) (*http.Server, string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("--listen %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { healthz(w, sched.Status()) })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Fprintf(os.Stderr, "stepwise serve: http: %v\n", err)
+		}
+	}()
+	return srv, ln.Addr().String(), nil
+}
+
+// healthView is the JSON body of /healthz.
+type healthView struct {
+	Status    string             `json:"status"` // ok, or stopping (503)
+	Schedules []scheduleHealthVw `json:"schedules"`
+}
+
+type scheduleHealthVw struct {
+	Name    string     `json:"name"`
+	Job     string     `json:"job"`
+	Leader  bool       `json:"leader"` // this process fires it
+	Settled *time.Time `json:"settled,omitempty"`
+	Next    *time.Time `json:"next,omitempty"`
+	Running int        `json:"running"`
+	Queued  int        `json:"queued"`
+}
+
+// healthz answers 200 while the scheduler fires and 503 once it is
+// stopping, with what each schedule is doing.
+func healthz(w http.ResponseWriter, st runner.SchedulerStatus) {
+	v := healthView{Status: "ok", Schedules: []scheduleHealthVw{}}
+	for _, s := range st.Schedules {
+		v.Schedules = append(v.Schedules, scheduleHealthVw{Name: s.Name, Job: s.Job, Leader: s.Leader,
+			Settled: optTime(s.Settled), Next: optTime(s.Next), Running: s.Running, Queued: s.Queued})
+	}
+	code := http.StatusOK
+	if st.Stopping {
+		v.Status, code = "stopping", http.StatusServiceUnavailable
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
