@@ -23,6 +23,7 @@ func extraCommands() []cmd.Option {
 	return []cmd.Option{
 		cmd.Command("demo", "Seed a demo ledger (if absent) and settle a day on it, with progress; start here.", &demoCmd{}),
 		cmd.Command("ledger", "The example ledger: seed one, or audit a settled day.", &ledgerCmd{}),
+		scheduleCommands(), // serve, schedules: schedule.go
 		cmd.Command("bench", "Measure per-step commits, chunked settlement, reruns and memory against raw SQLite, side by side.", &benchCmd{}),
 	}
 }
