@@ -59,15 +59,7 @@ func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func
 		}
 		if r.dryRun {
 			// Preview what re-planning from the recorded operations would do.
-			err := r.dryApply(ctx, ot, &cp, PlanRecord{Target: pr.Target, Ops: pr.Ops})
-			var g *GuardError
-			if errors.As(err, &g) {
-				return zero, r.pin(ctx, cp, g)
-			}
-			if err != nil {
-				return zero, err
-			}
-			return finish[T](r, cp)
+			return settle[T](ctx, r, cp, r.dryApply(ctx, ot, &cp, PlanRecord{Target: pr.Target, Ops: pr.Ops}))
 		}
 		r.log.Info().Str(FieldStepID, id).Str("effect_id", pr.EffectID).Msg("finishing a recorded plan")
 		err := r.finishPlanned(ctx, ot, &cp, pr)
@@ -78,14 +70,7 @@ func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func
 			r.log.Warn().Str(FieldStepID, id).Str("key", conflict.Key).Msg("recorded plan is stale; re-planning")
 			err = r.applySeparate(ctx, ot, &cp, PlanRecord{Target: pr.Target, Ops: pr.Ops})
 		}
-		var guard *GuardError
-		if errors.As(err, &guard) {
-			return zero, r.pin(ctx, cp, guard)
-		}
-		if err != nil {
-			return zero, err
-		}
-		return finish[T](r, cp)
+		return settle[T](ctx, r, cp, err)
 	}
 	var e Effects
 	result, fnErr := callWithPolicy(ctx, r, &cp, newOptions(opts), func(ctx context.Context) (T, error) {
@@ -108,6 +93,13 @@ func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func
 	default:
 		err = r.applySeparate(ctx, ot, &cp, pr)
 	}
+	return settle[T](ctx, r, cp, err)
+}
+
+// settle ends an effect step after its plan was applied (err nil), broke a
+// guard (pinned as a rejection) or failed.
+func settle[T any](ctx context.Context, r *Run, cp checkpoint.Step, err error) (T, error) {
+	var zero T
 	var guard *GuardError
 	if errors.As(err, &guard) {
 		return zero, r.pin(ctx, cp, guard)
