@@ -15,7 +15,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
 	"github.com/stepwise-run/stepwise/steps"
@@ -186,6 +185,24 @@ func (r *started) value(t *testing.T, name string, labels ...string) float64 {
 	return 0
 }
 
+// openStore opens a fresh store for a scheduler test. synchronous=normal
+// skips the fsync per commit: these tests crash no machine, and hours of
+// fake time make many commits.
+func openStore(t *testing.T) *checkpoint.SQLite {
+	t.Helper()
+	return openStoreAt(t, filepath.Join(t.TempDir(), "stepwise.db"))
+}
+
+func openStoreAt(t *testing.T, path string) *checkpoint.SQLite {
+	t.Helper()
+	st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: path, Synchronous: checkpoint.SyncNormal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
 // sleep lets fake time pass and the scheduler catch up with it.
 func sleep(d time.Duration) {
 	time.Sleep(d)
@@ -223,7 +240,7 @@ func TestSchedulerFiresOnTime(t *testing.T) {
 		if !time.Now().Equal(epoch) {
 			t.Fatalf("fake clock starts at %s; the tests assume %s", time.Now(), epoch)
 		}
-		k, st := newTicks(0), checkpointtest.Open(t)
+		k, st := newTicks(0), openStore(t)
 		r := startScheduler(t, k, st, "a:1", []runner.Schedule{hourly(nil)}, nil)
 		sleep(3*time.Hour + time.Minute)
 		if got, want := r.s.Status().Schedules[0], (runner.ScheduleStatus{Name: "hourly", Job: "tick", Leader: true,
@@ -265,7 +282,7 @@ func TestSchedulerFiresOnTime(t *testing.T) {
 // 01:30, and starts a new one at 06:30 (fires 02:00 to 06:00 missed) that
 // runs until 07:01.
 func downtime(t *testing.T, k *ticks, mod func(*runner.Schedule)) *started {
-	st := checkpointtest.Open(t)
+	st := openStore(t)
 	s := []runner.Schedule{hourly(mod)}
 	first := startScheduler(t, k, st, "a:1", s, nil)
 	sleep(90 * time.Minute)
@@ -335,7 +352,7 @@ func TestSchedulerStartingDeadline(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			// Each run takes 100 minutes: 02:00 waits for 01:00's run
 			// until 02:40, 40 minutes past its time.
-			k, st := newTicks(100*time.Minute), checkpointtest.Open(t)
+			k, st := newTicks(100*time.Minute), openStore(t)
 			r := startScheduler(t, k, st, "a:1", []runner.Schedule{hourly(func(s *runner.Schedule) {
 				s.Overlap, s.StartingDeadline = runner.OverlapQueue, 30*time.Minute
 			})}, nil)
@@ -369,7 +386,7 @@ func TestSchedulerOverlap(t *testing.T) {
 	} {
 		t.Run(string(tc.policy), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				k, st := newTicks(90*time.Minute), checkpointtest.Open(t)
+				k, st := newTicks(90*time.Minute), openStore(t)
 				r := startScheduler(t, k, st, "a:1", []runner.Schedule{hourly(func(s *runner.Schedule) { s.Overlap = tc.policy })},
 					func(c *runner.SchedulerConfig) { c.Grace = 2 * time.Hour })
 				sleep(4*time.Hour + 45*time.Minute)
@@ -423,7 +440,7 @@ func TestSchedulerDeduplicatesFires(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				k, st := newTicks(tc.hold), checkpointtest.Open(t)
+				k, st := newTicks(tc.hold), openStore(t)
 				r := startScheduler(t, k, st, "a:1", tc.scheds, func(c *runner.SchedulerConfig) { c.Grace = time.Hour })
 				sleep(3*time.Hour + time.Minute)
 				r.stop(t)
@@ -455,7 +472,7 @@ func TestTwoSchedulersOnOneDatabaseFireOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "stepwise.db")
 		k := newTicks(0)
-		stA, stB := checkpointtest.OpenPath(t, path), checkpointtest.OpenPath(t, path)
+		stA, stB := openStoreAt(t, path), openStoreAt(t, path)
 		s := []runner.Schedule{hourly(nil)}
 		a := startScheduler(t, k, stA, "a:1", s, nil)
 		b := startScheduler(t, k, stB, "b:2", s, nil)
@@ -492,7 +509,7 @@ func TestTwoSchedulersOnOneDatabaseFireOnce(t *testing.T) {
 
 func TestSchedulerTakesOverFromDeadScheduler(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		k, st := newTicks(0), checkpointtest.Open(t)
+		k, st := newTicks(0), openStore(t)
 		ctx := context.Background()
 		// A scheduler on another host claimed the schedule at 00:00 and
 		// died without giving the lease up.
@@ -517,7 +534,7 @@ func TestSchedulerTakesOverFromDeadScheduler(t *testing.T) {
 
 func TestSchedulerStandbyWaitsForLiveLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		k, st := newTicks(0), checkpointtest.Open(t)
+		k, st := newTicks(0), openStore(t)
 		// A live scheduler elsewhere holds the schedule until 00:50 and
 		// has settled nothing past 00:00.
 		if _, err := st.ClaimSchedule(context.Background(), checkpoint.ScheduleClaimRequest{Name: "hourly", Owner: "elsewhere:9",
@@ -543,7 +560,7 @@ func TestSchedulerStandbyWaitsForLiveLease(t *testing.T) {
 func TestSchedulerShutdown(t *testing.T) {
 	t.Run("runs finish within the grace period", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			k, st := newTicks(30*time.Minute), checkpointtest.Open(t)
+			k, st := newTicks(30*time.Minute), openStore(t)
 			r := startScheduler(t, k, st, "a:1", []runner.Schedule{hourly(nil)}, func(c *runner.SchedulerConfig) { c.Grace = time.Hour })
 			sleep(70 * time.Minute)
 			r.stop(t)
@@ -560,7 +577,7 @@ func TestSchedulerShutdown(t *testing.T) {
 	})
 	t.Run("past the grace period runs are interrupted and resume after a restart", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			k, st := newTicks(30*time.Minute), checkpointtest.Open(t)
+			k, st := newTicks(30*time.Minute), openStore(t)
 			s := []runner.Schedule{hourly(nil)}
 			r := startScheduler(t, k, st, "a:1", s, func(c *runner.SchedulerConfig) { c.Grace = 5 * time.Minute })
 			sleep(70 * time.Minute)
@@ -600,7 +617,7 @@ func TestSchedulerShutdown(t *testing.T) {
 }
 
 func TestNewSchedulerChecksSchedules(t *testing.T) {
-	k, st := newTicks(0), checkpointtest.Open(t)
+	k, st := newTicks(0), openStore(t)
 	for _, tc := range []struct {
 		name   string
 		scheds []runner.Schedule
