@@ -642,3 +642,80 @@ func TestNewSchedulerChecksSchedules(t *testing.T) {
 		t.Errorf("default key rule on a job without a date parameter: err = %v; want jobs.ErrBadParams", err)
 	}
 }
+
+// offsetClock is the synctest clock moved to another moment: fake time
+// still passes only when the test's goroutines block.
+type offsetClock struct{ offset time.Duration }
+
+func (c offsetClock) Now() time.Time                         { return time.Now().Add(c.offset) }
+func (c offsetClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// The loop fires on the times TestFiresAcrossDST computes: the skipped
+// 02:30 once at the change, the repeated 01:30 once.
+func TestSchedulerAcrossDST(t *testing.T) {
+	ny := mustZone(t, "America/New_York")
+	for _, tc := range []struct {
+		name  string
+		spec  string
+		start string
+		days  int
+		want  []string // run keys: fire times in UTC
+	}{
+		{"spring forward", "30 2 * * *", "2026-03-07T00:00:00Z", 3,
+			[]string{"2026-03-07T07:30", "2026-03-08T07:00", "2026-03-09T06:30"}},
+		{"fall back", "30 1 * * *", "2026-10-31T00:00:00Z", 3,
+			[]string{"2026-10-31T05:30", "2026-11-01T05:30", "2026-11-02T06:30"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				clock := offsetClock{time.Until(utc(tc.start))}
+				k, st := newTicks(0), openStore(t)
+				r := startScheduler(t, k, st, "a:1", []runner.Schedule{{Name: "nightly", Job: "tick", Spec: tc.spec, Location: ny, Key: hourKey}},
+					func(c *runner.SchedulerConfig) { c.Clock, c.Lease = clock, 3*time.Hour })
+				sleep(time.Duration(tc.days) * 24 * time.Hour)
+				r.stop(t)
+				if got := k.ran(); !slices.Equal(got, tc.want) {
+					t.Errorf("ran %v; want %v", got, tc.want)
+				}
+				if got := r.value(t, "stepwise_misfires_skipped_total", "schedule", "nightly", "reason", "policy"); got != 0 {
+					t.Errorf("misfires = %v; want 0", got)
+				}
+			})
+		})
+	}
+}
+
+// A fire whose run was left running by a dead runner takes the run over
+// once its lease has expired: an ordinary run, counted as a takeover.
+func TestSchedulerTakesOverStaleRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k, st := newTicks(0), openStore(t)
+		key := hours(1)[0]
+		dec, err := k.reg.Jobs()[0].Decode(map[string]string{"key": key}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Claim(context.Background(), checkpoint.ClaimRequest{RunID: jobs.RunID("tick", key), Job: "tick",
+			RunKey: dec.RunKey, Params: dec.JSON, ParamsHash: dec.Hash, Owner: "elsewhere:9", Now: time.Now(), LeaseFor: time.Minute,
+		}); err != nil {
+			t.Fatal(err)
+		}
+		r := startScheduler(t, k, st, "a:1", []runner.Schedule{hourly(nil)}, nil)
+		sleep(61 * time.Minute)
+		r.stop(t)
+		info := runOf(t, st, key)
+		var statuses []string
+		for _, a := range info.Attempts {
+			statuses = append(statuses, a.Status)
+		}
+		if info.Run.Status != checkpoint.RunSucceeded || !slices.Equal(statuses, []string{checkpoint.AttemptLost, checkpoint.RunSucceeded}) {
+			t.Errorf("run %s with attempts %v; want succeeded after [lost succeeded]", info.Run.Status, statuses)
+		}
+		if got := r.value(t, "stepwise_lease_takeovers_total", "kind", "run"); got != 1 {
+			t.Errorf("run takeovers = %v; want 1", got)
+		}
+		if got := r.value(t, "stepwise_runs_started_total", "job", "tick"); got != 1 {
+			t.Errorf("runs started = %v; want 1", got)
+		}
+	})
+}
