@@ -15,7 +15,7 @@ import (
 // zoneFlag is the stock binary's --tz flag: the zone of its nightly
 // settlement schedule.
 type zoneFlag struct {
-	TZ string `name:"tz" env:"STEPWISE_TZ" default:"UTC" placeholder:"ZONE" help:"Time zone of the settle-nightly schedule (serve, schedules), an IANA name such as America/New_York."`
+	TZ string `name:"tz" env:"STEPWISE_TZ" default:"UTC" help:"Time zone of the settle-nightly schedule (serve, schedules), an IANA name such as America/New_York."`
 }
 
 // scheduleCommands adds the --tz flag, and the serve and schedules commands
