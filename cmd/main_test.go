@@ -66,6 +66,7 @@ func childMain() {
 func testRegistry() *jobs.Registry {
 	var reg jobs.Registry
 	reg.MustRegister(crashyJob)
+	reg.MustRegister(failureJobs...) // failures_test.go
 	return &reg
 }
 
