@@ -133,14 +133,16 @@ func claimTx(ctx context.Context, tx *sql.Tx, req ClaimRequest) (Claim, error) {
 	if _, err := tx.ExecContext(ctx, sqlInsertAttempt, run.ID, number, fence, req.Owner, now); err != nil {
 		return Claim{}, err
 	}
+	previous := run.Status
 	run, err = scanRun(tx.QueryRowContext(ctx, sqlSelectRun, req.RunID))
 	if err != nil {
 		return Claim{}, err
 	}
 	return Claim{
-		Lease:        Lease{RunID: run.ID, Fence: fence, Attempt: number, Owner: req.Owner},
-		Run:          run,
-		TookOverFrom: tookOver,
+		Lease:          Lease{RunID: run.ID, Fence: fence, Attempt: number, Owner: req.Owner},
+		Run:            run,
+		TookOverFrom:   tookOver,
+		PreviousStatus: previous,
 	}, nil
 }
 

@@ -142,6 +142,9 @@ type Claim struct {
 	Run   Run
 	// Created is true when this claim created the run.
 	Created bool
+	// PreviousStatus is the run's status before this claim (empty when
+	// Created).
+	PreviousStatus string
 	// TookOverFrom names the owner whose unfinished attempt this claim
 	// replaced (a crashed or stale runner), if any.
 	TookOverFrom string

@@ -39,16 +39,23 @@ func Main(reg *jobs.Registry, opts ...Option) {
 		}
 		grace = d
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancelCause(context.Background())
 	go func() {
-		<-ctx.Done()
-		stop() // restore default handling: a second signal ends the process
-		time.Sleep(grace)
-		fmt.Fprintf(os.Stderr, "stepwise: the current step did not finish within the %s grace period; exiting (resumable)\n", grace)
-		os.Exit(ExitInterrupted)
+		s := <-sigs
+		cancel(fmt.Errorf("%v signal received", s))
+		select {
+		case s = <-sigs: // a second signal: die of it, as without a handler
+			signal.Reset(os.Interrupt, syscall.SIGTERM)
+			syscall.Kill(os.Getpid(), s.(syscall.Signal))
+		case <-time.After(grace):
+			fmt.Fprintf(os.Stderr, "stepwise: the current step did not finish within the %s grace period; exiting (resumable)\n", grace)
+			os.Exit(ExitInterrupted)
+		}
 	}()
 	code := Execute(ctx, reg, os.Args[1:], os.Stdout, os.Stderr, opts...)
-	stop()
+	signal.Stop(sigs)
 	os.Exit(code)
 }
 

@@ -199,7 +199,7 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	case claim.TookOverFrom != "":
 		log.Warn().Str("previous_owner", claim.TookOverFrom).Msg("took over a run whose runner is gone or whose lease expired")
 	default:
-		log.Info().Str("previous_status", claim.Run.Status).Msg("run resumed")
+		log.Info().Str("previous_status", claim.PreviousStatus).Msg("run resumed")
 	}
 
 	runCtx, cancel := context.WithCancelCause(ctx)

@@ -121,10 +121,14 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 	}
 	crashStep(id, "after-intent")
 	result, fnErr := callOnce(ctx, r, id, o.timeout, func(ctx context.Context) (T, error) { return fn(ctx, key) })
+	interrupted := ctx.Err() != nil
 	ctx = context.WithoutCancel(ctx)
 	if fnErr != nil {
+		// A call cut short by a timeout or an interruption may have reached
+		// the outside system: its outcome is unknown, not a failure.
 		var unk *unknownOutcome
-		if errors.As(fnErr, &unk) || errors.Is(fnErr, context.DeadlineExceeded) {
+		if errors.As(fnErr, &unk) || errors.Is(fnErr, context.DeadlineExceeded) ||
+			(interrupted && errors.Is(fnErr, context.Canceled)) {
 			intent.Error = fnErr.Error()
 			if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
 				r.log.Warn().Str(FieldStepID, id).Err(err).Msg("could not record the unknown outcome")

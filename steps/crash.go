@@ -10,7 +10,8 @@ import (
 // that point: crash tests use it to stop a real runner exactly at a
 // boundary. Points:
 //
-//	step:ID:before-checkpoint, step:ID:after-checkpoint   Do
+//	step:ID:before-checkpoint, step:ID:after-checkpoint   Do (after-checkpoint also Notify)
+//	step:ID:after-intent, step:ID:before-result           Call (around the outside call)
 //	step:ID:before-commit, step:ID:after-commit           Apply, same store (inside and after the transaction)
 //	step:ID:after-plan, step:ID:after-apply               Apply, separate store
 //	step:NAME#N:before-commit, step:NAME#N:after-commit   ForEach chunk N (0-based within the attempt)
