@@ -21,6 +21,9 @@ import (
 //	stepwise_steps_executed_total{job}        steps whose function ran
 //	stepwise_steps_skipped_total{job}         steps returned from their checkpoint
 //	stepwise_steps_failed_total{job}
+//	stepwise_effects_applied_total{job}       compare-and-set writes applied
+//	stepwise_cas_conflicts_total{job}         writes that found another writer's version
+//	stepwise_replans_total{job}               plans made again after a conflict
 //	stepwise_duplicate_fires_total{schedule}  fires whose run had already succeeded or was running elsewhere
 //	stepwise_misfires_skipped_total{schedule,reason}  missed fires not run: reason "policy" or "deadline"
 //	stepwise_overlap_skipped_total{schedule}  fires skipped under OverlapForbid
@@ -31,6 +34,7 @@ import (
 type Metrics struct {
 	runsStarted, runsSucceeded, runsFailed, runsInterrupted *prometheus.CounterVec
 	stepsExecuted, stepsSkipped, stepsFailed                *prometheus.CounterVec
+	effectsApplied, casConflicts, replans                   *prometheus.CounterVec
 	duplicateFires, misfiresSkipped, overlapSkipped         *prometheus.CounterVec
 	fireErrors, leaseTakeovers                              *prometheus.CounterVec
 	lag, leader                                             *prometheus.GaugeVec
@@ -65,6 +69,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		stepsExecuted:   counter("steps_executed_total", "Steps whose function ran and completed.", "job"),
 		stepsSkipped:    counter("steps_skipped_total", "Steps returned from their checkpoint without running.", "job"),
 		stepsFailed:     counter("steps_failed_total", "Steps whose function returned an error.", "job"),
+		effectsApplied:  counter("effects_applied_total", "Compare-and-set writes applied by effect steps and batch chunks.", "job"),
+		casConflicts:    counter("cas_conflicts_total", "Compare-and-set writes that found another writer's version.", "job"),
+		replans:         counter("replans_total", "Effect plans made again after a version conflict.", "job"),
 		duplicateFires:  counter("duplicate_fires_total", "Fires whose run had already succeeded or was held by another runner: deduplicated by the run key.", "schedule"),
 		misfiresSkipped: counter("misfires_skipped_total", "Missed fires not run, by the misfire policy or past the starting deadline.", "schedule", "reason"),
 		overlapSkipped:  counter("overlap_skipped_total", "Fires skipped because an earlier run of the schedule was unfinished (overlap forbid).", "schedule"),
@@ -74,7 +81,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		leader:          gauge("schedule_leader", "1 while this scheduler holds the schedule's lease and fires it.", "schedule"),
 	}
 	for _, c := range []prometheus.Collector{m.runsStarted, m.runsSucceeded, m.runsFailed, m.runsInterrupted,
-		m.stepsExecuted, m.stepsSkipped, m.stepsFailed, m.duplicateFires, m.misfiresSkipped, m.overlapSkipped,
+		m.stepsExecuted, m.stepsSkipped, m.stepsFailed, m.effectsApplied, m.casConflicts, m.replans,
+		m.duplicateFires, m.misfiresSkipped, m.overlapSkipped,
 		m.fireErrors, m.leaseTakeovers, m.lag, m.leader} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -93,7 +101,7 @@ func (m *Metrics) known(schedule, job string) {
 		return
 	}
 	for _, c := range []*prometheus.CounterVec{m.runsStarted, m.runsSucceeded, m.runsFailed, m.runsInterrupted,
-		m.stepsExecuted, m.stepsSkipped, m.stepsFailed} {
+		m.stepsExecuted, m.stepsSkipped, m.stepsFailed, m.effectsApplied, m.casConflicts, m.replans} {
 		c.WithLabelValues(job)
 	}
 	for _, c := range []*prometheus.CounterVec{m.duplicateFires, m.overlapSkipped, m.fireErrors} {
@@ -131,6 +139,9 @@ func (m *Metrics) runEnded(job string, res Result) {
 	m.stepsExecuted.WithLabelValues(job).Add(float64(res.Stats.Executed))
 	m.stepsSkipped.WithLabelValues(job).Add(float64(res.Stats.Skipped))
 	m.stepsFailed.WithLabelValues(job).Add(float64(res.Stats.Failed))
+	m.effectsApplied.WithLabelValues(job).Add(float64(res.Stats.Effects))
+	m.casConflicts.WithLabelValues(job).Add(float64(res.Stats.Conflicts))
+	m.replans.WithLabelValues(job).Add(float64(res.Stats.Replans))
 }
 
 func (m *Metrics) duplicateFire(schedule string) {

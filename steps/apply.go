@@ -68,6 +68,7 @@ func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func
 			// Another writer moved a key before our plan applied, so
 			// nothing of ours applied: plan again from the recorded ops.
 			r.log.Warn().Str(FieldStepID, id).Str("key", conflict.Key).Msg("recorded plan is stale; re-planning")
+			r.count(func(s *Stats) { s.Conflicts++; s.Replans++ })
 			err = r.applySeparate(ctx, ot, &cp, PlanRecord{Target: pr.Target, Ops: pr.Ops})
 		}
 		return settle[T](ctx, r, cp, err)
@@ -143,6 +144,7 @@ func (r *Run) applySame(ctx context.Context, ot *openTarget, cp *checkpoint.Step
 		}
 		return fmt.Errorf("steps: step %s: apply effects to %s: %w", cp.ID, ot.name, err)
 	}
+	r.count(func(s *Stats) { s.Effects += len(pr.Writes) })
 	crashStep(cp.ID, "after-commit")
 	return nil
 }
@@ -175,9 +177,14 @@ func (r *Run) applySeparate(ctx context.Context, ot *openTarget, cp *checkpoint.
 		crashStep(cp.ID, "after-plan")
 		err = r.finishPlanned(ctx, ot, cp, pr)
 		var conflict *checkpoint.VersionConflictError
-		if !errors.As(err, &conflict) || replan+1 >= MaxReplans {
+		if !errors.As(err, &conflict) {
 			return err
 		}
+		r.count(func(s *Stats) { s.Conflicts++ })
+		if replan+1 >= MaxReplans {
+			return err
+		}
+		r.count(func(s *Stats) { s.Replans++ })
 		r.log.Warn().Str(FieldStepID, cp.ID).Str("key", conflict.Key).Int64("expected", conflict.Expected).
 			Int64("found", conflict.Found).Msg("another writer moved a key; re-planning")
 	}
@@ -203,6 +210,9 @@ func (r *Run) finishPlanned(ctx context.Context, ot *openTarget, cp *checkpoint.
 		}
 		return ot.h.MarkApplied(ctx, tx, pr.EffectID, r.lease.RunID, cp.ID, r.now())
 	})
+	if err == nil && !applied {
+		r.count(func(s *Stats) { s.Effects += len(pr.Writes) })
+	}
 	var conflict *checkpoint.VersionConflictError
 	if errors.As(err, &conflict) {
 		return conflict

@@ -77,6 +77,9 @@ func TestApplySameStore(t *testing.T) {
 	if v, ver := balance(t, st.DB(), "a"); v != 700 || ver != 1 {
 		t.Fatalf("a = %d v%d, want 700 v1", v, ver)
 	}
+	if s := run.Stats(); s.Effects != 2 || s.Executed != 1 {
+		t.Fatalf("stats %+v, want 2 effects applied by 1 step", s)
+	}
 	// Overdraft: rejected and pinned, nothing applied.
 	_, err = steps.Apply(ctx, run, "post/T2", target, transfer("a", "b", 701))
 	var rej *steps.RejectedError

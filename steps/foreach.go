@@ -362,6 +362,7 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 		}
 	case b.target.same:
 		crashStep(point, "before-commit")
+		writes := 0
 		err := b.r.store.InTx(ctx, b.r.lease, func(tx checkpoint.Tx) error {
 			cur, err := b.target.h.Read(ctx, tx.SQL(), keysOf(b.groups...))
 			if err != nil {
@@ -375,11 +376,13 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 			if err := b.target.h.Write(ctx, tx.SQL(), res.Writes); err != nil {
 				return err
 			}
+			writes = len(res.Writes)
 			return tx.PutItems(b.recs)
 		})
 		if err != nil {
 			return fmt.Errorf("steps: commit chunk %d of %s to %s: %w", b.chunk, b.name, b.target.name, err)
 		}
+		b.r.count(func(s *Stats) { s.Effects += writes })
 	default:
 		crashStep(point, "before-commit") // before the plan is recorded
 		if err := b.commitSeparate(ctx, point, "c"+strconv.Itoa(b.chunk), ""); err != nil {
@@ -455,7 +458,11 @@ func (b *batch[I, O]) commitSeparate(ctx context.Context, point, tag, supersedes
 		crashStep(point, "after-plan")
 		err = b.r.applyChunk(ctx, b.target, b.name, pr)
 		var conflict *checkpoint.VersionConflictError
+		if errors.As(err, &conflict) {
+			b.r.count(func(s *Stats) { s.Conflicts++ })
+		}
 		if errors.As(err, &conflict) && replan+1 < MaxReplans {
+			b.r.count(func(s *Stats) { s.Replans++ })
 			b.r.log.Warn().Str(FieldStepID, b.name).Str("key", conflict.Key).Msg("another writer moved a key; re-planning the chunk")
 			supersedes = pr.EffectID
 			continue
@@ -479,8 +486,10 @@ func (r *Run) applyChunk(ctx context.Context, ot *openTarget, step string, pr ch
 	if err := r.checkFence(ctx); err != nil {
 		return err
 	}
+	applied := false
 	err := targetTx(ctx, ot.h.DB(), nil, func(tx *sql.Tx) error {
-		applied, err := ot.h.IsApplied(ctx, tx, pr.EffectID)
+		var err error
+		applied, err = ot.h.IsApplied(ctx, tx, pr.EffectID)
 		if err != nil || applied {
 			return err
 		}
@@ -495,6 +504,9 @@ func (r *Run) applyChunk(ctx context.Context, ot *openTarget, step string, pr ch
 			return conflict
 		}
 		return fmt.Errorf("steps: apply chunk plan %s to %s: %w", pr.EffectID, ot.name, err)
+	}
+	if !applied {
+		r.count(func(s *Stats) { s.Effects += len(pr.Writes) })
 	}
 	crashStep(step+"#"+pr.EffectID, "after-apply")
 	crashStep(step, "after-apply")
@@ -522,6 +534,7 @@ func (b *batch[I, O]) resumePlanned(ctx context.Context) error {
 		err := b.r.applyChunk(ctx, b.target, b.name, pr)
 		var conflict *checkpoint.VersionConflictError
 		if errors.As(err, &conflict) {
+			b.r.count(func(s *Stats) { s.Conflicts++; s.Replans++ })
 			err = b.replanRecorded(ctx, pr)
 		}
 		if err != nil {

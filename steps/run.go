@@ -79,6 +79,15 @@ type Stats struct {
 	Executed int // steps whose function ran and completed
 	Skipped  int // steps returned from their checkpoint
 	Failed   int // steps whose function returned an error
+	// Effects counts compare-and-set writes applied (a batch chunk writes
+	// each touched key once).
+	Effects int
+	// Conflicts counts compare-and-set writes that found another writer's
+	// version; each led to a re-plan or, past MaxReplans, an error.
+	Conflicts int
+	// Replans counts plans made again after a conflict, or from a recorded
+	// plan that had gone stale.
+	Replans int
 }
 
 // Begin starts an attempt's view of the run: it loads every checkpoint of
