@@ -113,6 +113,10 @@ func (s *SQLite) Abandon(ctx context.Context, a Audit, now time.Time) error {
 // runner is refused.
 func (s *SQLite) ResetSteps(ctx context.Context, a Audit, now time.Time, stepIDs []string) error {
 	return s.operate(ctx, a, now, false, func(tx *sql.Tx, run Run) error {
+		if !run.PrunedAt.IsZero() {
+			return fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so its steps cannot run again",
+				ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))
+		}
 		for _, id := range stepIDs {
 			for _, q := range []string{sqlDeleteStep, sqlDeleteItems, sqlDeleteChunkPlans} {
 				if _, err := tx.ExecContext(ctx, q, run.ID, id); err != nil {
@@ -181,21 +185,30 @@ func (s *SQLite) Prune(ctx context.Context, a Audit, cutoff time.Time, dryRun bo
 		res.Runs = append(res.Runs, id)
 	}
 	rows.Close()
-	for _, id := range res.Runs {
+	candidates := res.Runs
+	res.Runs = nil
+	for _, id := range candidates {
 		var steps, stepBytes, items, itemBytes int64
 		if err := s.rdb.QueryRowContext(ctx, sqlPayloadSize, id).Scan(&steps, &stepBytes, &items, &itemBytes); err != nil {
 			return res, s.wrap("measure run "+id, err)
 		}
-		res.Steps += steps
-		res.Items += items
-		res.Bytes += stepBytes + itemBytes
 		if dryRun {
+			res.Runs = append(res.Runs, id)
+			res.Steps += steps
+			res.Items += items
+			res.Bytes += stepBytes + itemBytes
 			continue
 		}
 		ra := a
 		ra.RunID = id
 		ra.Details = fmt.Sprintf("%d steps, %d items, %d bytes", steps, items, stepBytes+itemBytes)
 		err := s.operate(ctx, ra, ra.At, false, func(tx *sql.Tx, run Run) error {
+			// Re-checked inside the transaction: the run may have been
+			// rerun since it was listed.
+			if (run.Status != RunSucceeded && run.Status != RunAbandoned) || !run.PrunedAt.IsZero() ||
+				run.FinishedAt.IsZero() || !run.FinishedAt.Before(cutoff) {
+				return errSkipPrune
+			}
 			for _, q := range []string{sqlPruneSteps, sqlPruneItems, sqlPruneChunkPlans} {
 				if _, err := tx.ExecContext(ctx, q, id); err != nil {
 					return err
@@ -204,12 +217,22 @@ func (s *SQLite) Prune(ctx context.Context, a Audit, cutoff time.Time, dryRun bo
 			_, err := tx.ExecContext(ctx, sqlMarkPruned, fmtTime(ra.At), fmtTime(ra.At), id)
 			return err
 		})
+		if errors.Is(err, errSkipPrune) {
+			continue
+		}
 		if err != nil {
 			return res, err
 		}
+		res.Runs = append(res.Runs, id)
+		res.Steps += steps
+		res.Items += items
+		res.Bytes += stepBytes + itemBytes
 	}
 	return res, nil
 }
+
+// errSkipPrune rolls back the pruning of a run that no longer qualifies.
+var errSkipPrune = errors.New("run no longer qualifies for pruning")
 
 // JoinIDs is a short list of IDs for messages.
 func JoinIDs(ids []string, max int) string {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -110,6 +111,11 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 		}
 		return ExitUsage
 	}
+	// Backfill runs jobs in parallel, all logging to stderr: a writer other
+	// than a file (whose every write is one system call) gets a lock.
+	if _, ok := stderr.(*os.File); !ok {
+		stderr = &lockedWriter{w: stderr}
+	}
 	env := &Env{Ctx: ctx, Registry: reg, Stdout: stdout, Stderr: stderr, Globals: &cli.Globals}
 	defer env.close()
 	if err := kctx.Run(env); err != nil {
@@ -122,6 +128,18 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 		return code
 	}
 	return ExitOK
+}
+
+// lockedWriter makes a writer safe for concurrent use.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // Env is what every command's Run method receives.

@@ -103,10 +103,13 @@ func (c *ResetCmd) Run(env *Env) error {
 	if i < 0 {
 		return usageError{fmt.Errorf("run %s has no step %q (steps: %s)", c.RunID, c.Step, checkpoint.JoinIDs(checkpointIDs(all), 10))}
 	}
-	applied := appliedEffects(all[i : i+1])
+	applied, err := appliedEffects(env, st, c.RunID, all[i:i+1])
+	if err != nil {
+		return err
+	}
 	if len(applied) > 0 && !c.Force {
 		return fmt.Errorf("%w: step %s of %s has applied effects, and resetting it does not undo them: "+
-			"the step would apply them again when it reruns:\n  %s\nrerun with --force if that is what you want",
+			"the step would apply them again when it reruns:\n  %s\nuse reset --force if that is what you want",
 			ErrNeedsDecision, c.Step, c.RunID, strings.Join(applied, "\n  "))
 	}
 	details := ""
@@ -139,6 +142,13 @@ func (c *RerunCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
+	if r := info.Run; !r.PrunedAt.IsZero() {
+		return fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so it cannot run again",
+			checkpoint.ErrPruned, r.ID, r.PrunedAt.Format(time.RFC3339))
+	}
+	if r := info.Run; r.Status == checkpoint.RunAbandoned && !c.Force {
+		return fmt.Errorf("%w: %s (%s); rerun --force runs it again", checkpoint.ErrAbandoned, r.ID, r.Error)
+	}
 	if c.FromStep == "" {
 		if info.Run.Status == checkpoint.RunSucceeded && !c.Force {
 			return fmt.Errorf("%w: run %s succeeded at %s; `rerun --force` runs its job again, skipping every "+
@@ -148,7 +158,7 @@ func (c *RerunCmd) Run(env *Env) error {
 		if err := st.RecordAudit(env.Ctx, c.audit(env, c.RunID, "rerun", c.Reason, "")); err != nil {
 			return err
 		}
-		return c.resume(env, true)
+		return c.resume(env, c.Force)
 	}
 	all, err := runSteps(env, st, c.RunID)
 	if err != nil {
@@ -159,7 +169,10 @@ func (c *RerunCmd) Run(env *Env) error {
 		return usageError{fmt.Errorf("run %s has no step %q (steps: %s)", c.RunID, c.FromStep, checkpoint.JoinIDs(checkpointIDs(all), 10))}
 	}
 	cleared := all[i:]
-	applied := appliedEffects(cleared)
+	applied, err := appliedEffects(env, st, c.RunID, cleared)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintf(env.Stdout, "rerun %s from step %s clears %d checkpoints: %s\n", c.RunID, c.FromStep, len(cleared),
 		checkpoint.JoinIDs(checkpointIDs(cleared), 10))
 	if len(applied) > 0 {
@@ -212,25 +225,50 @@ func checkpointIDs(ss []checkpoint.Step) []string {
 	return ids
 }
 
-// appliedEffects describes the effects of the given steps that applied.
-func appliedEffects(ss []checkpoint.Step) []string {
+// appliedEffects describes the effects of the given steps that applied, or
+// may have: a separate-store plan recorded but not known to be applied, and
+// the completed items of a batch step with a target, finished or not.
+func appliedEffects(env *Env, st *checkpoint.SQLite, runID string, ss []checkpoint.Step) ([]string, error) {
 	var out []string
+	var counts []checkpoint.ItemCount
 	for _, s := range ss {
-		if len(s.Plan) > 0 && s.Status == checkpoint.StepCompleted {
+		if len(s.Plan) > 0 && (s.Status == checkpoint.StepCompleted || s.Status == checkpoint.StepPlanned) {
 			var pr steps.PlanRecord
 			if json.Unmarshal(s.Plan, &pr) == nil {
+				state := ""
+				if s.Status == checkpoint.StepPlanned {
+					state = " (planned as " + pr.EffectID + "; may have applied: resume finishes it once)"
+				}
 				for _, w := range pr.Writes {
-					out = append(out, fmt.Sprintf("%s: %s %s %d -> %d", s.ID, pr.Target, w.Key, w.OldValue, w.NewValue))
+					out = append(out, fmt.Sprintf("%s: %s %s %d -> %d%s", s.ID, pr.Target, w.Key, w.OldValue, w.NewValue, state))
 				}
 			}
 			continue
 		}
 		var sum steps.BatchSummary
-		if s.Status != checkpoint.StepFailed && json.Unmarshal(s.Output, &sum) == nil && sum.Target != "" && sum.Completed > 0 {
-			out = append(out, fmt.Sprintf("%s: %d items applied their effects to %s", s.ID, sum.Completed, sum.Target))
+		if json.Unmarshal(s.Output, &sum) != nil || sum.Target == "" {
+			continue
+		}
+		done := sum.Completed
+		if s.Status != checkpoint.StepCompleted {
+			if counts == nil {
+				var err error
+				if counts, err = st.ItemCounts(env.Ctx, runID); err != nil {
+					return nil, err
+				}
+			}
+			done = 0
+			for _, c := range counts {
+				if c.Step == s.ID && (c.Status == checkpoint.StepCompleted || c.Status == checkpoint.StepPlanned) {
+					done += c.Count
+				}
+			}
+		}
+		if done > 0 {
+			out = append(out, fmt.Sprintf("%s: %d items applied their effects to %s", s.ID, done, sum.Target))
 		}
 	}
-	return out
+	return out, nil
 }
 
 // PruneCmd deletes old runs' payloads, keeping tombstones.

@@ -119,7 +119,7 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 		}
 		head := cp
 		head.Status, head.FinishedAt = checkpoint.StepRunning, r.now()
-		head.Output, _ = json.Marshal(BatchSummary{Total: src.total})
+		head.Output, _ = json.Marshal(BatchSummary{Total: src.total, Target: b.sum.Target})
 		// A step reopened to retry its skipped items swaps its finished
 		// checkpoint for the running one in one transaction.
 		err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error {
