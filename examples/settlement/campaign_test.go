@@ -364,6 +364,7 @@ func namedCases(separate bool) [][]string {
 		{"step:post#" + strconv.Itoa(lastChunk) + ":after-commit"},
 		{"step:summary:before-checkpoint"},
 		{"step:summary:after-checkpoint"},
+		{"step:notify:after-checkpoint"}, // queued with its checkpoint, not yet delivered
 		{"run:before-finish"},
 		// A rerun killed again, further on.
 		{"step:post#1:after-commit", "step:post#4:before-commit"},

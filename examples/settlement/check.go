@@ -57,7 +57,10 @@ func (r Report) String() string {
 // checkpoints: it replays the date's transfers in ascending ID order from
 // the opening balances Seed recorded, posting each unless it would overdraw
 // its source account (the settlement rule), and compares every account's
-// balance and the total with the result. It reads the ledger only.
+// balance and the total with the result: the current balances, or for a
+// date followed by a later seeded one, that date's opening balances. It
+// reads the ledger only. Dates are settled in order: seed the next date
+// after settling the previous one.
 func Check(ctx context.Context, db *sql.DB, date string) (Report, error) {
 	rep := Report{Date: date}
 	want := map[string]int64{}
@@ -100,7 +103,17 @@ func Check(ctx context.Context, db *sql.DB, date string) (Report, error) {
 		rep.Posted++
 	}
 	rows.Close()
-	rows, err = db.QueryContext(ctx, `SELECT id, balance FROM accounts`)
+	// Compare with the balances at the end of the day: the current ones,
+	// or, once a later date is seeded, that date's opening balances.
+	var next sql.NullString
+	if err := db.QueryRowContext(ctx, `SELECT min(business_date) FROM opening_balances WHERE business_date > ?`, date).Scan(&next); err != nil {
+		return rep, err
+	}
+	if next.Valid {
+		rows, err = db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = ?`, next.String)
+	} else {
+		rows, err = db.QueryContext(ctx, `SELECT id, balance FROM accounts`)
+	}
 	if err != nil {
 		return rep, err
 	}

@@ -514,4 +514,9 @@ func TestSettleTheNextDay(t *testing.T) {
 	if rep := s.check(t, next.Date); !rep.OK() || rep.Transfers != next.Transfers {
 		t.Fatalf("check of %s:\n%s", next.Date, rep)
 	}
+	// The earlier day still audits clean: it is compared with the next
+	// day's opening balances, not with today's.
+	if rep := s.check(t, testDate); !rep.OK() {
+		t.Fatalf("check of the earlier day %s after the next one settled:\n%s", testDate, rep)
+	}
 }
