@@ -30,7 +30,7 @@ WHERE steps.status NOT IN ('completed', 'rejected')`
 	sqlDeleteStep = `DELETE FROM steps WHERE run_id = ? AND step_id = ?`
 	sqlGetStep    = `SELECT status, output, input_hash, error FROM steps WHERE run_id = ? AND step_id = ?`
 	sqlSteps      = `SELECT step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan
-FROM steps WHERE run_id = ? ORDER BY step_id`
+FROM steps WHERE run_id = ? ORDER BY started_at, step_id`
 )
 
 type preparedStatements struct {

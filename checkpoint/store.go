@@ -23,8 +23,8 @@ type Store interface {
 	// made through the Tx is checked against the lease's fence; if fn
 	// returns an error or a write is fenced, nothing of it is kept.
 	InTx(ctx context.Context, l Lease, fn func(Tx) error) error
-	// Steps calls fn for each checkpoint of the run, in step ID order, with
-	// one query.
+	// Steps calls fn for each checkpoint of the run, in the order the steps
+	// started, with one query.
 	Steps(ctx context.Context, runID string, fn func(Step) error) error
 	// Items calls fn for the item checkpoints of one batch step that q
 	// selects, in key order, with one query.
