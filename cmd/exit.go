@@ -21,7 +21,11 @@ const (
 
 const exitCodesHelp = `Exit codes: 0 run succeeded (or already had); 1 run failed; 2 bad usage or input;
 3 interrupted, resumable; 4 run held by another runner (or lease lost); 5 needs an operator decision
-(a changed step, an abandoned run).`
+(a changed step, an outside call of unknown outcome, an abandoned or pruned run).
+
+SIGINT/SIGTERM: the current step or chunk finishes or rolls back within $STEPWISE_GRACE (30s),
+the attempt is recorded as interrupted and the process exits 3; a second signal ends it at once
+(safe: nothing is half-written).`
 
 // usageError marks errors in what the user typed.
 type usageError struct{ err error }
