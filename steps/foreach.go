@@ -74,7 +74,9 @@ type chunkPlanRecord struct {
 // never by position. A key yielded twice in one attempt is an error.
 //
 // When the step finished in an earlier attempt, ForEach returns its recorded
-// summary without reading the source at all.
+// summary without reading the source at all; so it does when the source
+// declares its total and that many items are already finished (a crash
+// between the last chunk and the step's own record).
 func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], fn func(ctx context.Context, item I, e *Effects) (O, error), opts ...Option) (BatchSummary, error) {
 	o := newOptions(opts)
 	cp, sum, done, err := start[BatchSummary](ctx, r, name, opts)
@@ -115,6 +117,26 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 		if !b.fresh && b.target != nil && !b.target.same {
 			if err := b.resumePlanned(context.WithoutCancel(ctx)); err != nil {
 				return sum, err
+			}
+		}
+		if !b.fresh && !done && src.total >= 0 {
+			// Every item the source declares is already finished (a crash
+			// between the last chunk and this step's own record): finish
+			// from the counts instead of reading the source again.
+			if fin, ok, err := b.finishedByCount(ctx, src.total); err != nil || ok {
+				if err != nil {
+					return sum, err
+				}
+				cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
+				cp.Output, _ = json.Marshal(fin)
+				err := r.store.InTx(context.WithoutCancel(ctx), r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) })
+				if err != nil {
+					return sum, fmt.Errorf("steps: finish batch step %s: %w", name, err)
+				}
+				r.count(func(s *Stats) { s.Executed++ })
+				r.log.Info().Str(FieldStepID, name).Int64("completed", fin.Completed).
+					Msg("batch step finished from its item counts: every declared item was already checkpointed")
+				return fin, nil
 			}
 		}
 		head := cp
@@ -304,6 +326,37 @@ func (b *batch[I, O]) runItem(ctx context.Context, key string, item I) (checkpoi
 		return rec, nil, fmt.Errorf("steps: item %s/%s: encode output %T as JSON: %w", b.name, key, out, err)
 	}
 	return rec, e.ops, nil
+}
+
+// finishedByCount reports whether the step already has total finished
+// items and none planned (or skipped, when they are to be retried), with
+// the summary they make.
+func (b *batch[I, O]) finishedByCount(ctx context.Context, total int64) (BatchSummary, bool, error) {
+	counts, err := b.r.store.ItemCounts(ctx, b.r.lease.RunID)
+	if err != nil {
+		return BatchSummary{}, false, err
+	}
+	sum := BatchSummary{Target: b.sum.Target}
+	for _, c := range counts {
+		if c.Step != b.name {
+			continue
+		}
+		switch c.Status {
+		case checkpoint.StepCompleted:
+			sum.Completed = c.Count
+		case checkpoint.StepRejected:
+			sum.Rejected = c.Count
+		case checkpoint.ItemSkipped:
+			if b.r.retrySkipped && c.Count > 0 {
+				return sum, false, nil
+			}
+			sum.Skipped = c.Count
+		default: // planned: an apply to finish
+			return sum, false, nil
+		}
+	}
+	sum.Total = sum.Completed + sum.Rejected + sum.Skipped
+	return sum, sum.Total == total, nil
 }
 
 // doneKeys returns the finished items among the chunk's keys, read with one

@@ -174,3 +174,67 @@ func TestForEachSkipPolicy(t *testing.T) {
 		t.Fatalf("duplicate key: %v", err)
 	}
 }
+
+func TestForEachFinishesFromCountsWhenOnlyItsRecordIsMissing(t *testing.T) {
+	ctx := context.Background()
+	st := checkpointtest.Open(t)
+	ledger(t, st.DB(), map[string]int64{"a": 1000, "b": 0})
+	target := steps.Target{Table: accountsTable}
+	var items []xfer
+	for i := range 12 {
+		items = append(items, xfer{ID: fmt.Sprintf("T%02d", i), From: "a", To: "b", Amount: 1})
+	}
+	run := beginEffects(t, st, "j/k")
+	if _, err := steps.ForEach(ctx, run, "post", steps.Slice(items, xferKey), post, steps.WithTarget(target), steps.ChunkSize(5)); err != nil {
+		t.Fatal(err)
+	}
+	// A crash between the last chunk and the step's own record leaves
+	// every item finished and no step row.
+	if _, err := st.DB().Exec(`DELETE FROM steps WHERE step_id = 'post'`); err != nil {
+		t.Fatal(err)
+	}
+	run2 := beginEffects(t, st, "j/k")
+	read := false
+	src := steps.Seq(func(yield func(string, xfer) bool) {
+		read = true
+		for _, x := range items {
+			if !yield(x.ID, x) {
+				return
+			}
+		}
+	}, int64(len(items)))
+	sum, err := steps.ForEach(ctx, run2, "post", src, func(ctx context.Context, x xfer, e *steps.Effects) (int64, error) {
+		t.Errorf("item %s ran again", x.ID)
+		return 0, nil
+	}, steps.WithTarget(target), steps.ChunkSize(5))
+	if err != nil || read || sum.Completed != 12 || sum.Total != 12 {
+		t.Fatalf("summary %+v, err %v, source read %v; want 12 completed from the counts, source not read", sum, err, read)
+	}
+	var status string
+	st.DB().QueryRow(`SELECT status FROM steps WHERE step_id = 'post'`).Scan(&status)
+	if status != "completed" {
+		t.Fatalf("step recorded as %q", status)
+	}
+	// A source whose total is unknown is read, and still runs nothing again.
+	st.DB().Exec(`DELETE FROM steps WHERE step_id = 'post'`)
+	run3 := beginEffects(t, st, "j/k")
+	read = false
+	unknown := steps.Seq(func(yield func(string, xfer) bool) {
+		read = true
+		for _, x := range items {
+			if !yield(x.ID, x) {
+				return
+			}
+		}
+	}, -1)
+	sum, err = steps.ForEach(ctx, run3, "post", unknown, func(ctx context.Context, x xfer, e *steps.Effects) (int64, error) {
+		t.Errorf("item %s ran again", x.ID)
+		return 0, nil
+	}, steps.WithTarget(target), steps.ChunkSize(5))
+	if err != nil || !read || sum.Completed != 12 {
+		t.Fatalf("unknown total: %+v, %v, read %v", sum, err, read)
+	}
+	if b, _ := balance(t, st.DB(), "b"); b != 12 {
+		t.Fatalf("b = %d, want 12", b)
+	}
+}
