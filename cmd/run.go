@@ -89,17 +89,31 @@ func (c *ResumeCmd) Run(env *Env) error {
 	return err
 }
 
+// dryRunListed bounds the writes and rejections printed per plan.
+const dryRunListed = 10
+
 // printDryRun prints what a dry run would have applied.
 func printDryRun(env *Env, res runner.Result) {
 	fmt.Fprintf(env.Stdout, "dry run of %s: nothing was applied or checkpointed\n", res.RunID)
 	for _, p := range res.DryPlans {
-		if p.Rejected != "" {
-			fmt.Fprintf(env.Stdout, "%s  (%s): rejected: %s\n", p.Step, p.Target, p.Rejected)
-			continue
+		head := p.Step
+		if p.Items > 0 {
+			head = fmt.Sprintf("%s (%d items, %d rejected)", p.Step, p.Items, len(p.Rejected))
 		}
-		fmt.Fprintf(env.Stdout, "%s  (%s)\n", p.Step, p.Target)
-		for _, w := range p.Writes {
+		fmt.Fprintf(env.Stdout, "%s  on %s\n", head, p.Target)
+		for i, w := range p.Writes {
+			if i == dryRunListed {
+				fmt.Fprintf(env.Stdout, "    ... and %d more keys\n", len(p.Writes)-i)
+				break
+			}
 			fmt.Fprintf(env.Stdout, "    %s: %d -> %d  (version %d -> %d)\n", w.Key, w.OldValue, w.NewValue, w.OldVersion, w.OldVersion+1)
+		}
+		for i, r := range p.Rejected {
+			if i == dryRunListed {
+				fmt.Fprintf(env.Stdout, "    ... and %d more rejected\n", len(p.Rejected)-i)
+				break
+			}
+			fmt.Fprintf(env.Stdout, "    rejected %s\n", r)
 		}
 	}
 	fmt.Fprintf(env.Stdout, "%d steps would run, %d are already checkpointed\n", res.Stats.Executed, res.Stats.Skipped)

@@ -268,7 +268,7 @@ func (r *Run) dryApply(ctx context.Context, ot *openTarget, cp *checkpoint.Step,
 		return err
 	}
 	if g := res.Rejected[0]; g != nil {
-		r.dryPlans = append(r.dryPlans, DryPlan{Step: cp.ID, Target: ot.name, Rejected: g.Error()})
+		r.dryPlans = append(r.dryPlans, DryPlan{Step: cp.ID, Target: ot.name, Rejected: []string{g.Error()}})
 		return g
 	}
 	for _, w := range res.Writes {
@@ -281,10 +281,14 @@ func (r *Run) dryApply(ctx context.Context, ot *openTarget, cp *checkpoint.Step,
 
 // DryPlan is what a dry run would have applied for one step.
 type DryPlan struct {
-	Step     string             `json:"step"`
-	Target   string             `json:"target"`
-	Writes   []checkpoint.Write `json:"writes,omitempty"`
-	Rejected string             `json:"rejected,omitempty"`
+	Step   string             `json:"step"`
+	Target string             `json:"target"`
+	Writes []checkpoint.Write `json:"writes,omitempty"`
+	// Rejected says why each rejected step or item would be rejected, in
+	// item order.
+	Rejected []string `json:"rejected,omitempty"`
+	// Items is how many batch items the plan covers (0 for a plain step).
+	Items int `json:"items,omitempty"`
 }
 
 // readTarget reads keys' current state in one read transaction (a

@@ -191,7 +191,7 @@ func TestApplyDryRun(t *testing.T) {
 		}
 	}
 	plans := run.DryPlans()
-	if len(plans) != 3 || plans[1].Writes[0].OldValue != 600 || plans[1].Writes[0].NewValue != 200 || plans[2].Rejected == "" {
+	if len(plans) != 3 || plans[1].Writes[0].OldValue != 600 || plans[1].Writes[0].NewValue != 200 || len(plans[2].Rejected) != 1 {
 		t.Fatalf("dry plans = %+v", plans)
 	}
 	if v, ver := balance(t, st.DB(), "a"); v != 1000 || ver != 0 {

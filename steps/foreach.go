@@ -659,9 +659,11 @@ func (b *batch[I, O]) commitDry(ctx context.Context) error {
 	for _, w := range res.Writes {
 		r.dryState[b.target.name+"\x00"+w.Key] = checkpoint.State{Value: w.NewValue, Version: w.OldVersion + 1, Exists: true}
 	}
-	plan := DryPlan{Step: fmt.Sprintf("%s (chunk %d, %d items)", b.name, b.chunk, len(b.recs)), Target: b.target.name, Writes: res.Writes}
-	for gi, g := range res.Rejected {
-		plan.Rejected += fmt.Sprintf("%s: %s; ", b.recs[b.owners[gi]].Key, g.Error())
+	plan := DryPlan{Step: fmt.Sprintf("%s chunk %d", b.name, b.chunk), Target: b.target.name, Writes: res.Writes, Items: len(b.recs)}
+	for gi, owner := range b.owners { // in item order
+		if g := res.Rejected[gi]; g != nil {
+			plan.Rejected = append(plan.Rejected, b.recs[owner].Key+": "+g.Error())
+		}
 	}
 	r.dryPlans = append(r.dryPlans, plan)
 	return nil
