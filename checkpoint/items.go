@@ -65,7 +65,8 @@ WHERE items.status NOT IN ('completed', 'rejected')`
 	sqlPutChunkPlan = `INSERT INTO chunk_plans (run_id, step_id, effect_id, status, plan) VALUES (?, ?, ?, 'planned', ?)`
 	sqlFinishChunk  = `UPDATE items SET status = 'completed'
 WHERE run_id = ? AND step_id = ? AND chunk = ? AND status = 'planned'`
-	sqlSupersedeChunkPlan = `UPDATE chunk_plans SET status = 'superseded' WHERE run_id = ? AND step_id = ? AND effect_id = ?`
+	sqlSupersedeChunkPlan = `UPDATE chunk_plans SET status = 'superseded' WHERE run_id = ? AND step_id = ? AND effect_id = ? AND status = 'planned'`
+	sqlMoveChunkItems     = `UPDATE items SET chunk = ? WHERE run_id = ? AND step_id = ? AND chunk = ? AND status = 'planned'`
 	sqlFinishChunkPlan    = `UPDATE chunk_plans SET status = 'applied' WHERE run_id = ? AND step_id = ? AND effect_id = ?`
 	sqlChunkPlans         = `SELECT effect_id, status, plan FROM chunk_plans
 WHERE run_id = ? AND step_id = ? AND status = 'planned' ORDER BY effect_id`
@@ -128,6 +129,11 @@ func (t *sqliteTx) PutChunkPlan(p ChunkPlan) error {
 		return err
 	}
 	if p.Supersedes != "" {
+		// Items of the old plan without effects of their own move to the
+		// new plan, so finishing it completes them too.
+		if _, err := t.tx.ExecContext(t.ctx, sqlMoveChunkItems, p.EffectID, t.lease.RunID, p.Step, p.Supersedes); err != nil {
+			return err
+		}
 		_, err := t.tx.ExecContext(t.ctx, sqlSupersedeChunkPlan, t.lease.RunID, p.Step, p.Supersedes)
 		return err
 	}

@@ -108,6 +108,16 @@ type TableHandle struct {
 // OpenTable checks that t exists in db with its columns, creates the
 // applied-effects table beside it, and prepares the statements effects use.
 func OpenTable(ctx context.Context, db *sql.DB, t Table) (*TableHandle, error) {
+	return openTable(ctx, db, t, true)
+}
+
+// OpenTableForReading is OpenTable for a dry run: it checks the table and
+// prepares only its read, and writes nothing to the database.
+func OpenTableForReading(ctx context.Context, db *sql.DB, t Table) (*TableHandle, error) {
+	return openTable(ctx, db, t, false)
+}
+
+func openTable(ctx context.Context, db *sql.DB, t Table, write bool) (*TableHandle, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
@@ -133,8 +143,10 @@ func OpenTable(ctx context.Context, db *sql.DB, t Table) (*TableHandle, error) {
 			return nil, fmt.Errorf("checkpoint: effect target table %q has no column %q; want %s", t.Name, c, t)
 		}
 	}
-	if _, err := db.ExecContext(ctx, sqlCreateApplied); err != nil {
-		return nil, fmt.Errorf("checkpoint: create stepwise_applied beside %s: %w", t.Name, err)
+	if write {
+		if _, err := db.ExecContext(ctx, sqlCreateApplied); err != nil {
+			return nil, fmt.Errorf("checkpoint: create stepwise_applied beside %s: %w", t.Name, err)
+		}
 	}
 	// Identifiers were validated above; values are always bound parameters.
 	h := &TableHandle{t: t, db: db}
@@ -147,6 +159,9 @@ func OpenTable(ctx context.Context, db *sql.DB, t Table) (*TableHandle, error) {
 		{&h.insert, "INSERT INTO " + t.Name + " (" + t.Key + ", " + t.Value + ", " + t.Version + ") VALUES (?, ?, 1) ON CONFLICT DO NOTHING"},
 		{&h.isApplied, sqlIsApplied},
 		{&h.mark, sqlMarkApplied},
+	}
+	if !write {
+		prep = prep[:1]
 	}
 	for _, p := range prep {
 		if *p.dst, err = db.PrepareContext(ctx, p.q); err != nil {

@@ -308,6 +308,10 @@ func (b *batch[I, O]) runItem(ctx context.Context, key string, item I) (checkpoi
 	case errors.As(err, &rej):
 		rec.Status, rec.Error = checkpoint.StepRejected, rej.err.Error()
 		return rec, nil, nil
+	case ctx.Err() != nil:
+		// The run is being interrupted: not the item's failure. Record
+		// nothing for it; the rerun processes it.
+		return rec, nil, fmt.Errorf("%w in item %s/%s: %w", ErrInterrupted, b.name, key, context.Cause(ctx))
 	case b.opts.skipLimit > 0 && b.skips < int64(b.opts.skipLimit):
 		b.skips++
 		rec.Status, rec.Error = checkpoint.ItemSkipped, err.Error()
@@ -473,6 +477,7 @@ func (b *batch[I, O]) pinRejected(rejected map[int]*GuardError) {
 // version conflict re-plans the chunk's accepted items. tag names the
 // chunk in its effect IDs; supersedes names a stale plan this one replaces.
 func (b *batch[I, O]) commitSeparate(ctx context.Context, point, tag, supersedes string) error {
+	final := map[int]bool{} // items an earlier plan of this loop recorded as rejected
 	for replan := 0; ; replan++ {
 		cur, err := readTarget(ctx, b.target, keysOf(b.groups...))
 		if err != nil {
@@ -499,14 +504,25 @@ func (b *batch[I, O]) commitSeparate(ctx context.Context, point, tag, supersedes
 				b.recs[i].Status, b.recs[i].Chunk = checkpoint.StepPlanned, pr.EffectID
 			}
 		}
+		put := make([]checkpoint.Item, 0, len(b.recs))
+		for i := range b.recs {
+			if !final[i] { // a rejection recorded by an earlier plan stays as it is
+				put = append(put, b.recs[i])
+			}
+		}
 		err = b.r.store.InTx(ctx, b.r.lease, func(tx checkpoint.Tx) error {
-			if err := tx.PutItems(b.recs); err != nil {
+			if err := tx.PutItems(put); err != nil {
 				return err
 			}
 			return tx.PutChunkPlan(checkpoint.ChunkPlan{Step: b.name, EffectID: pr.EffectID, Plan: plan, Supersedes: supersedes})
 		})
 		if err != nil {
 			return fmt.Errorf("steps: record plan of chunk %d of %s: %w", b.chunk, b.name, err)
+		}
+		for i := range b.recs {
+			if b.recs[i].Status == checkpoint.StepRejected {
+				final[i] = true
+			}
 		}
 		crashStep(point, "after-plan")
 		err = b.r.applyChunk(ctx, b.target, b.name, pr)

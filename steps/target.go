@@ -62,20 +62,28 @@ func (r *Run) target(ctx context.Context, t Target) (*openTarget, error) {
 	db := sqlStore.DB()
 	if !same {
 		var err error
-		if db, err = checkpoint.OpenTarget(ctx, checkpoint.Config{Path: t.Path}); err != nil {
+		if ot.rdb, err = checkpoint.OpenTargetReader(ctx, checkpoint.Config{Path: t.Path}); err != nil {
 			return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
+		}
+		db = ot.rdb
+		if !r.dryRun {
+			if db, err = checkpoint.OpenTarget(ctx, checkpoint.Config{Path: t.Path}); err != nil {
+				ot.rdb.Close()
+				return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
+			}
 		}
 		ot.db = db
-		if ot.rdb, err = checkpoint.OpenTargetReader(ctx, checkpoint.Config{Path: t.Path}); err != nil {
-			db.Close()
-			return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
-		}
 	}
-	h, err := checkpoint.OpenTable(ctx, db, t.Table)
+	open := checkpoint.OpenTable
+	if r.dryRun {
+		// A dry run reads the target and writes nothing, not even the
+		// applied-effects table.
+		open, db = checkpoint.OpenTableForReading, ot.rdb
+	}
+	h, err := open(ctx, db, t.Table)
 	if err != nil {
 		if ot.db != nil {
-			ot.db.Close()
-			ot.rdb.Close()
+			ot.closeDBs()
 		}
 		return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
 	}
@@ -85,6 +93,16 @@ func (r *Run) target(ctx context.Context, t Target) (*openTarget, error) {
 	}
 	r.targets[key] = ot
 	return ot, nil
+}
+
+// closeDBs closes a separate target's handles (the writer may be the
+// reader itself, in a dry run).
+func (ot *openTarget) closeDBs() error {
+	err := ot.rdb.Close()
+	if ot.db != ot.rdb {
+		err = errors.Join(err, ot.db.Close())
+	}
+	return err
 }
 
 func samePath(a, b string) bool {
@@ -114,7 +132,7 @@ func (r *Run) Close() error {
 	for k, ot := range r.targets {
 		ot.h.Close()
 		if ot.db != nil {
-			errs = append(errs, ot.db.Close(), ot.rdb.Close())
+			errs = append(errs, ot.closeDBs())
 		}
 		delete(r.targets, k)
 	}

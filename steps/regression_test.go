@@ -1,0 +1,237 @@
+package steps_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/steps"
+)
+
+// rvHookStore runs afterPlan once, right after the first transaction that
+// recorded a chunk plan commits.
+type rvHookStore struct {
+	*checkpoint.SQLite
+	afterPlan func()
+}
+
+type rvTx struct {
+	checkpoint.Tx
+	planned *bool
+}
+
+func (tx rvTx) PutChunkPlan(p checkpoint.ChunkPlan) error {
+	*tx.planned = true
+	return tx.Tx.PutChunkPlan(p)
+}
+
+func (s *rvHookStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
+	planned := false
+	err := s.SQLite.InTx(ctx, l, func(tx checkpoint.Tx) error { return fn(rvTx{Tx: tx, planned: &planned}) })
+	if err == nil && planned && s.afterPlan != nil {
+		f := s.afterPlan
+		s.afterPlan = nil
+		f()
+	}
+	return err
+}
+
+func rvBegin(t *testing.T, st *checkpoint.SQLite, store checkpoint.Store) *steps.Run {
+	t.Helper()
+	ctx := context.Background()
+	c, err := st.Claim(ctx, checkpoint.ClaimRequest{RunID: "j/k", Job: "j", RunKey: "k", Params: []byte("{}"), ParamsHash: "h",
+		Owner: "test:1", Now: time.Now(), LeaseFor: time.Minute, OwnerGone: func(string) bool { return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := steps.Begin(ctx, steps.Config{Store: store, Lease: c.Lease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { run.Close() })
+	return run
+}
+
+func rvLedger(t *testing.T) (string, *sql.DB) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	db, err := checkpoint.OpenTarget(context.Background(), checkpoint.Config{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ledger(t, db, map[string]int64{"A": 1000})
+	return path, db
+}
+
+func itemStatuses(t *testing.T, run *steps.Run, name string) map[string]string {
+	out := map[string]string{}
+	if err := run.Items(context.Background(), name, "", func(it steps.ItemResult) error {
+		out[it.Key] = it.Status
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// 1. An interruption during a ForEach with SkipFailures pins the interrupted
+// items as "skipped" and even completes the step: a plain rerun never runs
+// them, so their effects never apply.
+func TestReviewInterruptPinsItemsAsSkipped(t *testing.T) {
+	st := checkpointtest.Open(t)
+	run := beginEffects(t, st, "j/k")
+	ctx, cancel := context.WithCancel(context.Background())
+	items := []string{"a", "b", "c", "d"}
+	post := func(ctx context.Context, it string, e *steps.Effects) (int, error) {
+		if it == "b" {
+			cancel() // SIGINT arrives while b talks to something
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		e.Add("n", 1)
+		return 1, nil
+	}
+	sum, err := steps.ForEach(ctx, run, "post", steps.Slice(items, func(s string) string { return s }), post,
+		steps.ChunkSize(10), steps.SkipFailures(5), steps.WithTarget(steps.State))
+	t.Logf("attempt 1: sum %+v err %v statuses %v", sum, err, itemStatuses(t, run, "post"))
+
+	run2 := beginEffects(t, st, "j/k")
+	sum, err = steps.ForEach(context.Background(), run2, "post", steps.Slice(items, func(s string) string { return s }), post,
+		steps.ChunkSize(10), steps.SkipFailures(5), steps.WithTarget(steps.State))
+	var n int64
+	st.DB().QueryRow(`SELECT value FROM stepwise_state WHERE key = 'n'`).Scan(&n)
+	t.Logf("plain rerun: sum %+v err %v n=%d", sum, err, n)
+	if n != 4 {
+		t.Errorf("after an interrupted attempt and a plain rerun, n = %d; want 4 (every item applied once)", n)
+	}
+}
+
+// 2. A separate-store chunk holding a rejected item cannot re-plan after a
+// version conflict: the re-plan rewrites the already-final rejected item.
+func TestReviewChunkReplanWithRejectedItem(t *testing.T) {
+	st := checkpointtest.Open(t)
+	path, db := rvLedger(t)
+	hook := &rvHookStore{SQLite: st}
+	hook.afterPlan = func() { // another writer moves A after the plan is recorded
+		if _, err := db.Exec(`UPDATE accounts SET balance = balance + 1, version = version + 1 WHERE id = 'A'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := rvBegin(t, st, hook)
+	items := []string{"a", "b"}
+	sum, err := steps.ForEach(context.Background(), run, "post", steps.Slice(items, func(s string) string { return s }),
+		func(ctx context.Context, it string, e *steps.Effects) (int, error) {
+			if it == "a" {
+				return 0, steps.Reject(errors.New("account closed"))
+			}
+			e.Add("A", 10)
+			return 1, nil
+		}, steps.WithTarget(steps.Target{Path: path, Table: accountsTable}))
+	v, ver := balance(t, db, "A")
+	t.Logf("sum %+v err %v; A = %d v%d", sum, err, v, ver)
+	if err != nil {
+		t.Errorf("one conflict with a rejected item in the chunk failed the step: %v", err)
+	}
+}
+
+// 3. A stale chunk plan re-planned on resume leaves the chunk's items that
+// had no effects "planned" forever.
+func TestReviewResumedChunkLeavesNoopItemsPlanned(t *testing.T) {
+	st := checkpointtest.Open(t)
+	path, db := rvLedger(t)
+	target := steps.Target{Path: path, Table: accountsTable}
+	items := []string{"a", "b"}
+	fn := func(ctx context.Context, it string, e *steps.Effects) (int, error) {
+		if it == "b" {
+			e.Add("A", 10)
+		}
+		return 1, nil
+	}
+	hook := &rvHookStore{SQLite: st, afterPlan: func() { panic("crash after plan") }}
+	run := rvBegin(t, st, hook)
+	func() {
+		defer func() { recover() }()
+		steps.ForEach(context.Background(), run, "post", steps.Slice(items, func(s string) string { return s }), fn, steps.WithTarget(target))
+	}()
+	db.Exec(`UPDATE accounts SET balance = balance + 1, version = version + 1 WHERE id = 'A'`)
+
+	run2 := rvBegin(t, st, st)
+	sum, err := steps.ForEach(context.Background(), run2, "post", steps.Slice(items, func(s string) string { return s }), fn, steps.WithTarget(target))
+	v, ver := balance(t, db, "A")
+	got := itemStatuses(t, run2, "post")
+	t.Logf("rerun: sum %+v err %v; A = %d v%d; items %v", sum, err, v, ver, got)
+	if got["a"] != checkpoint.StepCompleted {
+		t.Errorf("item a (no effects) is %q after its step completed; want completed", got["a"])
+	}
+}
+
+// 4. A dry run changes the user's target database.
+func TestReviewDryRunWritesTarget(t *testing.T) {
+	st := checkpointtest.Open(t)
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	raw, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	ledger(t, raw, map[string]int64{"A": 1000, "B": 0})
+	var mode string
+	raw.QueryRow(`PRAGMA journal_mode`).Scan(&mode)
+	run, err := steps.Begin(context.Background(), steps.Config{Store: st, Lease: checkpoint.Lease{RunID: "j/dry"}, DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := steps.Apply(context.Background(), run, "post/T1", steps.Target{Path: path, Table: accountsTable}, transfer("A", "B", 1)); err != nil {
+		t.Fatal(err)
+	}
+	run.Close()
+	var mode2 string
+	var n int
+	raw.QueryRow(`PRAGMA journal_mode`).Scan(&mode2)
+	raw.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = 'stepwise_applied'`).Scan(&n)
+	if n != 0 || mode2 != mode {
+		t.Errorf("dry run changed the target: journal_mode %s -> %s, stepwise_applied tables %d", mode, mode2, n)
+	}
+}
+
+type rvFenceHook struct {
+	*checkpoint.SQLite
+	after func()
+}
+
+func (s *rvFenceHook) Fence(ctx context.Context, runID string) (int64, error) {
+	f, err := s.SQLite.Fence(ctx, runID)
+	if s.after != nil {
+		a := s.after
+		s.after = nil
+		a()
+	}
+	return f, err
+}
+
+// 5. The takeover lands between the stale runner's fence check and its
+// target transaction (what TestFxFenceCheckRaceStaysExactlyOnce meant to do).
+func TestReviewFenceWindowExactlyOnce(t *testing.T) {
+	st := checkpointtest.Open(t)
+	path, db := rvLedger(t)
+	db.Exec(`INSERT INTO accounts VALUES ('B', 0, 0)`)
+	target := steps.Target{Path: path, Table: accountsTable}
+	hook := &rvFenceHook{SQLite: st}
+	stale := rvBegin(t, st, hook)
+	var fresh *steps.Run
+	hook.after = func() { fresh = rvBegin(t, st, st) }
+	_, err := steps.Apply(context.Background(), stale, "post/T1", target, transfer("A", "B", 300))
+	t.Logf("stale: %v", err)
+	_, err = steps.Apply(context.Background(), fresh, "post/T1", target, transfer("A", "B", 300))
+	a, av := balance(t, db, "A")
+	t.Logf("fresh: %v; A = %d v%d", err, a, av)
+	if a != 700 || av != 1 {
+		t.Errorf("A = %d v%d; want 700 v1", a, av)
+	}
+}
