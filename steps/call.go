@@ -92,6 +92,10 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 	}
 	o := newOptions(opts)
 	key := r.lease.RunID + "/" + id
+	if r.dryRun {
+		// A dry run neither calls outside systems nor reconciles them.
+		return zero, fmt.Errorf("steps: dry run stops before outside call %s", id)
+	}
 	if cp.Status == checkpoint.StepCalling {
 		if o.reconcile == nil {
 			return zero, &OutcomeUnknownError{RunID: r.lease.RunID, Step: id, Cause: cp.Error}
@@ -109,10 +113,6 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 		}
 		// It never happened: call again.
 		cp.Tries++
-	}
-	if r.dryRun {
-		r.count(func(s *Stats) { s.Executed++ })
-		return zero, fmt.Errorf("steps: dry run stops before outside call %s", id)
 	}
 	intent := cp
 	intent.Status, intent.FinishedAt = checkpoint.StepCalling, r.now()
