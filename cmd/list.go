@@ -111,7 +111,7 @@ func (c *RunsCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	now := time.Now()
+	now := env.now()
 	if c.JSON {
 		views := make([]runView, 0, len(runs))
 		for _, r := range runs {
@@ -206,7 +206,7 @@ func (c *ShowCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	now := time.Now()
+	now := env.now()
 	v := showView{Run: viewRun(info.Run, now), Attempts: []attemptView{}, Steps: []stepView{}}
 	for _, a := range info.Attempts {
 		v.Attempts = append(v.Attempts, attemptView{Number: a.Number, Fence: a.Fence, Owner: a.Owner, Status: a.Status,
