@@ -3,6 +3,8 @@ package runner
 import (
 	"context"
 	"time"
+
+	"github.com/stepwise-run/stepwise/steps"
 )
 
 // Clock tells the time. The runner reads time only through it, so tests can
@@ -25,13 +27,12 @@ type Sleeper interface {
 }
 
 // Sleep waits d with a real timer, or until ctx is done.
-func (SystemClock) Sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
+func (SystemClock) Sleep(ctx context.Context, d time.Duration) error { return steps.Sleep(ctx, d) }
+
+// sleepOn waits d through clock if it is a Sleeper, else with a real timer.
+func sleepOn(clock Clock, ctx context.Context, d time.Duration) error {
+	if s, ok := clock.(Sleeper); ok {
+		return s.Sleep(ctx, d)
 	}
+	return steps.Sleep(ctx, d)
 }

@@ -300,12 +300,8 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 		}
 		wait := min(r.cfg.WaitPoll, max(held.Until.Sub(req.Now), time.Millisecond))
 		log.Info().Str("owner", held.Owner).Time("until", held.Until).Msg("run held by another runner; waiting")
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if sleepOn(r.cfg.Clock, ctx, wait) != nil {
 			return c, fmt.Errorf("%w while waiting for %s: %w", ErrInterrupted, req.RunID, err)
-		case <-t.C:
 		}
 	}
 }

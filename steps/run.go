@@ -148,11 +148,17 @@ func (r *Run) Stats() Stats {
 	return r.stats
 }
 
-// sleep waits d or until ctx is done.
+// sleep waits d or until ctx is done, through Config.Sleep if set.
 func (r *Run) sleep(ctx context.Context, d time.Duration) error {
 	if r.sleepFn != nil {
 		return r.sleepFn(ctx, d)
 	}
+	return Sleep(ctx, d)
+}
+
+// Sleep waits d with a real timer, or until ctx is done (then it returns
+// the context's cause). It is the default wait between retries.
+func Sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
