@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
@@ -696,13 +697,11 @@ func (b *batch[I, O]) report() {
 }
 
 func validItemKey(step, key string) error {
+	if strings.IndexByte(key, '/') >= 0 {
+		return fmt.Errorf("%w: item key %q of %s contains /", ErrInvalidID, key, step)
+	}
 	if err := ValidateID(key); err != nil {
 		return fmt.Errorf("item key of %s: %w", step, err)
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] == '/' {
-			return fmt.Errorf("%w: item key %q of %s contains /", ErrInvalidID, key, step)
-		}
 	}
 	return nil
 }
