@@ -22,8 +22,9 @@ type BackfillCmd struct {
 	Params      map[string]string `short:"p" mapsep:"none" placeholder:"NAME=VALUE" help:"Other job parameters, the same for every date."`
 	Reprocess   string            `default:"none" enum:"none,failed,all" help:"Dates that already have a run: none (skip them: only dates without a run start), failed (also resume failed, interrupted and stale runs), all (also rerun succeeded and abandoned runs, forced; checkpointed steps are still skipped)."`
 	DryRun      bool              `name:"dry-run" help:"List what would be started, start nothing."`
-	MaxParallel int               `name:"max-parallel" default:"1" help:"Runs going at once."`
-	Lease       time.Duration     `default:"30s" help:"Lease length of each run."`
+	MaxParallel int               `name:"max-parallel" default:"1" nonzero:"" help:"Runs going at once (at least 1)."`
+	Lease       time.Duration     `default:"30s" nonzero:"" help:"Lease length of each run."`
+	JSON        bool              `name:"json" help:"Print the plan per date and each run's outcome as one JSON document on stdout, instead of a table and a line per run."`
 }
 
 type backfillPlan struct {
@@ -88,12 +89,17 @@ func (c *BackfillCmd) Run(env *Env) error {
 		}
 		plans = append(plans, p)
 	}
-	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DATE\tRUN\tNOW\tACTION")
-	for _, p := range plans {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.date, p.runID, p.existing, p.action)
+	if c.JSON && c.DryRun {
+		return writeJSON(env.Stdout, viewBackfill(c, plans, nil))
 	}
-	tw.Flush()
+	if !c.JSON {
+		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "DATE\tRUN\tNOW\tACTION")
+		for _, p := range plans {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.date, p.runID, p.existing, p.action)
+		}
+		tw.Flush()
+	}
 	if c.DryRun {
 		fmt.Fprintln(env.Stdout, "dry run: nothing started")
 		return nil
@@ -107,8 +113,10 @@ func (c *BackfillCmd) Run(env *Env) error {
 		errs  []error
 		wg    sync.WaitGroup
 		slots = make(chan struct{}, c.MaxParallel)
+		// results[i] is plans[i]'s outcome, for --json.
+		results = make([]*runResultView, len(plans))
 	)
-	for _, p := range plans {
+	for i, p := range plans {
 		if p.action != "start" && p.action != "resume" && p.action != "rerun (forced)" {
 			continue
 		}
@@ -130,14 +138,24 @@ func (c *BackfillCmd) Run(env *Env) error {
 			res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: p.values, Force: p.force})
 			mu.Lock()
 			defer mu.Unlock()
-			report(env, res, err)
+			if c.JSON {
+				v := viewResult(env, res, err)
+				results[i] = &v
+			} else {
+				report(env, res, err)
+			}
 			if err != nil && !errors.Is(err, checkpoint.ErrAlreadySucceeded) {
-				fmt.Fprintf(env.Stderr, "stepwise: %s: %v\n", p.date, err)
+				fmt.Fprintf(env.Stderr, "%s: %s: %v\n", env.Name, p.date, err)
 				errs = append(errs, err)
 			}
 		})
 	}
 	wg.Wait()
+	if c.JSON {
+		if err := writeJSON(env.Stdout, viewBackfill(c, plans, results)); err != nil {
+			return err
+		}
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("backfill: %d of %d runs did not succeed: %w", len(errs), len(plans), errs[0])
 	}

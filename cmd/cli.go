@@ -1,10 +1,14 @@
 package cmd
 
 import (
+	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/alecthomas/kong"
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 )
@@ -27,15 +31,33 @@ type CLI struct {
 	Resolve  ResolveCmd  `cmd:"" group:"Operating runs" help:"Settle an outside call of unknown outcome (exit 5) as done or retry."`
 	Prune    PruneCmd    `cmd:"" group:"Operating runs" help:"Delete old finished runs' step payloads; their keys stay as tombstones."`
 	Backfill BackfillCmd `cmd:"" group:"Operating runs" help:"Start one run per business date of a job whose key is a date."`
+
+	Help HelpCmd `cmd:"" help:"Show a command's help: '${name} help run' is '${name} run --help'."`
 }
 
 // Globals are the flags every command takes.
 type Globals struct {
-	DB          string        `name:"db" env:"STEPWISE_DB" default:"stepwise.db" help:"Checkpoint database file (SQLite). Its directory must exist." type:"path"`
-	Synchronous string        `env:"STEPWISE_SYNCHRONOUS" default:"full" enum:"full,normal" help:"SQLite durability: full (default) survives power loss after every step; normal is faster but a power loss can lose the last commits (a process crash cannot)."`
-	BusyTimeout time.Duration `env:"STEPWISE_BUSY_TIMEOUT" default:"5s" help:"How long to wait for another process's write lock before failing."`
-	LogLevel    string        `env:"STEPWISE_LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level (debug, info, warn, error)."`
-	LogFormat   string        `env:"STEPWISE_LOG_FORMAT" default:"auto" enum:"auto,console,json" help:"Log format: console on a terminal and JSON otherwise (auto), or forced."`
+	DB          string           `name:"db" env:"STEPWISE_DB" default:"stepwise.db" help:"Checkpoint database file (SQLite). Its directory must exist." type:"path"`
+	Synchronous string           `env:"STEPWISE_SYNCHRONOUS" default:"full" enum:"full,normal" help:"SQLite durability: full (default) survives power loss after every step; normal is faster but a power loss can lose the last commits (a process crash cannot)."`
+	BusyTimeout time.Duration    `env:"STEPWISE_BUSY_TIMEOUT" default:"5s" help:"How long to wait for another process's write lock before failing."`
+	LogLevel    string           `env:"STEPWISE_LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+	LogFormat   string           `env:"STEPWISE_LOG_FORMAT" default:"auto" enum:"auto,console,json" help:"Log format: console on a terminal and JSON otherwise (auto), or forced."`
+	Version     kong.VersionFlag `help:"Print the program's version (module version, VCS revision) and exit."`
+}
+
+// HelpCmd prints a command's help, as the command's --help does.
+type HelpCmd struct {
+	Command []string `arg:"" optional:"" placeholder:"COMMAND" help:"The command, e.g. run or ledger seed; none for the program's help."`
+}
+
+// Run implements the help command: it parses the command line COMMAND
+// --help, whose help hook prints the help and exits.
+func (c *HelpCmd) Run(env *Env) error {
+	_, err := env.parser.Parse(append(slices.Clone(c.Command), "--help"))
+	if err != nil {
+		return usageError{fmt.Errorf("help %s: %w; the commands are listed by `%s --help`", strings.Join(c.Command, " "), err, env.Name)}
+	}
+	return nil
 }
 
 // logger builds the logger the flags ask for, writing to w.

@@ -2,6 +2,7 @@ package cmd
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,17 +13,31 @@ import (
 	"github.com/mattn/go-isatty"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
 // JobsCmd lists registered jobs.
-type JobsCmd struct{}
+type JobsCmd struct {
+	JSON bool `name:"json" help:"Print JSON (each job's name, help and parameters) instead of a table."`
+}
 
 // Run implements the jobs command.
 func (c *JobsCmd) Run(env *Env) error {
-	for _, j := range env.Registry.Jobs() {
-		fmt.Fprintf(env.Stdout, "%s\t%s\n", j.Name(), j.Help())
-		for _, p := range j.Params() {
+	views := viewJobs(env.Registry)
+	if c.JSON {
+		return writeJSON(env.Stdout, views)
+	}
+	if len(views) == 0 {
+		fmt.Fprintln(env.Stdout, "no jobs are registered in this program")
+		return nil
+	}
+	// One tabwriter for every line: the descriptions of the jobs and of
+	// their parameters all start in one column.
+	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+	for _, j := range views {
+		fmt.Fprintf(tw, "%s\t%s\n", j.Name, j.Help)
+		for _, p := range j.Params {
 			var tags []string
 			if p.Key {
 				tags = append(tags, "identifies the run")
@@ -36,17 +51,21 @@ func (c *JobsCmd) Run(env *Env) error {
 			if len(tags) > 0 {
 				extra = " (" + strings.Join(tags, ", ") + ")"
 			}
-			fmt.Fprintf(env.Stdout, "  -p %s=%s\t%s%s\n", p.Name, strings.ToUpper(p.Type), p.Help, extra)
+			value := p.Type
+			if p.Format != "" {
+				value = p.Format
+			}
+			fmt.Fprintf(tw, "  -p %s=%s\t%s%s\n", p.Name, strings.ToUpper(value), p.Help, extra)
 		}
 	}
-	return nil
+	return tw.Flush()
 }
 
 // RunsCmd lists runs.
 type RunsCmd struct {
 	Job    string `help:"Only runs of this job."`
 	Status string `enum:",running,succeeded,failed,interrupted,abandoned" default:"" help:"Only runs with this status (running, succeeded, failed, interrupted, abandoned)."`
-	Limit  int    `default:"100" help:"At most this many runs."`
+	Limit  int    `default:"100" nonzero:"" help:"At most this many runs (at least 1)."`
 	JSON   bool   `name:"json" help:"Print JSON instead of a table."`
 }
 
@@ -111,6 +130,9 @@ func (c *RunsCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
+	if err := c.checkJob(env, st, len(runs) > 0); err != nil {
+		return err
+	}
 	now := env.now()
 	if c.JSON {
 		views := make([]runView, 0, len(runs))
@@ -120,7 +142,7 @@ func (c *RunsCmd) Run(env *Env) error {
 		return writeJSON(env.Stdout, views)
 	}
 	if len(runs) == 0 {
-		fmt.Fprintln(env.Stdout, "no runs yet; start one with `stepwise run JOB -p NAME=VALUE`")
+		fmt.Fprintf(env.Stdout, "no runs yet; start one with `%s run JOB -p NAME=VALUE`\n", env.Name)
 		return nil
 	}
 	col := colours(env.Stdout)
@@ -130,6 +152,39 @@ func (c *RunsCmd) Run(env *Env) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, col.status(r, statusText(r, now), now), ago(r.UpdatedAt, now), preview(r.Error, 60))
 	}
 	return tw.Flush()
+}
+
+// checkJob refuses --job naming a job this program does not register and
+// the database has no runs of (a typo, most likely). A job no longer
+// registered whose runs are still recorded is listed, with a note.
+func (c *RunsCmd) checkJob(env *Env, st *checkpoint.SQLite, found bool) error {
+	if c.Job == "" {
+		return nil
+	}
+	if _, err := env.Registry.Lookup(c.Job); !errors.Is(err, jobs.ErrUnknownJob) {
+		return nil
+	}
+	if !found && c.Status != "" { // the filter may be what hid its runs
+		some, err := st.Runs(env.Ctx, checkpoint.RunFilter{Job: c.Job, Limit: 1})
+		if err != nil {
+			return err
+		}
+		found = len(some) > 0
+	}
+	if found {
+		fmt.Fprintf(env.Stderr, "note: job %q is not registered in %s; listing its recorded runs\n", c.Job, env.Name)
+		return nil
+	}
+	var names []string
+	for _, j := range env.Registry.Jobs() {
+		names = append(names, j.Name())
+	}
+	registered := "none"
+	if len(names) > 0 {
+		registered = strings.Join(names, ", ")
+	}
+	return usageError{fmt.Errorf("--job %q: no such job: %s registers %s, and %s has no runs of it; `%s jobs` lists the jobs",
+		c.Job, env.Name, registered, st.Path(), env.Name)}
 }
 
 // ShowCmd shows one run.

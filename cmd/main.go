@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -30,12 +32,17 @@ const GraceEnv = "STEPWISE_GRACE"
 // period, the attempt is recorded as interrupted, and the process exits 3.
 // A second signal, or the end of the grace period, ends the process at
 // once, which is still safe: nothing is ever half-written.
+//
+// The program calls itself by the base name of os.Args[0] in usage, errors
+// and hints (`mytool resume RUN_ID`), unless an option names it (Name).
 func Main(reg *jobs.Registry, opts ...Option) {
+	opts = append([]Option{Name(argv0Name(os.Args[0]))}, opts...)
+	name := programName(opts)
 	grace := 30 * time.Second
 	if v := os.Getenv(GraceEnv); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			fmt.Fprintf(os.Stderr, "stepwise: %s=%q is not a positive duration such as 30s\n", GraceEnv, v)
+			fmt.Fprintf(os.Stderr, "%s: %s=%q is not a positive duration such as 30s\n", name, GraceEnv, v)
 			os.Exit(ExitUsage)
 		}
 		grace = d
@@ -51,7 +58,7 @@ func Main(reg *jobs.Registry, opts ...Option) {
 			signal.Reset(os.Interrupt, syscall.SIGTERM)
 			syscall.Kill(os.Getpid(), s.(syscall.Signal))
 		case <-time.After(grace):
-			fmt.Fprintf(os.Stderr, "stepwise: the current step did not finish within the %s grace period; exiting (resumable)\n", grace)
+			fmt.Fprintf(os.Stderr, "%s: the current step did not finish within the %s grace period; exiting (resumable)\n", name, grace)
 			os.Exit(ExitInterrupted)
 		}
 	}()
@@ -70,11 +77,59 @@ func Command(name, help string, c any) Option {
 	return func(o *[]kong.Option) { *o = append(*o, kong.DynamicCommand(name, help, "", c)) }
 }
 
+// defaultName is what Execute calls the program when no Name option is
+// given.
+const defaultName = "stepwise"
+
+// Name sets the program's name as usage, errors and hints print it
+// (`mytool resume RUN_ID`). Main defaults it to the base name of
+// os.Args[0], Execute to "stepwise"; the last Name option wins. Help texts
+// may say ${name} for it.
+func Name(name string) Option {
+	return func(o *[]kong.Option) { *o = append(*o, nameOption(name)) }
+}
+
+// nameOption carries Name through the kong options; Execute reads it back
+// before building the parser, and it sets kong's name as well.
+type nameOption string
+
+func (n nameOption) Apply(k *kong.Kong) error { return kong.Name(string(n)).Apply(k) }
+
+// programName is the name the options give the program: the last Name.
+func programName(opts []Option) string {
+	var kopts []kong.Option
+	for _, o := range opts {
+		o(&kopts)
+	}
+	return nameIn(kopts)
+}
+
+func nameIn(kopts []kong.Option) string {
+	name := defaultName
+	for _, o := range kopts {
+		if n, ok := o.(nameOption); ok && n != "" {
+			name = string(n)
+		}
+	}
+	return name
+}
+
+// argv0Name is the program name os.Args[0] gives: its base name, without a
+// Windows .exe suffix; "stepwise" if that leaves nothing.
+func argv0Name(arg0 string) string {
+	n := strings.TrimSuffix(filepath.Base(arg0), ".exe")
+	if n == "" || n == "." || n == string(filepath.Separator) {
+		return defaultName
+	}
+	return n
+}
+
 // exitRequest carries kong's request to exit (after --help) out of parsing.
 type exitRequest struct{ code int }
 
 // Execute runs the command line args (without the program name) and returns
-// the exit code. Tests and embedding programs call it directly.
+// the exit code. Tests and embedding programs call it directly. It calls
+// the program "stepwise" unless a Name option says otherwise.
 func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, stderr io.Writer, opts ...Option) (code int) {
 	var cli CLI
 	defer func() {
@@ -86,28 +141,32 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 			panic(r)
 		}
 	}()
-	kopts := []kong.Option{
-		kong.Name("stepwise"),
+	var own []kong.Option
+	for _, o := range opts {
+		o(&own)
+	}
+	name := nameIn(own)
+	kopts := append([]kong.Option{
+		kong.Name(name),
 		kong.Description("Stepwise runs batch jobs in resumable, checkpointed steps: rerun a crashed or failed run " +
 			"from the top and every completed step is skipped, every effect applied once.\n\n" + exitCodesHelp),
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(c int) { panic(exitRequest{c}) }),
-		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-	}
-	for _, o := range opts {
-		o(&kopts)
-	}
+		kong.Vars{"name": name, "version": versionText(name, readBuildInfo())},
+	}, cliConventions()...)
+	kopts = append(kopts, own...)
 	parser, err := kong.New(&cli, kopts...)
 	if err != nil {
-		fmt.Fprintf(stderr, "stepwise: %v\n", err)
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return ExitUsage
 	}
+	groupGlobals(parser)
 	kctx, err := parser.Parse(args)
 	if err != nil {
-		fmt.Fprintf(stderr, "stepwise: %v\n", err)
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		var pe *kong.ParseError
 		if errors.As(err, &pe) {
-			fmt.Fprintln(stderr, "run `stepwise --help` for usage")
+			fmt.Fprintf(stderr, "run `%s --help` for usage\n", helpPath(name, pe.Context))
 		}
 		return ExitUsage
 	}
@@ -116,12 +175,12 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 	if _, ok := stderr.(*os.File); !ok {
 		stderr = &lockedWriter{w: stderr}
 	}
-	env := &Env{Ctx: ctx, Registry: reg, Stdout: stdout, Stderr: stderr, Globals: &cli.Globals}
+	env := &Env{Ctx: ctx, Registry: reg, Stdout: stdout, Stderr: stderr, Globals: &cli.Globals, Name: name, parser: parser}
 	defer env.close()
 	if err := kctx.Run(env); err != nil {
 		code := ExitCode(err)
 		if code != ExitOK {
-			fmt.Fprintf(stderr, "stepwise: %v\n", err)
+			fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		} else {
 			fmt.Fprintln(stdout, err)
 		}
@@ -149,10 +208,14 @@ type Env struct {
 	Stdout   io.Writer
 	Stderr   io.Writer
 	Globals  *Globals
+	// Name is the program's name as the user invokes it (see Name), for
+	// the commands it prints in hints: "resume it with: NAME resume ID".
+	Name string
 	// Now is the clock of manual operations and listings. Defaults to
 	// time.Now.
-	Now   func() time.Time
-	store *checkpoint.SQLite
+	Now    func() time.Time
+	store  *checkpoint.SQLite
+	parser *kong.Kong
 }
 
 func (e *Env) now() time.Time {

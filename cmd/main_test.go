@@ -60,7 +60,7 @@ func childMain() {
 		gate.Close()
 	}
 	os.Args = append([]string{os.Args[0]}, args...)
-	Main(testRegistry())
+	Main(testRegistry(), Name("stepwise")) // the test binary is cmd.test
 }
 
 func testRegistry() *jobs.Registry {

@@ -39,7 +39,7 @@ func (f operatorFlags) audit(env *Env, runID, command, reason, details string) c
 // RecoverCmd marks a stale run failed, resumable.
 type RecoverCmd struct {
 	operatorFlags
-	RunID  string `arg:"" name:"run-id" help:"The stale run (its runner died; 'stepwise runs' marks it stale)."`
+	RunID  string `arg:"" name:"run-id" help:"The stale run (its runner died; '${name} runs' marks it stale)."`
 	Reason string `default:"runner gone" help:"Why, for the audit log."`
 	Force  bool   `help:"Recover even though the lease has not expired (only if you know its runner is gone)."`
 }
@@ -56,7 +56,7 @@ func (c *RecoverCmd) Run(env *Env) error {
 		}
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "run %s marked failed (resumable): resume it with `stepwise resume %s`\n", c.RunID, c.RunID)
+	fmt.Fprintf(env.Stdout, "run %s marked failed (resumable): resume it with `%s resume %s`\n", c.RunID, env.Name, c.RunID)
 	return nil
 }
 
@@ -84,7 +84,7 @@ func (c *AbandonCmd) Run(env *Env) error {
 type ResetCmd struct {
 	operatorFlags
 	RunID  string `arg:"" name:"run-id" help:"Run whose step to reset."`
-	Step   string `required:"" help:"Step ID to clear (see 'stepwise show RUN_ID')."`
+	Step   string `required:"" help:"Step ID to clear (see '${name} show RUN_ID')."`
 	Reason string `required:"" help:"Why, for the audit log."`
 	Force  bool   `help:"Reset even though the step's effects applied; they are not undone, and will apply again when the step reruns."`
 }
@@ -119,7 +119,7 @@ func (c *ResetCmd) Run(env *Env) error {
 	if err := st.ResetSteps(env.Ctx, c.audit(env, c.RunID, "reset --step "+c.Step, c.Reason, details), env.now(), []string{c.Step}); err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "step %s of %s cleared; it runs again on `stepwise resume %s`\n", c.Step, c.RunID, c.RunID)
+	fmt.Fprintf(env.Stdout, "step %s of %s cleared; it runs again on `%s resume %s`\n", c.Step, c.RunID, env.Name, c.RunID)
 	return nil
 }
 
@@ -277,6 +277,7 @@ type PruneCmd struct {
 	OlderThan string `required:"" name:"older-than" placeholder:"DURATION" help:"Prune succeeded and abandoned runs that finished longer ago than this (e.g. 90d, 720h)."`
 	DryRun    bool   `name:"dry-run" help:"Only say what would be pruned."`
 	Reason    string `default:"retention" help:"Why, for the audit log."`
+	JSON      bool   `name:"json" help:"Print what was pruned (or would be) as JSON: run IDs, step payloads, item checkpoints, bytes."`
 }
 
 // Run implements the prune command.
@@ -290,9 +291,18 @@ func (c *PruneCmd) Run(env *Env) error {
 		return err
 	}
 	a := c.audit(env, "", "prune --older-than "+c.OlderThan, c.Reason, "")
-	res, err := st.Prune(env.Ctx, a, env.now().Add(-d), c.DryRun)
+	cutoff := env.now().Add(-d)
+	res, err := st.Prune(env.Ctx, a, cutoff, c.DryRun)
 	if err != nil {
 		return err
+	}
+	if c.JSON {
+		v := pruneView{DryRun: c.DryRun, OlderThan: c.OlderThan, Cutoff: cutoff.Format(time.RFC3339),
+			Runs: res.Runs, Steps: res.Steps, Items: res.Items, Bytes: res.Bytes}
+		if v.Runs == nil {
+			v.Runs = []string{}
+		}
+		return writeJSON(env.Stdout, v)
 	}
 	verb := "pruned"
 	if c.DryRun {
@@ -360,6 +370,6 @@ func (c *ResolveCmd) Run(env *Env) error {
 		}
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "step %s of %s resolved as %s; continue with `stepwise resume %s`\n", c.Step, c.RunID, c.As, c.RunID)
+	fmt.Fprintf(env.Stdout, "step %s of %s resolved as %s; continue with `%s resume %s`\n", c.Step, c.RunID, c.As, env.Name, c.RunID)
 	return nil
 }

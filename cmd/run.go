@@ -5,6 +5,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
 )
 
@@ -13,7 +14,7 @@ type runFlags struct {
 	Wait         bool          `help:"If another runner holds the run, wait for it instead of exiting 4."`
 	RetrySkipped bool          `name:"retry-skipped" help:"Process again the batch items an earlier attempt skipped under the step's skip policy."`
 	Progress     string        `default:"auto" enum:"auto,bar,log,none" help:"Batch progress: a live bar on a terminal and a log line every few seconds otherwise (auto), or forced."`
-	Lease        time.Duration `default:"30s" help:"Lease length; the runner heartbeats every third of it. A crashed runner's run is taken over when it expires (at once if it ran on this host and its process is gone)."`
+	Lease        time.Duration `default:"30s" nonzero:"" help:"Lease length; the runner heartbeats every third of it. A crashed runner's run is taken over when it expires (at once if it ran on this host and its process is gone)."`
 	Force        bool          `help:"Run a succeeded or abandoned run again; completed steps are still skipped."`
 	Deliver      string        `env:"STEPWISE_DELIVER" placeholder:"TARGET" help:"After the run, deliver queued notifications (at least once, with stable keys) to stdout, file:PATH or an http(s):// webhook URL."`
 }
@@ -41,10 +42,11 @@ func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
 // RunCmd starts or resumes a run of a job.
 type RunCmd struct {
 	runFlags
-	Job        string            `arg:"" help:"Registered job name (see 'stepwise jobs')."`
+	Job        string            `arg:"" help:"Registered job name (see '${name} jobs')."`
 	Params     map[string]string `short:"p" mapsep:"none" placeholder:"NAME=VALUE" help:"A job parameter; repeat for several. Identifying parameters name the run: the same values resume the same run."`
 	ParamsFile string            `type:"existingfile" placeholder:"FILE" help:"JSON object of job parameters; -p values override it."`
 	DryRun     bool              `name:"dry-run" help:"Execute the job without claiming the run or writing anything: print each step's planned effects (key: before -> after)."`
+	JSON       bool              `name:"json" help:"Print the outcome (with --dry-run: every step's full plan) as JSON on stdout."`
 }
 
 // Run implements the run command.
@@ -63,18 +65,38 @@ func (c *RunCmd) Run(env *Env) error {
 	res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: c.Params, ParamsFile: file, Force: c.Force,
 		DryRun: c.DryRun, RetrySkipped: c.RetrySkipped})
 	prog.close()
-	if c.DryRun {
+	switch {
+	case c.DryRun && c.JSON:
+		return printDryRunJSON(env, res, err)
+	case c.DryRun:
 		printDryRun(env, res)
 		return err
+	case c.JSON:
+		return printResultJSON(env, res, err, c.runID(env, file))
 	}
 	report(env, res, err)
 	return err
 }
 
+// runID is the ID of the run the command names, "" if its job or
+// parameters are wrong.
+func (c *RunCmd) runID(env *Env, paramsFile []byte) string {
+	job, err := env.Registry.Lookup(c.Job)
+	if err != nil {
+		return ""
+	}
+	dec, err := job.Decode(c.Params, paramsFile)
+	if err != nil {
+		return ""
+	}
+	return jobs.RunID(c.Job, dec.RunKey)
+}
+
 // ResumeCmd resumes a run by ID.
 type ResumeCmd struct {
 	runFlags
-	RunID string `arg:"" name:"run-id" help:"Run ID as shown by 'stepwise runs', e.g. report/2026-11-28."`
+	RunID string `arg:"" name:"run-id" help:"Run ID as shown by '${name} runs', e.g. report/2026-11-28."`
+	JSON  bool   `name:"json" help:"Print the outcome as JSON on stdout."`
 }
 
 // Run implements the resume command.
@@ -85,6 +107,9 @@ func (c *ResumeCmd) Run(env *Env) error {
 	}
 	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: c.Force, RetrySkipped: c.RetrySkipped})
 	prog.close()
+	if c.JSON {
+		return printResultJSON(env, res, err, c.RunID)
+	}
 	report(env, res, err)
 	return err
 }
@@ -127,14 +152,15 @@ func report(env *Env, res runner.Result, err error) {
 	fmt.Fprintf(env.Stdout, "run %s %s (attempt %d): %d steps executed, %d skipped (checkpointed)\n",
 		res.RunID, res.Status, res.Attempt, res.Stats.Executed, res.Stats.Skipped)
 	if err != nil && res.Status == "interrupted" {
-		fmt.Fprintf(env.Stdout, "resume it with: stepwise resume %s\n", res.RunID)
+		fmt.Fprintf(env.Stdout, "resume it with: %s resume %s\n", env.Name, res.RunID)
 	}
 }
 
 // DispatchCmd delivers queued notifications.
 type DispatchCmd struct {
 	To    string        `required:"" placeholder:"TARGET" help:"Where to deliver: stdout, file:PATH or an http(s):// webhook URL (POST, Idempotency-Key header)."`
-	Every time.Duration `placeholder:"DURATION" help:"Keep dispatching at this interval until interrupted, instead of one pass."`
+	Every time.Duration `placeholder:"DURATION" nonzero:"" help:"Keep dispatching at this interval (a positive duration such as 30s) until interrupted, instead of one pass."`
+	JSON  bool          `name:"json" help:"Print each pass's counts as a line of JSON on stdout instead of text on stderr."`
 }
 
 // Run implements the dispatch command.
@@ -143,8 +169,8 @@ func (c *DispatchCmd) Run(env *Env) error {
 	if err != nil {
 		return usageError{fmt.Errorf("--to: %w", err)}
 	}
-	if c.Every < 0 {
-		return usageError{fmt.Errorf("--every is %s; it cannot be negative", c.Every)}
+	if c.JSON && c.To == "stdout" {
+		return usageError{errJSONOnStdout}
 	}
 	st, err := env.Store()
 	if err != nil {
@@ -153,10 +179,21 @@ func (c *DispatchCmd) Run(env *Env) error {
 	d := runner.Dispatcher{Store: st, To: to, Logger: env.Logger()}
 	for {
 		res, err := d.Pass(env.Ctx)
+		if c.JSON {
+			v := dispatchView{Sent: res.Sent, Failed: res.Failed}
+			if err != nil {
+				v.Error = err.Error()
+			}
+			if werr := writeJSONLine(env.Stdout, v); werr != nil {
+				return werr
+			}
+		}
 		if err != nil && env.Ctx.Err() == nil {
 			return err
 		}
-		fmt.Fprintf(env.Stderr, "dispatched: %d sent, %d failed (retried later)\n", res.Sent, res.Failed)
+		if !c.JSON {
+			fmt.Fprintf(env.Stderr, "dispatched: %d sent, %d failed (retried later)\n", res.Sent, res.Failed)
+		}
 		if c.Every == 0 || env.Ctx.Err() != nil {
 			return nil
 		}

@@ -21,7 +21,7 @@ import (
 type ServeCmd struct {
 	Listen           string        `placeholder:"ADDR" help:"Serve /healthz and Prometheus /metrics on this address, e.g. 127.0.0.1:9090 (port 0 picks a free one; the address is printed)."`
 	Grace            time.Duration `default:"20s" help:"After SIGTERM or SIGINT, how long running runs may take to finish before they are interrupted, resumably: the next serve fires them again as missed fires (under the misfire policy), or resume them by hand. Keep it under STEPWISE_GRACE, after which the process exits anyway."`
-	Lease            time.Duration `default:"30s" help:"Lease length of the runs started and of the schedules fired; a standby serve takes a schedule over when its lease expires (at once if its owner ran on this host and is gone)."`
+	Lease            time.Duration `default:"30s" nonzero:"" help:"Lease length of the runs started and of the schedules fired; a standby serve takes a schedule over when its lease expires (at once if its owner ran on this host and is gone)."`
 	MisfireThreshold time.Duration `name:"misfire-threshold" default:"1m" help:"How late a fire may be noticed and still count as on time; later ones follow the schedule's misfire policy."`
 
 	schedules func() ([]runner.Schedule, error)
@@ -69,11 +69,11 @@ func (c *ServeCmd) Run(env *Env) error {
 		}()
 		where = "; /healthz and /metrics on http://" + addr
 	}
-	fmt.Fprintf(env.Stdout, "stepwise serve: firing %d schedules from %s%s\n", len(scheds), st.Path(), where)
+	fmt.Fprintf(env.Stdout, "%s serve: firing %d schedules from %s%s\n", env.Name, len(scheds), st.Path(), where)
 	if err := sched.Run(env.Ctx); err != nil {
 		return err
 	}
-	fmt.Fprintln(env.Stdout, "stepwise serve: stopped")
+	fmt.Fprintf(env.Stdout, "%s serve: stopped\n", env.Name)
 	return nil
 }
 

@@ -37,7 +37,7 @@ func init() {
 		args = args[i+1:]
 	}
 	os.Args = append([]string{os.Args[0]}, args...)
-	Main(testRegistry(), Schedules(everySecond(os.Getenv(serveSideEnv))))
+	Main(testRegistry(), Name("stepwise"), Schedules(everySecond(os.Getenv(serveSideEnv))))
 }
 
 // everySecond fires a one-step crashy run every second, one run per fire
