@@ -17,7 +17,8 @@ import (
 //     nonzero:"" is never zero either (`--lease 0s`, `--every 0s`); a value
 //     given as "-5" or "-5s" is read as a number and refused in our words,
 //     naming the flag and what to give instead, not taken for a short flag.
-//     int64 flags are money (minor units) and may be negative.
+//     An int64 flag is money (minor units) and may be negative: "-500" is
+//     read as its value too, and only nonzero:"" constrains it.
 //   - an enum flag's help lists its values.
 //   - the program's own flags in a command's help come first, the global
 //     ones after them under "Global flags:".
@@ -27,6 +28,7 @@ func cliConventions() []kong.Option {
 		kong.ValueFormatter(helpValue),
 		kong.TypeMapper(reflect.TypeFor[time.Duration](), durationMapper{}),
 		kong.KindMapper(reflect.Int, intMapper{}),
+		kong.KindMapper(reflect.Int64, intMapper{signed: true}),
 	}
 }
 
@@ -73,30 +75,40 @@ func durationExample(v *kong.Value) string {
 }
 
 // intMapper decodes an int flag, refusing negative values (and zero with
-// nonzero:"").
-type intMapper struct{}
+// nonzero:""), or with signed an int64 flag, refusing only zero with
+// nonzero:"".
+type intMapper struct{ signed bool }
 
-func (intMapper) Decode(ctx *kong.DecodeContext, target reflect.Value) error {
+func (m intMapper) Decode(ctx *kong.DecodeContext, target reflect.Value) error {
 	s, err := numberToken(ctx, "int")
 	if err != nil {
 		return err
 	}
-	n, err := strconv.ParseInt(s, 10, bits.UintSize)
+	size := bits.UintSize
+	if m.signed {
+		size = 64
+	}
+	n, err := strconv.ParseInt(s, 10, size)
 	if err != nil {
-		return fmt.Errorf("%q is not a whole number; use %s", s, intWant(ctx.Value))
+		return fmt.Errorf("%q is not a whole number; use %s", s, m.want(ctx.Value))
 	}
 	switch {
-	case n < 0:
-		return fmt.Errorf("%d is negative; use %s", n, intWant(ctx.Value))
+	case n < 0 && !m.signed:
+		return fmt.Errorf("%d is negative; use %s", n, m.want(ctx.Value))
 	case n == 0 && ctx.Value.Tag.Has(nonzeroTag):
-		return fmt.Errorf("0 is not allowed; use %s", intWant(ctx.Value))
+		return fmt.Errorf("0 is not allowed; use %s", m.want(ctx.Value))
 	}
 	target.SetInt(n)
 	return nil
 }
 
-func intWant(v *kong.Value) string {
-	if v.Tag.Has(nonzeroTag) {
+func (m intMapper) want(v *kong.Value) string {
+	switch {
+	case m.signed && v.Tag.Has(nonzeroTag):
+		return "a whole number other than 0"
+	case m.signed:
+		return "a whole number"
+	case v.Tag.Has(nonzeroTag):
 		return "a whole number of at least 1"
 	}
 	return "0 or a whole number above it"
