@@ -3,6 +3,12 @@
 //
 //	func main() { cmd.Main(registry) }
 //
+// The program calls itself by the base name of os.Args[0] in its usage,
+// errors and hints (`mytool resume RUN_ID`); cmd.Name("mytool") fixes the
+// name. `--version` prints the module version and VCS revision from the
+// build information, `help CMD` a command's help, and every command that
+// prints a result takes --json.
+//
 // Import rule: cmd imports runner, jobs, steps and checkpoint; nothing
 // imports cmd but main packages.
 //

@@ -64,7 +64,7 @@ func (c *JobsCmd) Run(env *Env) error {
 // RunsCmd lists runs.
 type RunsCmd struct {
 	Job    string `help:"Only runs of this job."`
-	Status string `enum:",running,succeeded,failed,interrupted,abandoned" default:"" help:"Only runs with this status (running, succeeded, failed, interrupted, abandoned)."`
+	Status string `enum:",running,succeeded,failed,interrupted,abandoned" default:"" help:"Only runs with this status; every status if empty."`
 	Limit  int    `default:"100" nonzero:"" help:"At most this many runs (at least 1)."`
 	JSON   bool   `name:"json" help:"Print JSON instead of a table."`
 }
