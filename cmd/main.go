@@ -122,6 +122,9 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 		code := ExitCode(err)
 		if code != ExitOK {
 			fmt.Fprintf(stderr, "stepwise: %v\n", err)
+			if h := hint(err); h != "" {
+				fmt.Fprintf(stderr, "stepwise: %s\n", h)
+			}
 		} else {
 			fmt.Fprintln(stdout, err)
 		}
