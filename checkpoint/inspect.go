@@ -3,8 +3,9 @@ package checkpoint
 import "context"
 
 // These reads serve operators (show, audits): a run's batch items of one
-// status and its chunk plans, a page at a time, in the order of the
-// tables' keys, so a page costs the rows it returns and no sort.
+// status and its chunk plans, a page at a time, after the last row of the
+// previous page (keyset paging), so no page costs more than the ones
+// before it.
 
 const (
 	// sqlRunItemsByStatus pages through a run's items of one status in
@@ -12,9 +13,16 @@ const (
 	sqlRunItemsByStatus = `SELECT step_id, item_key, status, output, error, attempt, chunk FROM items
 WHERE run_id = ? AND status = ? AND (step_id, item_key) > (?, ?) ORDER BY step_id, item_key LIMIT ?`
 	// sqlRunChunkPlans pages through a run's chunk plans of every status in
-	// (step, effect ID) order.
-	sqlRunChunkPlans = `SELECT step_id, effect_id, status, plan FROM chunk_plans
-WHERE run_id = ? AND (step_id, effect_id) > (?, ?) ORDER BY step_id, effect_id LIMIT ?`
+	// step order, then effect IDs shortest first: IDs of one step differ in
+	// their numbers (fence, chunk), so this lists them in the order they
+	// were made (c2 before c10). The keys are sorted alone, then the plans
+	// read by key, so the sort never holds the plans themselves.
+	sqlRunChunkPlans = `SELECT c.step_id, c.effect_id, c.status, c.plan FROM (
+    SELECT step_id, effect_id FROM chunk_plans
+    WHERE run_id = ?1 AND (step_id, length(effect_id), effect_id) > (?2, length(?3), ?3)
+    ORDER BY step_id, length(effect_id), effect_id LIMIT ?4
+) AS k JOIN chunk_plans AS c ON c.run_id = ?1 AND c.step_id = k.step_id AND c.effect_id = k.effect_id
+ORDER BY k.step_id, length(k.effect_id), k.effect_id`
 	sqlChunkPlanCounts = `SELECT step_id, status, count(*) FROM chunk_plans WHERE run_id = ?
 GROUP BY step_id, status ORDER BY step_id, status`
 )
@@ -60,7 +68,8 @@ func (s *SQLite) RunItems(ctx context.Context, runID, status string, p Page, fn 
 }
 
 // RunChunkPlans calls fn for a run's chunk plans of every status (planned,
-// applied, superseded), in (step, effect ID) order, one page of them. The
+// applied, superseded), one page of them, by step and, within a step, in
+// the order they were made (effect IDs shortest first, then by text). The
 // page's AfterKey is an effect ID.
 func (s *SQLite) RunChunkPlans(ctx context.Context, runID string, p Page, fn func(ChunkPlan) error) error {
 	op := "read chunk plans of " + runID

@@ -90,7 +90,7 @@ var opsBatchJob = jobs.Define("opsbatch", func(ctx context.Context, run *steps.R
 // backfill tests' opsdaily.
 func opsRegistry() *jobs.Registry {
 	var reg jobs.Registry
-	reg.MustRegister(crashyJob, opsLedgerJob, opsBatchJob, opsDailyJob)
+	reg.MustRegister(crashyJob, opsLedgerJob, opsBatchJob, opsDailyJob, opsStopJob, opsRejectJob)
 	return &reg
 }
 

@@ -473,14 +473,14 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 
 // samePlan is the record of a same-store chunk's applied writes and the
 // items whose operations made them; none when nothing was written (every
-// item rejected). Its ID has the form of a separate-store effect ID, with
-// the chunk number zero-padded so a step's plans list in chunk order.
+// item rejected). Its ID has the form of a separate-store effect ID, "s"
+// for same store in place of "c".
 func (b *batch[I, O]) samePlan(writes []checkpoint.Write) (checkpoint.ChunkPlan, error) {
 	if len(writes) == 0 {
 		return checkpoint.ChunkPlan{}, nil
 	}
 	pr := chunkPlanRecord{Target: b.target.name, Writes: writes,
-		EffectID: fmt.Sprintf("%s/%s@%d.s%06d", b.r.lease.RunID, b.name, b.r.lease.Fence, b.chunk)}
+		EffectID: fmt.Sprintf("%s/%s@%d.s%d", b.r.lease.RunID, b.name, b.r.lease.Fence, b.chunk)}
 	pr.Items = make([]itemPlan, 0, len(b.groups))
 	for gi, ops := range b.groups {
 		if ops != nil { // nil: rejected by a guard, nothing of it applied
