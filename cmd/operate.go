@@ -181,13 +181,13 @@ func (c *RerunCmd) Run(env *Env) error {
 	if applied.any() && !c.Force {
 		// Like reset: clearing a step does not undo its effects, and
 		// running it again applies them a second time.
-		return fmt.Errorf("%w: %s\n%s of theirs applied and are NOT undone; rerunning the steps applies them again:\n  %s\n"+
+		return fmt.Errorf("%w: %s\nalready applied and NOT undone by clearing: %s; rerunning the steps applies them again:\n  %s\n"+
 			"use rerun --from-step %s --force --reason \"...\" if that is what you want",
 			ErrNeedsDecision, clears, applied.count(), strings.Join(applied.lines, "\n  "), c.FromStep)
 	}
 	fmt.Fprintln(env.Stdout, clears)
 	if applied.any() {
-		fmt.Fprintf(env.Stdout, "effects already applied are NOT undone; these %s stay and apply again when their steps rerun (--force):\n  %s\n",
+		fmt.Fprintf(env.Stdout, "effects already applied are NOT undone (--force): %s stay applied and apply again when their steps rerun:\n  %s\n",
 			applied.count(), strings.Join(applied.lines, "\n  "))
 	}
 	if c.Reason == "" {
@@ -240,9 +240,27 @@ func checkpointIDs(ss []checkpoint.Step) []string {
 // clearing the steps does not undo them, and rerunning the steps applies
 // them again.
 type keptEffects struct {
-	lines  []string // one per write of a step, one per batch step
-	writes int      // writes (key changes) known to have applied or maybe applied
-	items  int64    // batch items done whose writes are not recorded (runs before chunk plans were)
+	lines      []string // one per write of a step, one per batch step
+	writes     int      // writes of steps (key changes) that applied or may have
+	items      int64    // items done of batch steps
+	itemWrites int      // the writes of those items' recorded chunk plans
+}
+
+// count says how many effects apply again, e.g. "1 effect and the effects
+// of 92 items (45 writes)".
+func (k keptEffects) count() string {
+	var parts []string
+	if k.writes > 0 {
+		parts = append(parts, plural(k.writes, "effect"))
+	}
+	if k.items > 0 {
+		p := "the effects of " + plural(int(k.items), "item")
+		if k.itemWrites > 0 {
+			p += " (" + plural(k.itemWrites, "write") + ")"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, " and ")
 }
 
 // plural is "1 effect", "2 effects".
@@ -254,16 +272,6 @@ func plural(n int, noun string) string {
 }
 
 func (k keptEffects) any() bool { return len(k.lines) > 0 }
-
-// count says how many effects apply again, e.g. "3 effects" or "2 effects
-// and those of 4 items".
-func (k keptEffects) count() string {
-	s := plural(k.writes, "effect")
-	if k.items > 0 {
-		s += fmt.Sprintf(" and those of %s", plural(int(k.items), "item"))
-	}
-	return s
-}
 
 // appliedEffects describes the effects of the given steps that applied, or
 // may have: a step's writes (key, before -> after, the amount); a
@@ -316,11 +324,10 @@ func appliedEffects(env *Env, st *checkpoint.SQLite, runID string, ss []checkpoi
 			return out, err
 		}
 		line := fmt.Sprintf("%s: %d items applied their effects to %s", s.ID, done, sum.Target)
+		out.items += done
 		if net.plans > 0 {
-			out.writes += net.writes
+			out.itemWrites += net.writes
 			line += fmt.Sprintf(": %d writes in %d chunks, net %s", net.writes, net.plans, net)
-		} else {
-			out.items += done
 		}
 		out.lines = append(out.lines, line)
 	}

@@ -451,7 +451,7 @@ func TestRerunCommand(t *testing.T) {
 			{"rerun", "opsledger/b", "--from-step", "credit"},
 			{"rerun", "opsledger/b", "--from-step", "credit", "--reason", "credit again", "--operator", "alice"},
 		} {
-			o := c.want(ExitOperator, []string{"clears 2 checkpoints: credit, report", "1 effect of theirs applied", "NOT undone",
+			o := c.want(ExitOperator, []string{"clears 2 checkpoints: credit, report", "already applied and NOT undone by clearing: 1 effect;",
 				effect, "--force"}, args...)
 			if o.stdout != "" {
 				t.Errorf("refused rerun printed on stdout: %q", o.stdout)
@@ -597,7 +597,7 @@ func TestResetBatchStepWithAppliedItems(t *testing.T) {
 
 	// Refused like reset, naming the items, their writes and the net
 	// amount per key from the chunks' recorded plans.
-	c.want(ExitOperator, []string{"2 effects of theirs applied", "NOT undone",
+	c.want(ExitOperator, []string{"already applied and NOT undone by clearing: the effects of 2 items (2 writes);",
 		"pay: 2 items applied their effects to stepwise_state: 2 writes in 2 chunks, net acct:x +2", "--force"},
 		"rerun", "opsbatch/x", "--from-step", "pay", "--reason", "payee added")
 	o := c.exec("reset", "opsbatch/x", "--step", "pay", "--reason", "payee added")
