@@ -39,17 +39,32 @@ type ItemQuery struct {
 	// Status, if set, selects only items with this status (with neither
 	// Keys nor a range set).
 	Status string
-	// Limit, if positive, reads at most this many items (with neither Keys,
-	// a range nor Status set).
+	// Limit, if positive, reads at most this many items (with neither Keys
+	// nor a range set).
 	Limit int
+	// After, with Status set, starts after this item key: the last key of
+	// the previous page (keyset paging).
+	After string
 }
+
+// Chunk plan statuses (besides StepPlanned).
+const (
+	// ChunkApplied: the chunk plan's writes applied (a same-store chunk's
+	// plan is recorded applied, in the transaction that applied it).
+	ChunkApplied = "applied"
+	// ChunkSuperseded: the plan lost a race to another writer; nothing of
+	// it applied and a newer plan of the same items replaced it.
+	ChunkSuperseded = "superseded"
+)
 
 // ChunkPlan is a recorded effect plan of one chunk of a batch step.
 type ChunkPlan struct {
 	Step     string
 	EffectID string
-	Status   string // StepPlanned, "applied" or "superseded"
-	Plan     []byte
+	// Status is StepPlanned, ChunkApplied or ChunkSuperseded. PutChunkPlan
+	// records StepPlanned when empty.
+	Status string
+	Plan   []byte
 	// Supersedes names an earlier plan of the same items that lost a race
 	// (nothing of it applied); recording this plan retires it.
 	Supersedes string
@@ -62,7 +77,7 @@ ON CONFLICT (run_id, step_id, item_key) DO UPDATE SET
     status = excluded.status, output = excluded.output, error = excluded.error,
     attempt = excluded.attempt, chunk = excluded.chunk
 WHERE items.status NOT IN ('completed', 'rejected')`
-	sqlPutChunkPlan = `INSERT INTO chunk_plans (run_id, step_id, effect_id, status, plan) VALUES (?, ?, ?, 'planned', ?)`
+	sqlPutChunkPlan = `INSERT INTO chunk_plans (run_id, step_id, effect_id, status, plan) VALUES (?, ?, ?, ?, ?)`
 	sqlFinishChunk  = `UPDATE items SET status = 'completed'
 WHERE run_id = ? AND step_id = ? AND chunk = ? AND status = 'planned'`
 	sqlSupersedeChunkPlan = `UPDATE chunk_plans SET status = 'superseded' WHERE run_id = ? AND step_id = ? AND effect_id = ? AND status = 'planned'`
@@ -72,7 +87,7 @@ WHERE run_id = ? AND step_id = ? AND chunk = ? AND status = 'planned'`
 WHERE run_id = ? AND step_id = ? AND status = 'planned' ORDER BY effect_id`
 	sqlItemsAll      = `SELECT item_key, status, output, error, attempt, chunk FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key`
 	sqlItemsByStatus = `SELECT item_key, status, output, error, attempt, chunk FROM items
-WHERE run_id = ? AND step_id = ? AND status = ? ORDER BY item_key`
+WHERE run_id = ? AND step_id = ? AND status = ? AND item_key > ? ORDER BY item_key LIMIT ?`
 	sqlItemKeysAll = `SELECT item_key, status, attempt FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key LIMIT ?`
 	// sqlItemKeysRange reads a key range without the attempt: a range comes
 	// from a source whose keys ascend, which cannot repeat a key.
@@ -122,10 +137,18 @@ func (t *sqliteTx) PutItems(items []Item) error {
 
 // PutChunkPlan implements Tx.
 func (t *sqliteTx) PutChunkPlan(p ChunkPlan) error {
+	switch p.Status {
+	case "":
+		p.Status = StepPlanned
+	case StepPlanned, ChunkApplied:
+	default:
+		return fmt.Errorf("checkpoint: chunk plan %s of %s has status %q; record it %q or %q",
+			p.EffectID, p.Step, p.Status, StepPlanned, ChunkApplied)
+	}
 	if err := t.checkFence(); err != nil {
 		return err
 	}
-	if _, err := t.tx.ExecContext(t.ctx, sqlPutChunkPlan, t.lease.RunID, p.Step, p.EffectID, p.Plan); err != nil {
+	if _, err := t.tx.ExecContext(t.ctx, sqlPutChunkPlan, t.lease.RunID, p.Step, p.EffectID, p.Status, p.Plan); err != nil {
 		return err
 	}
 	if p.Supersedes != "" {
@@ -174,14 +197,10 @@ func (s *SQLite) Items(ctx context.Context, q ItemQuery, fn func(Item) error) er
 	case q.From != "" || q.To != "":
 		return s.itemRange(ctx, q, fn)
 	case q.Status != "":
-		rows, err = s.rdb.QueryContext(ctx, sqlItemsByStatus, q.RunID, q.Step, q.Status)
+		rows, err = s.rdb.QueryContext(ctx, sqlItemsByStatus, q.RunID, q.Step, q.Status, q.After, sqlLimit(q.Limit))
 		q.KeysOnly = false
 	case q.KeysOnly:
-		limit := q.Limit
-		if limit <= 0 {
-			limit = -1
-		}
-		rows, err = s.rdb.QueryContext(ctx, sqlItemKeysAll, q.RunID, q.Step, limit)
+		rows, err = s.rdb.QueryContext(ctx, sqlItemKeysAll, q.RunID, q.Step, sqlLimit(q.Limit))
 	default:
 		rows, err = s.rdb.QueryContext(ctx, sqlItemsAll, q.RunID, q.Step)
 	}

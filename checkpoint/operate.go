@@ -72,15 +72,15 @@ func (s *SQLite) operate(ctx context.Context, a Audit, now time.Time, allowLive 
 // Recover marks a stale run (running, lease expired: its runner died) as
 // failed, so it is resumable and no longer listed as running. The fence
 // grows, so the old runner, should it wake, writes nothing. A run whose
-// lease is live is refused with ErrNotStale unless force.
+// lease is live is refused with ErrNotStale and a *LeaseHeldError naming its
+// runner, unless force.
 func (s *SQLite) Recover(ctx context.Context, a Audit, now time.Time, force bool) error {
 	return s.operate(ctx, a, now, true, func(tx *sql.Tx, run Run) error {
 		if run.Status != RunRunning {
 			return fmt.Errorf("%w: %s is %s, not running; nothing to recover", ErrNotStale, run.ID, run.Status)
 		}
 		if !run.Stale(now) && !force {
-			return fmt.Errorf("%w: %s is held by %s until %s; wait for it, or --force if that runner is surely gone",
-				ErrNotStale, run.ID, run.LeaseOwner, run.LeaseUntil.Format(time.RFC3339))
+			return fmt.Errorf("%w: %w", ErrNotStale, &LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil})
 		}
 		msg := "recovered by " + a.Operator + ": " + a.Reason
 		if _, err := tx.ExecContext(ctx, sqlRecoverRun, msg, fmtTime(now), run.ID, run.Fence); err != nil {

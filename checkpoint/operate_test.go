@@ -145,8 +145,10 @@ func TestRecoverRefusals(t *testing.T) {
 
 	live := claimNow.Add(30 * time.Second)
 	err := st.Recover(ctx, opAudit(leaseRunID, "recover", "impatient", live), live, false)
-	if !errors.Is(err, checkpoint.ErrNotStale) || !strings.Contains(err.Error(), "otherhost:1") || !strings.Contains(err.Error(), "--force") {
-		t.Fatalf("Recover of a live run: %v; want ErrNotStale naming the holder and --force", err)
+	var held *checkpoint.LeaseHeldError
+	if !errors.Is(err, checkpoint.ErrNotStale) || !errors.As(err, &held) || held.Owner != "otherhost:1" ||
+		!strings.Contains(err.Error(), "otherhost:1") || strings.Contains(err.Error(), "--") {
+		t.Fatalf("Recover of a live run: %v; want ErrNotStale with a LeaseHeldError naming the holder, and no CLI flag", err)
 	}
 	if r := runInfo(t, st, leaseRunID).Run; r.Status != checkpoint.RunRunning || r.Fence != l.Fence || r.LeaseOwner != "otherhost:1" {
 		t.Errorf("refused Recover changed the run: %+v", r)

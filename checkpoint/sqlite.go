@@ -248,7 +248,7 @@ func wrapSQLiteError(path string, busy time.Duration, op string, err error) erro
 			return fmt.Errorf("%w: %s (%s): %v; make the file and its directory writable", ErrReadOnly, path, op, err)
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
 			return fmt.Errorf("%w: %s (%s): another process holds it (busy timeout %s); "+
-				"retry when it is done, or raise --busy-timeout", ErrLocked, path, op, busy)
+				"retry when it is done, or wait longer", ErrLocked, path, op, busy)
 		case sqlite3.SQLITE_CANTOPEN:
 			return fmt.Errorf("checkpoint: cannot open %s (%s): %w", path, op, err)
 		case sqlite3.SQLITE_FULL:

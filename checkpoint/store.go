@@ -60,7 +60,9 @@ type Tx interface {
 	// fence once per transaction. Finished (completed, rejected) items are
 	// never overwritten.
 	PutItems(items []Item) error
-	// PutChunkPlan records a chunk's separate-store effect plan.
+	// PutChunkPlan records a chunk's effect plan: planned (separate store,
+	// before it applies) or applied (same store, in the transaction that
+	// applies it).
 	PutChunkPlan(p ChunkPlan) error
 	// FinishChunk marks a chunk plan applied and its planned items
 	// completed.

@@ -368,7 +368,7 @@ func TestJobsJSONAndAligned(t *testing.T) {
 	for _, j := range got {
 		names = append(names, j.Name)
 	}
-	if !slices.Equal(names, []string{"crashy", "opsbatch", "opsdaily", "opsledger"}) {
+	if !slices.Equal(names, []string{"crashy", "opsbatch", "opsdaily", "opsledger", "opsreject", "opsstop"}) {
 		t.Fatalf("jobs --json names %v", names)
 	}
 	daily := got[2]

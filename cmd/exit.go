@@ -9,19 +9,32 @@ import (
 	"github.com/stepwise-run/stepwise/steps"
 )
 
-// Exit codes of the stepwise command.
+// Exit codes of the stepwise command. Each means one thing; exitCodesHelp
+// lists every case of each.
 const (
-	ExitOK          = 0 // the run succeeded (or had already succeeded)
+	ExitOK          = 0 // the run succeeded (or had already succeeded), or the operation was done
 	ExitFailed      = 1 // the run failed
 	ExitUsage       = 2 // bad usage or input
 	ExitInterrupted = 3 // interrupted, resumable
-	ExitHeld        = 4 // held by another runner, or the lease was lost
-	ExitOperator    = 5 // needs an operator decision
+	ExitHeld        = 4 // another process holds it: the run's lease, or the database's write lock
+	ExitOperator    = 5 // refused: needs an operator decision
 )
 
-const exitCodesHelp = `Exit codes: 0 run succeeded (or already had); 1 run failed; 2 bad usage or input;
-3 interrupted, resumable; 4 run held by another runner (or lease lost); 5 needs an operator decision
-(a changed step, an outside call of unknown outcome, an abandoned or pruned run).
+const exitCodesHelp = `Exit codes (each means one thing):
+  0  the run succeeded (or had already succeeded), or the operation was done.
+  1  the run failed (an error in a step, beyond its retries): rerun or resume it.
+  2  bad usage or input: an unknown job, run or step; bad or changed parameters;
+     a database file that is missing, not a database, read-only or too new.
+  3  interrupted (SIGINT/SIGTERM), resumable: run or resume it again.
+  4  another process holds it: a live runner holds the run's lease (run, resume and
+     rerun without --wait; recover, abandon, reset and resolve on a live run), this
+     runner lost its lease mid-run, or the database is locked (another process held
+     SQLite's write lock longer than --busy-timeout; --wait waits for it).
+  5  refused, needs an operator decision: a changed step; an outside call of unknown
+     outcome; an abandoned or pruned run; rerun of a succeeded run without --force;
+     reset or rerun --from-step of steps whose effects applied, without --force;
+     recover of a run that is not running; resolve of a step awaiting no decision;
+     abandon of an abandoned run.
 
 SIGINT/SIGTERM: the current step or chunk finishes or rolls back within $STEPWISE_GRACE (30s),
 the attempt is recorded as interrupted and the process exits 3; a second signal ends it at once
@@ -51,7 +64,7 @@ func ExitCode(err error) int {
 	case errors.As(err, &changed), errors.As(err, &unknown), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned),
 		errors.Is(err, ErrNeedsDecision):
 		return ExitOperator
-	case errors.As(err, &held), errors.Is(err, checkpoint.ErrFenced):
+	case errors.As(err, &held), errors.Is(err, checkpoint.ErrFenced), errors.Is(err, checkpoint.ErrLocked):
 		return ExitHeld
 	case errors.Is(err, runner.ErrInterrupted):
 		return ExitInterrupted
@@ -62,4 +75,18 @@ func ExitCode(err error) int {
 		return ExitUsage
 	}
 	return ExitFailed
+}
+
+// hint is what the user can do about err, beyond what the error says:
+// library errors carry data, the command line names its own flags.
+func hint(err error) string {
+	var held *checkpoint.LeaseHeldError
+	switch {
+	case errors.Is(err, checkpoint.ErrLocked):
+		return "another process holds the database's write lock: run again when it is done, " +
+			"add --wait (run, resume, rerun) to wait for it, or raise --busy-timeout"
+	case errors.As(err, &held) && errors.Is(err, checkpoint.ErrNotStale):
+		return "wait for its runner to finish, or use recover --force if that runner is surely gone"
+	}
+	return ""
 }

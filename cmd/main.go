@@ -181,6 +181,9 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 		code := ExitCode(err)
 		if code != ExitOK {
 			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			if h := hint(err); h != "" {
+				fmt.Fprintf(stderr, "%s: %s\n", name, h)
+			}
 		} else {
 			fmt.Fprintln(stdout, err)
 		}

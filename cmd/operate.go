@@ -51,7 +51,10 @@ func (c *RecoverCmd) Run(env *Env) error {
 		return err
 	}
 	if err := st.Recover(env.Ctx, c.audit(env, c.RunID, "recover", c.Reason, ""), env.now(), c.Force); err != nil {
-		if errors.Is(err, checkpoint.ErrNotStale) {
+		// A live runner holds it: exit 4, like abandon and reset. A run
+		// that is not running has nothing to recover: refused, exit 5.
+		var held *checkpoint.LeaseHeldError
+		if errors.Is(err, checkpoint.ErrNotStale) && !errors.As(err, &held) {
 			return fmt.Errorf("%w: %w", ErrNeedsDecision, err)
 		}
 		return err
@@ -107,14 +110,14 @@ func (c *ResetCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	if len(applied) > 0 && !c.Force {
-		return fmt.Errorf("%w: step %s of %s has applied effects, and resetting it does not undo them: "+
+	if applied.any() && !c.Force {
+		return fmt.Errorf("%w: step %s of %s has applied effects (%s), and resetting it does not undo them: "+
 			"the step would apply them again when it reruns:\n  %s\nuse reset --force if that is what you want",
-			ErrNeedsDecision, c.Step, c.RunID, strings.Join(applied, "\n  "))
+			ErrNeedsDecision, c.Step, c.RunID, applied.count(), strings.Join(applied.lines, "\n  "))
 	}
 	details := ""
-	if len(applied) > 0 {
-		details = "effects kept: " + strings.Join(applied, "; ")
+	if applied.any() {
+		details = "effects kept: " + strings.Join(applied.lines, "; ")
 	}
 	if err := st.ResetSteps(env.Ctx, c.audit(env, c.RunID, "reset --step "+c.Step, c.Reason, details), env.now(), []string{c.Step}); err != nil {
 		return err
@@ -128,7 +131,7 @@ type RerunCmd struct {
 	operatorFlags
 	runFlags
 	RunID    string `arg:"" name:"run-id" help:"Run to run again."`
-	FromStep string `name:"from-step" placeholder:"STEP" help:"Clear this step's checkpoint and those of every step that started after it, then run. Applied effects are not undone."`
+	FromStep string `name:"from-step" placeholder:"STEP" help:"Clear this step's checkpoint and those of every step that started after it, then run. Applied effects are not undone: if any of the cleared steps applied effects, it is refused (exit 5, listing them and their amounts) unless --force, and they apply again."`
 	Reason   string `help:"Why, for the audit log. Required with --from-step."`
 }
 
@@ -173,18 +176,26 @@ func (c *RerunCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "rerun %s from step %s clears %d checkpoints: %s\n", c.RunID, c.FromStep, len(cleared),
+	clears := fmt.Sprintf("rerun %s from step %s clears %d checkpoints: %s", c.RunID, c.FromStep, len(cleared),
 		checkpoint.JoinIDs(checkpointIDs(cleared), 10))
-	if len(applied) > 0 {
-		fmt.Fprintf(env.Stdout, "effects already applied are NOT undone; these stay and apply again when their steps rerun:\n  %s\n",
-			strings.Join(applied, "\n  "))
+	if applied.any() && !c.Force {
+		// Like reset: clearing a step does not undo its effects, and
+		// running it again applies them a second time.
+		return fmt.Errorf("%w: %s\nalready applied and NOT undone by clearing: %s; rerunning the steps applies them again:\n  %s\n"+
+			"use rerun --from-step %s --force --reason \"...\" if that is what you want",
+			ErrNeedsDecision, clears, applied.count(), strings.Join(applied.lines, "\n  "), c.FromStep)
+	}
+	fmt.Fprintln(env.Stdout, clears)
+	if applied.any() {
+		fmt.Fprintf(env.Stdout, "effects already applied are NOT undone (--force): %s stay applied and apply again when their steps rerun:\n  %s\n",
+			applied.count(), strings.Join(applied.lines, "\n  "))
 	}
 	if c.Reason == "" {
 		return usageError{fmt.Errorf("rerun --from-step needs --reason \"...\" (recorded in the audit log)")}
 	}
 	details := fmt.Sprintf("cleared %s", checkpoint.JoinIDs(checkpointIDs(cleared), 50))
-	if len(applied) > 0 {
-		details += "; effects kept: " + strings.Join(applied, "; ")
+	if applied.any() {
+		details += "; effects kept: " + strings.Join(applied.lines, "; ")
 	}
 	if err := st.ResetSteps(env.Ctx, c.audit(env, c.RunID, "rerun --from-step "+c.FromStep, c.Reason, details), env.now(), checkpointIDs(cleared)); err != nil {
 		return err
@@ -225,11 +236,50 @@ func checkpointIDs(ss []checkpoint.Step) []string {
 	return ids
 }
 
+// keptEffects are the effects of some steps that applied (or may have):
+// clearing the steps does not undo them, and rerunning the steps applies
+// them again.
+type keptEffects struct {
+	lines      []string // one per write of a step, one per batch step
+	writes     int      // writes of steps (key changes) that applied or may have
+	items      int64    // items done of batch steps
+	itemWrites int      // the writes of those items' recorded chunk plans
+}
+
+// count says how many effects apply again, e.g. "1 effect and the effects
+// of 92 items (45 writes)".
+func (k keptEffects) count() string {
+	var parts []string
+	if k.writes > 0 {
+		parts = append(parts, plural(k.writes, "effect"))
+	}
+	if k.items > 0 {
+		p := "the effects of " + plural(int(k.items), "item")
+		if k.itemWrites > 0 {
+			p += " (" + plural(k.itemWrites, "write") + ")"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, " and ")
+}
+
+// plural is "1 effect", "2 effects".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+func (k keptEffects) any() bool { return len(k.lines) > 0 }
+
 // appliedEffects describes the effects of the given steps that applied, or
-// may have: a separate-store plan recorded but not known to be applied, and
-// the completed items of a batch step with a target, finished or not.
-func appliedEffects(env *Env, st *checkpoint.SQLite, runID string, ss []checkpoint.Step) ([]string, error) {
-	var out []string
+// may have: a step's writes (key, before -> after, the amount); a
+// separate-store plan recorded but not known to be applied; the completed
+// items of a batch step with a target, finished or not, with the net amount
+// per key of their chunk plans.
+func appliedEffects(env *Env, st *checkpoint.SQLite, runID string, ss []checkpoint.Step) (keptEffects, error) {
+	var out keptEffects
 	var counts []checkpoint.ItemCount
 	for _, s := range ss {
 		if len(s.Plan) > 0 && (s.Status == checkpoint.StepCompleted || s.Status == checkpoint.StepPlanned) {
@@ -240,7 +290,9 @@ func appliedEffects(env *Env, st *checkpoint.SQLite, runID string, ss []checkpoi
 					state = " (planned as " + pr.EffectID + "; may have applied: resume finishes it once)"
 				}
 				for _, w := range pr.Writes {
-					out = append(out, fmt.Sprintf("%s: %s %s %d -> %d%s", s.ID, pr.Target, w.Key, w.OldValue, w.NewValue, state))
+					out.writes++
+					out.lines = append(out.lines, fmt.Sprintf("%s: %s %s %d -> %d (%+d)%s",
+						s.ID, pr.Target, w.Key, w.OldValue, w.NewValue, w.NewValue-w.OldValue, state))
 				}
 			}
 			continue
@@ -254,7 +306,7 @@ func appliedEffects(env *Env, st *checkpoint.SQLite, runID string, ss []checkpoi
 			if counts == nil {
 				var err error
 				if counts, err = st.ItemCounts(env.Ctx, runID); err != nil {
-					return nil, err
+					return out, err
 				}
 			}
 			done = 0
@@ -264,9 +316,20 @@ func appliedEffects(env *Env, st *checkpoint.SQLite, runID string, ss []checkpoi
 				}
 			}
 		}
-		if done > 0 {
-			out = append(out, fmt.Sprintf("%s: %d items applied their effects to %s", s.ID, done, sum.Target))
+		if done == 0 {
+			continue
 		}
+		net, err := batchNetEffects(env, st, runID, s.ID)
+		if err != nil {
+			return out, err
+		}
+		line := fmt.Sprintf("%s: %d items applied their effects to %s", s.ID, done, sum.Target)
+		out.items += done
+		if net.plans > 0 {
+			out.itemWrites += net.writes
+			line += fmt.Sprintf(": %d writes in %d chunks, net %s", net.writes, net.plans, net)
+		}
+		out.lines = append(out.lines, line)
 	}
 	return out, nil
 }
@@ -366,7 +429,8 @@ func (c *ResolveCmd) Run(env *Env) error {
 	a := c.audit(env, c.RunID, "resolve --step "+c.Step+" --as "+c.As, c.Reason, "output "+preview(c.Output, 200))
 	if err := st.ResolveStep(env.Ctx, a, env.now(), c.Step, c.As == "done", []byte(c.Output)); err != nil {
 		if errors.Is(err, checkpoint.ErrNotUnknown) {
-			return usageError{err}
+			// Refused like every operation that does not apply: exit 5.
+			return fmt.Errorf("%w: %w", ErrNeedsDecision, err)
 		}
 		return err
 	}

@@ -90,7 +90,7 @@ var opsBatchJob = jobs.Define("opsbatch", func(ctx context.Context, run *steps.R
 // backfill tests' opsdaily.
 func opsRegistry() *jobs.Registry {
 	var reg jobs.Registry
-	reg.MustRegister(crashyJob, opsLedgerJob, opsBatchJob, opsDailyJob)
+	reg.MustRegister(crashyJob, opsLedgerJob, opsBatchJob, opsDailyJob, opsStopJob, opsRejectJob)
 	return &reg
 }
 
@@ -340,10 +340,11 @@ func TestRecoverCommand(t *testing.T) {
 		c.wantRan(map[string]int{"step/1": 1, "step/2": 1, "step/3": 1})
 	})
 
-	t.Run("live run needs --force", func(t *testing.T) {
+	t.Run("live run is held, --force recovers it", func(t *testing.T) {
 		c := newOpsCLI(t)
 		l := c.liveCrashy("l")
-		c.want(ExitOperator, []string{"held by " + opsForeign, "--force"}, "recover", "crashy/l", "--operator", "alice")
+		// A live runner holds it: exit 4, as abandon and reset give.
+		c.want(ExitHeld, []string{"held by " + opsForeign, "recover --force"}, "recover", "crashy/l", "--operator", "alice")
 		if r := c.run("crashy/l").info.Run; r.Status != checkpoint.RunRunning || r.Fence != l.Fence || r.LeaseOwner != opsForeign {
 			t.Errorf("refused recover changed the run: %+v", r)
 		}
@@ -443,20 +444,35 @@ func TestRerunCommand(t *testing.T) {
 		// order load, credit, report. From credit clears credit and report.
 		c := newOpsCLI(t)
 		c.want(ExitOK, nil, "run", "opsledger", "-p", "key=b", "-p", "side="+c.side)
-		effect := "credit: stepwise_state acct:b 0 -> 10"
-		c.want(ExitUsage, []string{"clears 2 checkpoints: credit, report", "effects already applied are NOT undone", effect},
-			"rerun", "opsledger/b", "--from-step", "credit")
+		effect := "credit: stepwise_state acct:b 0 -> 10 (+10)"
+		// Refused without --force, with or without a reason, naming how
+		// many effects apply again and their amounts; nothing changes.
+		for _, args := range [][]string{
+			{"rerun", "opsledger/b", "--from-step", "credit"},
+			{"rerun", "opsledger/b", "--from-step", "credit", "--reason", "credit again", "--operator", "alice"},
+		} {
+			o := c.want(ExitOperator, []string{"clears 2 checkpoints: credit, report", "already applied and NOT undone by clearing: 1 effect;",
+				effect, "--force"}, args...)
+			if o.stdout != "" {
+				t.Errorf("refused rerun printed on stdout: %q", o.stdout)
+			}
+		}
 		c.wantRan(map[string]int{"load": 1, "credit": 1, "report": 1})
+		c.wantAudits("opsledger/b")
+		if v := c.stateValue("acct:b"); v != opsLedgerCredit {
+			t.Errorf("acct:b = %d after refused reruns; want %d", v, opsLedgerCredit)
+		}
 
 		c.want(ExitOK, []string{"clears 2 checkpoints: credit, report", effect, "2 steps executed, 1 skipped"},
-			"rerun", "opsledger/b", "--from-step", "credit", "--reason", "credit again", "--operator", "alice")
+			"rerun", "opsledger/b", "--from-step", "credit", "--reason", "credit again", "--operator", "alice", "--force")
 		c.wantRan(map[string]int{"load": 1, "credit": 2, "report": 2})
 		if v := c.stateValue("acct:b"); v != 2*opsLedgerCredit {
 			t.Errorf("acct:b = %d; want %d: the kept effect stays and the rerun step applies again", v, 2*opsLedgerCredit)
 		}
 		as := c.wantAudits("opsledger/b", "rerun --from-step credit")
-		if len(as) == 1 && !strings.Contains(as[0].Details, "effects kept: "+effect) {
-			t.Errorf("audit details = %q; want the effects kept", as[0].Details)
+		if len(as) == 1 && (as[0].Operator != "alice" || as[0].Reason != "credit again" ||
+			!strings.Contains(as[0].Details, "effects kept: "+effect)) {
+			t.Errorf("audit = %+v; want alice, the reason and the effects kept", as[0])
 		}
 	})
 
@@ -495,7 +511,7 @@ func TestResetCommand(t *testing.T) {
 	c.want(ExitOK, nil, "run", "opsledger", "-p", "key=a", "-p", "side="+c.side)
 	c.wantRan(map[string]int{"load": 1, "credit": 1, "report": 1})
 	const runID = "opsledger/a"
-	effect := "credit: stepwise_state acct:a 0 -> 10"
+	effect := "credit: stepwise_state acct:a 0 -> 10 (+10)"
 
 	// A step whose effect applied is refused, saying why.
 	c.want(ExitOperator, []string{"step credit of opsledger/a has applied effects", "does not undo them", effect, "--force"},
@@ -579,13 +595,13 @@ func TestResetBatchStepWithAppliedItems(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	o := c.exec("rerun", "opsbatch/x", "--from-step", "pay")
-	if o.code != ExitUsage || !strings.Contains(o.stdout, "effects already applied are NOT undone") {
-		t.Errorf("rerun --from-step of a batch step whose items applied effects: exit %d; want %d, listing the applied effects\n%s",
-			o.code, ExitUsage, o)
-	}
-	o = c.exec("reset", "opsbatch/x", "--step", "pay", "--reason", "payee added")
-	if o.code != ExitOperator || !strings.Contains(o.stderr, "applied") {
+	// Refused like reset, naming the items, their writes and the net
+	// amount per key from the chunks' recorded plans.
+	c.want(ExitOperator, []string{"already applied and NOT undone by clearing: the effects of 2 items (2 writes);",
+		"pay: 2 items applied their effects to stepwise_state: 2 writes in 2 chunks, net acct:x +2", "--force"},
+		"rerun", "opsbatch/x", "--from-step", "pay", "--reason", "payee added")
+	o := c.exec("reset", "opsbatch/x", "--step", "pay", "--reason", "payee added")
+	if o.code != ExitOperator || !strings.Contains(o.stderr, "applied") || !strings.Contains(o.stderr, "net acct:x +2") {
 		t.Errorf("reset of a batch step whose items applied effects: exit %d; want %d, saying they applied\n%s", o.code, ExitOperator, o)
 	}
 	if s := c.run("opsbatch/x"); len(s.steps) != 1 {

@@ -11,7 +11,7 @@ import (
 
 // runFlags are the flags shared by run and resume.
 type runFlags struct {
-	Wait         bool          `help:"If another runner holds the run, wait for it instead of exiting 4."`
+	Wait         bool          `help:"If another runner holds the run, or another process holds the database's write lock, wait for it instead of exiting 4."`
 	RetrySkipped bool          `name:"retry-skipped" help:"Process again the batch items an earlier attempt skipped under the step's skip policy."`
 	Progress     string        `default:"auto" enum:"auto,bar,log,none" help:"Batch progress: a live bar on a terminal and a log line every few seconds otherwise (auto), or forced."`
 	Lease        time.Duration `default:"30s" nonzero:"" help:"Lease length; the runner heartbeats every third of it. A crashed runner's run is taken over when it expires (at once if it ran on this host and its process is gone)."`

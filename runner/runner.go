@@ -38,7 +38,9 @@ type Config struct {
 	// process is gone). Defaults to 30s.
 	Lease time.Duration
 	// Wait makes a claim of a run held by another runner wait for it
-	// instead of failing with *checkpoint.LeaseHeldError.
+	// instead of failing with *checkpoint.LeaseHeldError, and a claim of a
+	// database another process holds locked wait for the lock instead of
+	// failing with checkpoint.ErrLocked.
 	Wait bool
 	// WaitPoll is how often a waiting claim retries. Defaults to 500ms.
 	WaitPoll time.Duration
@@ -295,11 +297,21 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 			return c, fmt.Errorf("%w while claiming %s: %w", ErrInterrupted, req.RunID, context.Cause(ctx))
 		}
 		var held *checkpoint.LeaseHeldError
-		if !r.cfg.Wait || !errors.As(err, &held) {
+		wait := r.cfg.WaitPoll
+		switch {
+		case !r.cfg.Wait:
+			return c, err
+		case errors.As(err, &held):
+			wait = min(wait, max(held.Until.Sub(req.Now), time.Millisecond))
+			log.Info().Str("owner", held.Owner).Time("until", held.Until).Msg("run held by another runner; waiting")
+		case errors.Is(err, checkpoint.ErrLocked):
+			// Another process holds the database's write lock beyond the
+			// busy timeout (a paused runner, a long transaction): the
+			// claim tried nothing, so waiting longer is safe.
+			log.Info().Err(err).Msg("database locked by another process; waiting")
+		default:
 			return c, err
 		}
-		wait := min(r.cfg.WaitPoll, max(held.Until.Sub(req.Now), time.Millisecond))
-		log.Info().Str("owner", held.Owner).Time("until", held.Until).Msg("run held by another runner; waiting")
 		if sleepOn(r.cfg.Clock, ctx, wait) != nil {
 			return c, fmt.Errorf("%w while waiting for %s: %w", ErrInterrupted, req.RunID, err)
 		}

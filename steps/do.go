@@ -183,6 +183,9 @@ func (r *Run) recordFailure(ctx context.Context, cp checkpoint.Step, fnErr error
 // pin records a business rejection so every rerun returns it.
 func (r *Run) pin(ctx context.Context, cp checkpoint.Step, cause error) error {
 	cp.Status = checkpoint.StepRejected
+	if cp.FinishedAt.IsZero() { // an effect step's guard broke before it set one
+		cp.FinishedAt = r.now()
+	}
 	cp.Error = cause.Error()
 	if !r.dryRun {
 		if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {

@@ -435,7 +435,16 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 				return err
 			}
 			writes = len(res.Writes)
-			return tx.PutItems(b.recs)
+			if err := tx.PutItems(b.recs); err != nil {
+				return err
+			}
+			// The plan is recorded applied with the writes it describes:
+			// what each chunk changed (key, before, after) stays auditable.
+			plan, err := b.samePlan(res.Writes)
+			if err != nil || plan.EffectID == "" {
+				return err
+			}
+			return tx.PutChunkPlan(plan)
 		})
 		if err != nil {
 			return fmt.Errorf("steps: commit chunk %d of %s to %s: %w", b.chunk, b.name, b.target.name, err)
@@ -460,6 +469,29 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 		b.sum.Executed++
 	}
 	return nil
+}
+
+// samePlan is the record of a same-store chunk's applied writes and the
+// items whose operations made them; none when nothing was written (every
+// item rejected). Its ID has the form of a separate-store effect ID, "s"
+// for same store in place of "c".
+func (b *batch[I, O]) samePlan(writes []checkpoint.Write) (checkpoint.ChunkPlan, error) {
+	if len(writes) == 0 {
+		return checkpoint.ChunkPlan{}, nil
+	}
+	pr := chunkPlanRecord{Target: b.target.name, Writes: writes,
+		EffectID: fmt.Sprintf("%s/%s@%d.s%d", b.r.lease.RunID, b.name, b.r.lease.Fence, b.chunk)}
+	pr.Items = make([]itemPlan, 0, len(b.groups))
+	for gi, ops := range b.groups {
+		if ops != nil { // nil: rejected by a guard, nothing of it applied
+			pr.Items = append(pr.Items, itemPlan{Key: b.recs[b.owners[gi]].Key, Ops: ops})
+		}
+	}
+	raw, err := json.Marshal(pr)
+	if err != nil {
+		return checkpoint.ChunkPlan{}, fmt.Errorf("steps: encode plan of chunk %d of %s: %w", b.chunk, b.name, err)
+	}
+	return checkpoint.ChunkPlan{Step: b.name, EffectID: pr.EffectID, Status: checkpoint.ChunkApplied, Plan: raw}, nil
 }
 
 // pinRejected turns the items whose effects broke a guard into rejections.
