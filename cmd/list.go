@@ -103,7 +103,7 @@ func ago(t, now time.Time) string {
 
 // Run implements the runs command.
 func (c *RunsCmd) Run(env *Env) error {
-	st, err := env.Store()
+	st, err := env.ExistingStore()
 	if err != nil {
 		return err
 	}
@@ -198,7 +198,7 @@ const maxSkippedShown = 50
 
 // Run implements the show command.
 func (c *ShowCmd) Run(env *Env) error {
-	st, err := env.Store()
+	st, err := env.ExistingStore()
 	if err != nil {
 		return err
 	}
