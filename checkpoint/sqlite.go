@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -30,9 +31,15 @@ const (
 
 // Config configures Open.
 type Config struct {
-	// Path of the SQLite database file. Created if absent; its directory
-	// must exist. Required.
+	// Path of the SQLite database file. Created if absent (unless
+	// MustExist); its directory must exist. Required.
 	Path string
+	// MustExist refuses to create a missing database file: opening fails
+	// with an error wrapping ErrNoDatabase that names the file's absolute
+	// path, and nothing is created. For callers that only read (listings,
+	// audits, dry runs) and for effect targets, whose tables must already
+	// be there. Defaults to false: create the file.
+	MustExist bool
 	// Synchronous is SyncFull or SyncNormal. Defaults to SyncFull.
 	Synchronous string
 	// BusyTimeout is how long a write waits for another process's write
@@ -95,6 +102,11 @@ func dsn(cfg Config, readOnly bool) (string, error) {
 		q.Add("_pragma", "query_only(1)")
 		q.Set("_txlock", "deferred")
 	}
+	if readOnly || cfg.MustExist {
+		// SQLite itself refuses to create the file, so it cannot appear
+		// even if it vanishes after statDB looked.
+		q.Set("mode", "rw")
+	}
 	// The path is escaped so ?, # and % in it name the file, not URI parts.
 	return "file:" + pathEscaper.Replace(cfg.Path) + "?" + q.Encode(), nil
 }
@@ -113,7 +125,7 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 		return nil, err
 	}
 	path := cfg.Path
-	if _, err := statDB(path); err != nil {
+	if _, err := statDB(path, cfg.MustExist); err != nil {
 		return nil, err
 	}
 	dsn, err := DSN(cfg)
@@ -151,14 +163,28 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 	return s, nil
 }
 
+// ErrNoDatabase is returned when a database file opened with
+// Config.MustExist does not exist. The message names its absolute path;
+// nothing was created.
+var ErrNoDatabase = errors.New("checkpoint: database file does not exist")
+
 // statDB checks the database file's directory exists and the file, if
-// present, is a writable regular file.
-func statDB(path string) (os.FileInfo, error) {
+// present, is a writable regular file; with mustExist a missing file is an
+// ErrNoDatabase. Errors name absolute paths.
+func statDB(path string, mustExist bool) (os.FileInfo, error) {
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
 	dir := filepath.Dir(path)
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("%w: %s (for database %s); create it or choose another path", ErrNoDirectory, dir, path)
 	}
 	st, err := os.Stat(path)
+	if mustExist {
+		if err := missingDB(path, err); err != nil {
+			return nil, err
+		}
+	}
 	if err != nil {
 		return nil, nil
 	}
@@ -170,6 +196,18 @@ func statDB(path string) (os.FileInfo, error) {
 			ErrReadOnly, path, st.Mode().Perm())
 	}
 	return st, nil
+}
+
+// missingDB turns statErr, from os.Stat(path), into an ErrNoDatabase
+// naming path's absolute path when the file does not exist.
+func missingDB(path string, statErr error) error {
+	if !errors.Is(statErr, fs.ErrNotExist) {
+		return nil
+	}
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	return fmt.Errorf("%w: %s (nothing was created)", ErrNoDatabase, path)
 }
 
 // migrateRetrying migrates, retrying while another process holds the lock.

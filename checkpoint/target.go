@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -272,12 +273,13 @@ func (h *TableHandle) MarkApplied(ctx context.Context, tx *sql.Tx, effectID, run
 }
 
 // OpenTarget opens another SQLite database (not the checkpoint database) to
-// hold effects, with the same pragmas as the checkpoint store.
+// hold effects, with the same pragmas as the checkpoint store. It creates a
+// missing file unless cfg.MustExist.
 func OpenTarget(ctx context.Context, cfg Config) (*sql.DB, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if _, err := statDB(cfg.Path); err != nil {
+	if _, err := statDB(cfg.Path, cfg.MustExist); err != nil {
 		return nil, err
 	}
 	d, _ := DSN(cfg)
@@ -294,9 +296,14 @@ func OpenTarget(ctx context.Context, cfg Config) (*sql.DB, error) {
 }
 
 // OpenTargetReader opens query-only connections to an effect target's
-// database, for job code that reads its own tables while steps commit.
+// database, for job code that reads its own tables while steps commit. It
+// never creates the file: a missing one is an ErrNoDatabase.
 func OpenTargetReader(ctx context.Context, cfg Config) (*sql.DB, error) {
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	_, err := os.Stat(cfg.Path)
+	if err := missingDB(cfg.Path, err); err != nil {
 		return nil, err
 	}
 	return openReadPool(ctx, cfg)

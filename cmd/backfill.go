@@ -21,7 +21,7 @@ type BackfillCmd struct {
 	To          string            `required:"" help:"Last business date, YYYY-MM-DD (inclusive)."`
 	Params      map[string]string `short:"p" mapsep:"none" placeholder:"NAME=VALUE" help:"Other job parameters, the same for every date."`
 	Reprocess   string            `default:"none" enum:"none,failed,all" help:"Dates that already have a run: none (skip them: only dates without a run start), failed (also resume failed, interrupted and stale runs), all (also rerun succeeded and abandoned runs, forced; checkpointed steps are still skipped)."`
-	DryRun      bool              `name:"dry-run" help:"List what would be started, start nothing."`
+	DryRun      bool              `name:"dry-run" help:"List what would be started, start nothing (and create no file: --db must exist)."`
 	MaxParallel int               `name:"max-parallel" default:"1" nonzero:"" help:"Runs going at once (at least 1)."`
 	Lease       time.Duration     `default:"30s" nonzero:"" help:"Lease length of each run."`
 	JSON        bool              `name:"json" help:"Print the plan per date and each run's outcome as one JSON document on stdout, instead of a table and a line per run."`
@@ -62,7 +62,11 @@ func (c *BackfillCmd) Run(env *Env) error {
 	if c.MaxParallel < 1 {
 		return usageError{fmt.Errorf("--max-parallel is %d; use at least 1", c.MaxParallel)}
 	}
-	st, err := env.Store()
+	open := env.Store
+	if c.DryRun { // lists only: never creates the database
+		open = env.ExistingStore
+	}
+	st, err := open()
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
 )
@@ -219,6 +220,7 @@ func TestNumberFlagsRefused(t *testing.T) {
 		t.Errorf("a refused command touched the database: %v", err)
 	}
 	// Zero stays fine where it means something.
+	checkpointtest.OpenPath(t, db) // runs only reads: the database must exist
 	if o := cliRun(t, []string{"--db", db, "--busy-timeout", "0s", "runs"}); o.code != ExitOK {
 		t.Errorf("--busy-timeout 0s refused\n%s", o)
 	}
@@ -317,6 +319,7 @@ func init() {
 func TestMainNamesItselfAfterArgv0(t *testing.T) {
 	t.Parallel()
 	db := filepath.Join(t.TempDir(), "stepwise.db")
+	checkpointtest.OpenPath(t, db) // runs only reads: the database must exist
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

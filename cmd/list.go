@@ -121,7 +121,7 @@ func ago(t, now time.Time) string {
 
 // Run implements the runs command.
 func (c *RunsCmd) Run(env *Env) error {
-	st, err := env.Store()
+	st, err := env.ExistingStore()
 	if err != nil {
 		return err
 	}

@@ -46,7 +46,7 @@ type RecoverCmd struct {
 
 // Run implements the recover command.
 func (c *RecoverCmd) Run(env *Env) error {
-	st, err := env.Store()
+	st, err := env.ExistingStore()
 	if err != nil {
 		return err
 	}
@@ -72,7 +72,7 @@ type AbandonCmd struct {
 
 // Run implements the abandon command.
 func (c *AbandonCmd) Run(env *Env) error {
-	st, err := env.Store()
+	st, err := env.ExistingStore()
 	if err != nil {
 		return err
 	}
@@ -94,7 +94,7 @@ type ResetCmd struct {
 
 // Run implements the reset command.
 func (c *ResetCmd) Run(env *Env) error {
-	st, err := env.Store()
+	st, err := env.ExistingStore()
 	if err != nil {
 		return err
 	}
@@ -137,7 +137,7 @@ type RerunCmd struct {
 
 // Run implements the rerun command.
 func (c *RerunCmd) Run(env *Env) error {
-	st, err := env.Store()
+	st, err := env.ExistingStore()
 	if err != nil {
 		return err
 	}
@@ -349,7 +349,7 @@ func (c *PruneCmd) Run(env *Env) error {
 	if err != nil {
 		return usageError{fmt.Errorf("--older-than %q: %w", c.OlderThan, err)}
 	}
-	st, err := env.Store()
+	st, err := env.ExistingStore()
 	if err != nil {
 		return err
 	}
@@ -422,7 +422,7 @@ func (c *ResolveCmd) Run(env *Env) error {
 	if !json.Valid([]byte(c.Output)) {
 		return usageError{fmt.Errorf("--output %q is not JSON", c.Output)}
 	}
-	st, err := env.Store()
+	st, err := env.ExistingStore()
 	if err != nil {
 		return err
 	}

@@ -45,7 +45,7 @@ type RunCmd struct {
 	Job        string            `arg:"" help:"Registered job name (see '${name} jobs')."`
 	Params     map[string]string `short:"p" mapsep:"none" placeholder:"NAME=VALUE" help:"A job parameter; repeat for several. Identifying parameters name the run: the same values resume the same run."`
 	ParamsFile string            `type:"existingfile" placeholder:"FILE" help:"JSON object of job parameters; -p values override it."`
-	DryRun     bool              `name:"dry-run" help:"Execute the job without claiming the run or writing anything: print each step's planned effects (key: before -> after)."`
+	DryRun     bool              `name:"dry-run" help:"Execute the job without claiming the run or writing anything: print each step's planned effects (key: before -> after). The checkpoint database (--db) must exist: a dry run creates no file."`
 	JSON       bool              `name:"json" help:"Print the outcome (with --dry-run: every step's full plan) as JSON on stdout."`
 }
 
@@ -56,6 +56,11 @@ func (c *RunCmd) Run(env *Env) error {
 		var err error
 		if file, err = os.ReadFile(c.ParamsFile); err != nil {
 			return usageError{fmt.Errorf("read --params-file: %w", err)}
+		}
+	}
+	if c.DryRun { // reads only: never creates the database
+		if _, err := env.ExistingStore(); err != nil {
+			return err
 		}
 	}
 	r, prog, err := c.runner(env)
@@ -101,6 +106,9 @@ type ResumeCmd struct {
 
 // Run implements the resume command.
 func (c *ResumeCmd) Run(env *Env) error {
+	if _, err := env.ExistingStore(); err != nil { // the run is recorded there
+		return err
+	}
 	r, prog, err := c.runner(env)
 	if err != nil {
 		return err

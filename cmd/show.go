@@ -164,7 +164,7 @@ func (c *ShowCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	st, err := env.Store()
+	st, err := env.ExistingStore()
 	if err != nil {
 		return err
 	}

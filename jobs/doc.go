@@ -21,5 +21,7 @@
 //
 // Parameters marked "key" identify a run: `run report -p date=2026-11-28`
 // always means run report/2026-11-28, and starting that key again with other
-// parameters is refused.
+// parameters is refused. A file parameter tagged format:"path" (or
+// format:"existingfile", which must exist) is made absolute when decoded,
+// so the run stores where the file is, not where it was typed from.
 package jobs

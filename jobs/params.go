@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -25,6 +28,17 @@ var ErrBadParams = errors.New("jobs: bad parameters")
 //	help:"..."                     one line for `stepwise jobs`
 //	default:"..."                  value used when none is given
 //	format:"date"                  value must be a YYYY-MM-DD date
+//	format:"path"                  a file path, made absolute (against the
+//	                               working directory; ~/ is the home
+//	                               directory) when the parameters are
+//	                               decoded, so the run stores and shows the
+//	                               absolute path and a resume from another
+//	                               directory opens the same file
+//	format:"existingfile"          a path as above that must name an
+//	                               existing file when decoded, so a typo is
+//	                               refused before the run is created
+//
+// A path parameter given empty stays empty (not given).
 type Param struct {
 	Name     string
 	Type     string // string, int, bool, duration, ...
@@ -48,6 +62,45 @@ type Decoded struct {
 }
 
 const dateLayout = "2006-01-02"
+
+// Path formats of Param.Format.
+const (
+	// FormatPath marks a string parameter holding a file path: decoding
+	// makes it absolute.
+	FormatPath = "path"
+	// FormatExistingFile is FormatPath for a file that must exist.
+	FormatExistingFile = "existingfile"
+)
+
+// absPath makes the path parameter p's value s absolute and, for
+// FormatExistingFile, checks the file exists. Errors name the absolute
+// path.
+func absPath(p Param, s string) (string, error) {
+	if s == "~" || strings.HasPrefix(s, "~/") {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", fmt.Errorf("parameter %q is %q: find the home directory: %w", p.Name, s, err)
+		}
+		s = filepath.Join(home, s[1:])
+	}
+	abs, err := filepath.Abs(s)
+	if err != nil {
+		return "", fmt.Errorf("parameter %q is %q: make it absolute: %w", p.Name, s, err)
+	}
+	if p.Format != FormatExistingFile {
+		return abs, nil
+	}
+	st, err := os.Stat(abs)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("parameter %q names %s, which does not exist; give the path of an existing file", p.Name, abs)
+	case err != nil:
+		return "", fmt.Errorf("parameter %q names %s: %w", p.Name, abs, err)
+	case st.IsDir():
+		return "", fmt.Errorf("parameter %q names %s, which is a directory; give the path of a file", p.Name, abs)
+	}
+	return abs, nil
+}
 
 var durationType = reflect.TypeFor[time.Duration]()
 
@@ -96,8 +149,14 @@ func paramsOf(t reflect.Type) ([]Param, error) {
 		if p.Key && p.Type != "string" && p.Type != "int" && p.Type != "uint" {
 			return nil, fmt.Errorf("field %s: a key parameter must be a string or an integer", f.Name)
 		}
-		if p.Format != "" && p.Format != "date" {
-			return nil, fmt.Errorf("field %s: unknown format %q (only date)", f.Name, p.Format)
+		switch p.Format {
+		case "", "date":
+		case FormatPath, FormatExistingFile:
+			if p.Type != "string" {
+				return nil, fmt.Errorf("field %s: format %q needs a string field", f.Name, p.Format)
+			}
+		default:
+			return nil, fmt.Errorf("field %s: unknown format %q (use date, %s or %s)", f.Name, p.Format, FormatPath, FormatExistingFile)
 		}
 		if slices.ContainsFunc(ps, func(q Param) bool { return q.Name == name }) {
 			return nil, fmt.Errorf("field %s: parameter name %q used twice", f.Name, name)
@@ -195,6 +254,13 @@ func decodeParams(job string, t reflect.Type, ps []Param, values map[string]stri
 			if _, err := time.Parse(dateLayout, f.String()); err != nil {
 				return v, fmt.Errorf("%w: parameter %q is %q; want a date as YYYY-MM-DD", ErrBadParams, p.Name, f.String())
 			}
+		}
+		if (p.Format == FormatPath || p.Format == FormatExistingFile) && f.String() != "" {
+			abs, err := absPath(p, f.String())
+			if err != nil {
+				return v, fmt.Errorf("%w: %w", ErrBadParams, err)
+			}
+			f.SetString(abs)
 		}
 		if p.Key {
 			s := fmt.Sprint(f.Interface())

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -333,5 +336,99 @@ func TestExecuteDecodesCanonicalParams(t *testing.T) {
 	want := settleParams{Zone: "eu", Date: "2026-11-28", Limit: 1000, DryRun: true, Pause: 90 * time.Second, Batch: 50, Note: "x"}
 	if got != want {
 		t.Errorf("job got %+v; want %+v", got, want)
+	}
+}
+
+type pathParams struct {
+	Date   string `param:"date,key"`
+	Out    string `param:"out" format:"path" help:"report file"`
+	Ledger string `param:"ledger" format:"existingfile" help:"ledger file"`
+}
+
+// TestDecodePathParams runs from two working directories (t.Chdir: not in
+// parallel): a path parameter is stored absolute, resolved against the
+// directory the run was created in; decoding the stored parameters again
+// elsewhere keeps them; the same relative path typed elsewhere is another
+// file, so other parameters.
+func TestDecodePathParams(t *testing.T) {
+	j := jobs.Define("report", noop[pathParams])
+	for _, p := range j.Params() {
+		if p.Name == "out" && p.Format != jobs.FormatPath || p.Name == "ledger" && p.Format != jobs.FormatExistingFile {
+			t.Errorf("param %s has format %q", p.Name, p.Format)
+		}
+	}
+	one, two := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(one, "ledger.db"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(one)
+	values := map[string]string{"date": "2026-11-28", "out": "reports/out.csv", "ledger": "ledger.db"}
+	d, err := j.Decode(values, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`{"date":"2026-11-28","out":%q,"ledger":%q}`, filepath.Join(one, "reports", "out.csv"), filepath.Join(one, "ledger.db"))
+	if string(d.JSON) != want {
+		t.Errorf("Decode in %s = %s; want %s", one, d.JSON, want)
+	}
+	if _, err := os.Stat(filepath.Join(one, "reports")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("decoding a path parameter created something: %v", err)
+	}
+	// Not given, or given empty: stays empty.
+	if d, err := j.Decode(map[string]string{"date": "2026-11-28", "out": ""}, nil); err != nil || string(d.JSON) != `{"date":"2026-11-28","out":"","ledger":""}` {
+		t.Errorf("Decode without paths = %s, %v", d.JSON, err)
+	}
+
+	t.Chdir(two)
+	again, err := j.Decode(nil, d.JSON)
+	if err != nil {
+		t.Fatalf("stored parameters do not decode in another directory: %v", err)
+	}
+	if again.Hash != d.Hash || string(again.JSON) != string(d.JSON) {
+		t.Errorf("stored parameters decoded in %s changed: %s, was %s", two, again.JSON, d.JSON)
+	}
+	var got pathParams
+	jx := jobs.Define("report", func(_ context.Context, _ *steps.Run, p pathParams) error { got = p; return nil })
+	if err := jx.Execute(context.Background(), nil, d.JSON); err != nil || got.Ledger != filepath.Join(one, "ledger.db") {
+		t.Errorf("Execute in %s gave the job ledger %q (%v); want %s", two, got.Ledger, err, filepath.Join(one, "ledger.db"))
+	}
+
+	// The same relative values typed in the other directory: the ledger
+	// is missing there, refused naming its absolute path; without it, out
+	// is another file, so the parameters (and their hash) differ.
+	_, err = j.Decode(values, nil)
+	if !errors.Is(err, jobs.ErrBadParams) || !strings.Contains(err.Error(), filepath.Join(two, "ledger.db")) || !strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("missing existingfile: err = %v; want ErrBadParams naming %s", err, filepath.Join(two, "ledger.db"))
+	}
+	if _, err := os.Stat(filepath.Join(two, "ledger.db")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("decoding a missing existingfile created it: %v", err)
+	}
+	other, err := j.Decode(map[string]string{"date": "2026-11-28", "out": "reports/out.csv"}, nil)
+	if err != nil || !strings.Contains(string(other.JSON), filepath.Join(two, "reports", "out.csv")) {
+		t.Errorf("Decode in %s = %s, %v; want out under %s", two, other.JSON, err, two)
+	}
+	if err := os.Mkdir(filepath.Join(two, "dir.db"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Decode(map[string]string{"date": "2026-11-28", "ledger": "dir.db"}, nil); !errors.Is(err, jobs.ErrBadParams) || !strings.Contains(err.Error(), "directory") {
+		t.Errorf("existingfile naming a directory: err = %v", err)
+	}
+	home, err := os.UserHomeDir()
+	if err == nil {
+		d, err := j.Decode(map[string]string{"date": "2026-11-28", "out": "~/x.csv"}, nil)
+		if err != nil || !strings.Contains(string(d.JSON), filepath.Join(home, "x.csv")) {
+			t.Errorf("~/x.csv decoded to %s, %v; want it under %s", d.JSON, err, home)
+		}
+	}
+}
+
+func TestPathFormatNeedsAString(t *testing.T) {
+	type intPath struct {
+		Date string `param:"date,key"`
+		N    int    `param:"n" format:"path"`
+	}
+	msg := mustPanic(t, "Define with an int path", func() { jobs.Define("j", noop[intPath]) })
+	if !strings.Contains(msg, "string") {
+		t.Errorf("panic %q does not say a path needs a string field", msg)
 	}
 }

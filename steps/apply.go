@@ -160,7 +160,7 @@ func (r *Run) applySeparate(ctx context.Context, ot *openTarget, cp *checkpoint.
 		}
 		res, err := Plan(cur, pr.Ops)
 		if err != nil {
-			return err
+			return fmt.Errorf("steps: step %s: plan effects on %s: %w", cp.ID, ot.name, err)
 		}
 		if g := res.Rejected[0]; g != nil {
 			return g
@@ -265,7 +265,7 @@ func (r *Run) dryApply(ctx context.Context, ot *openTarget, cp *checkpoint.Step,
 	}
 	res, err := Plan(cur, pr.Ops)
 	if err != nil {
-		return err
+		return fmt.Errorf("steps: step %s: plan effects on %s: %w", cp.ID, ot.name, err)
 	}
 	if g := res.Rejected[0]; g != nil {
 		r.dryPlans = append(r.dryPlans, DryPlan{Step: cp.ID, Target: ot.name, Rejected: []string{g.Error()}})

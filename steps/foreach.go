@@ -428,7 +428,7 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 			}
 			res, err := Plan(cur, b.groups...)
 			if err != nil {
-				return err
+				return b.planError(err)
 			}
 			b.pinRejected(res.Rejected)
 			if err := b.target.h.Write(ctx, tx.SQL(), res.Writes); err != nil {
@@ -494,6 +494,16 @@ func (b *batch[I, O]) samePlan(writes []checkpoint.Write) (checkpoint.ChunkPlan,
 	return checkpoint.ChunkPlan{Step: b.name, EffectID: pr.EffectID, Status: checkpoint.ChunkApplied, Plan: raw}, nil
 }
 
+// planError names the batch item whose operation made the planner fail
+// (an *OverflowError carries its group).
+func (b *batch[I, O]) planError(err error) error {
+	var ov *OverflowError
+	if errors.As(err, &ov) && ov.Group >= 0 && ov.Group < len(b.owners) {
+		return fmt.Errorf("item %s/%s: %w", b.name, b.recs[b.owners[ov.Group]].Key, err)
+	}
+	return err
+}
+
 // pinRejected turns the items whose effects broke a guard into rejections.
 func (b *batch[I, O]) pinRejected(rejected map[int]*GuardError) {
 	for gi, g := range rejected {
@@ -518,7 +528,7 @@ func (b *batch[I, O]) commitSeparate(ctx context.Context, point, tag, supersedes
 		}
 		res, err := Plan(cur, b.groups...)
 		if err != nil {
-			return err
+			return fmt.Errorf("steps: plan chunk %d of %s for %s: %w", b.chunk, b.name, b.target.name, b.planError(err))
 		}
 		b.pinRejected(res.Rejected)
 		pr := chunkPlanRecord{Target: b.target.name, Writes: res.Writes,
@@ -702,7 +712,7 @@ func (b *batch[I, O]) commitDry(ctx context.Context) error {
 	}
 	res, err := Plan(cur, b.groups...)
 	if err != nil {
-		return err
+		return fmt.Errorf("steps: plan chunk %d of %s for %s: %w", b.chunk, b.name, b.target.name, b.planError(err))
 	}
 	b.pinRejected(res.Rejected)
 	for _, w := range res.Writes {

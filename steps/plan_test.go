@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
@@ -73,9 +74,15 @@ func TestPlan(t *testing.T) {
 			want:   want{},
 		},
 		{
-			name:   "overflow rejected",
-			groups: [][]Op{{{Key: "a", Kind: OpAdd, Amount: math.MaxInt64}}},
-			want:   want{rejected: map[int]string{0: "a"}},
+			name: "a broken guard stops its group before an overflowing op",
+			groups: [][]Op{{{Key: "b", Kind: OpAdd, Amount: -1, Guards: []Guard{NotBelow(0)}},
+				{Key: "a", Kind: OpAdd, Amount: math.MaxInt64}}},
+			want: want{rejected: map[int]string{0: "b"}},
+		},
+		{
+			name:   "a sum up to the int64 limit is fine",
+			groups: [][]Op{{{Key: "b", Kind: OpAdd, Amount: math.MaxInt64}}},
+			want:   want{writes: []checkpoint.Write{{Key: "b", OldVersion: 3, OldValue: 0, NewValue: math.MaxInt64}}},
 		},
 	}
 	for _, tt := range tests {
@@ -99,6 +106,80 @@ func TestPlan(t *testing.T) {
 	}
 }
 
+func TestPlanOverflow(t *testing.T) {
+	cur := map[string]checkpoint.State{
+		"a":   {Value: 1000, Version: 7, Exists: true},
+		"b":   {Value: 0, Version: 3, Exists: true},
+		"low": {Value: math.MinInt64 + 5, Version: 1, Exists: true},
+	}
+	transfer := func(from, to string, amount int64) []Op {
+		return []Op{{Key: from, Kind: OpAdd, Amount: -amount, Guards: []Guard{NotBelow(0)}}, {Key: to, Kind: OpAdd, Amount: amount}}
+	}
+	tests := []struct {
+		name   string
+		groups [][]Op
+		want   OverflowError
+	}{
+		{"add past the maximum", [][]Op{{{Key: "a", Kind: OpAdd, Amount: math.MaxInt64}}},
+			OverflowError{Key: "a", Value: 1000, Delta: math.MaxInt64}},
+		{"subtract past the minimum", [][]Op{{{Key: "low", Kind: OpAdd, Amount: -6}}},
+			OverflowError{Key: "low", Value: math.MinInt64 + 5, Delta: -6}},
+		{"after a set", [][]Op{{{Key: "b", Kind: OpSet, Amount: math.MaxInt64 - 1}, {Key: "b", Kind: OpAdd, Amount: 2}}},
+			OverflowError{Key: "b", Value: math.MaxInt64 - 1, Delta: 2}},
+		{"an intermediate value of a group overflows, even if the group would come back",
+			[][]Op{{{Key: "a", Kind: OpAdd, Amount: math.MaxInt64 - 1000}, {Key: "a", Kind: OpAdd, Amount: 1}, {Key: "a", Kind: OpAdd, Amount: -5000}}},
+			OverflowError{Key: "a", Value: math.MaxInt64, Delta: 1}},
+		{"a later group, after a rejected one and an accepted one, fails the whole plan",
+			[][]Op{transfer("b", "a", 1), transfer("a", "b", 500), {{Key: "b", Kind: OpAdd, Amount: math.MaxInt64}}},
+			OverflowError{Key: "b", Value: 500, Delta: math.MaxInt64, Group: 2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := Plan(cur, tt.groups...)
+			var ov *OverflowError
+			if !errors.As(err, &ov) {
+				t.Fatalf("Plan = %+v, %v; want an *OverflowError", res, err)
+			}
+			if *ov != tt.want {
+				t.Errorf("overflow = %+v, want %+v", *ov, tt.want)
+			}
+			var g *GuardError
+			if errors.As(err, &g) {
+				t.Errorf("an overflow is reported as a guard failure (it would be pinned): %v", err)
+			}
+			if res.Writes != nil || res.Rejected != nil {
+				t.Errorf("a failed plan returned writes or rejections: %+v", res)
+			}
+			for _, w := range []string{tt.want.Key, "overflow"} {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not name %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestAddInt64(t *testing.T) {
+	for _, tt := range []struct {
+		a, b, sum int64
+		ok        bool
+	}{
+		{1, 2, 3, true},
+		{math.MaxInt64, 0, math.MaxInt64, true},
+		{math.MaxInt64, 1, 0, false},
+		{math.MaxInt64 - 1, 1, math.MaxInt64, true},
+		{math.MinInt64, -1, 0, false},
+		{math.MinInt64, math.MaxInt64, -1, true},
+		{-1, math.MinInt64 + 1, math.MinInt64, true},
+		{math.MinInt64, math.MinInt64, 0, false},
+	} {
+		sum, ok := AddInt64(tt.a, tt.b)
+		if sum != tt.sum || ok != tt.ok {
+			t.Errorf("AddInt64(%d, %d) = %d, %v; want %d, %v", tt.a, tt.b, sum, ok, tt.sum, tt.ok)
+		}
+	}
+}
+
 func TestPlanMissingState(t *testing.T) {
 	_, err := Plan(map[string]checkpoint.State{}, []Op{{Key: "x", Kind: OpAdd, Amount: 1}})
 	if err == nil {
@@ -110,13 +191,18 @@ func TestPlanMissingState(t *testing.T) {
 	}
 }
 
-// FuzzPlan checks conservation (the planned deltas sum to the requested
-// deltas of the accepted groups), that versions are the current ones (they
-// only grow when written) and that a rejected group changes nothing.
+// FuzzPlan checks the planner against a reference model: a group whose
+// debit would go below 0 is rejected and changes nothing, a debit or credit
+// that would overflow int64 fails the whole plan with an *OverflowError
+// naming the key and group; otherwise the planned deltas sum to the
+// requested deltas of the accepted groups (conservation) and every write
+// starts from the current version.
 func FuzzPlan(f *testing.F) {
 	f.Add(int64(1000), int64(0), int64(-300), int64(500), int64(-2000), uint8(3))
 	f.Add(int64(0), int64(0), int64(0), int64(0), int64(0), uint8(0))
-	f.Add(int64(math.MaxInt64), int64(5), int64(1), int64(-1), int64(7), uint8(9))
+	f.Add(int64(math.MaxInt64), int64(5), int64(1), int64(-1), int64(7), uint8(9))   // credit overflows
+	f.Add(int64(math.MaxInt64-2), int64(0), int64(-5), int64(1), int64(1), uint8(0)) // a negative debit overflows
+	f.Add(int64(10), int64(math.MaxInt64), int64(20), int64(-3), int64(4), uint8(2)) // rejected, then overflow
 	f.Fuzz(func(t *testing.T, a0, b0, d1, d2, d3 int64, mask uint8) {
 		cur := map[string]checkpoint.State{
 			"a": {Value: a0, Version: 1, Exists: true},
@@ -137,26 +223,47 @@ func FuzzPlan(f *testing.F) {
 			})
 		}
 		res, err := Plan(cur, groups...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Reference model: apply groups one by one; a group whose debit
-		// would go below 0 (or overflow) must be rejected, else accepted.
+		// Reference model: apply groups one by one, each op in order; a
+		// debit that would go below 0 rejects its group (the credit is
+		// never evaluated), an op that would overflow fails the plan.
 		vals := map[string]int64{"a": a0, "b": b0}
+		rejected := map[int]string{}
+		var overflow *OverflowError
+	model:
 		for gi, g := range groups {
 			from, to, d := g[0].Key, g[1].Key, g[1].Amount
-			nf, okf := addNoOverflow(vals[from], -d)
-			okBelow := okf && nf >= 0
-			vals2 := map[string]int64{"a": vals["a"], "b": vals["b"]}
-			vals2[from] = nf
-			nt, okt := addNoOverflow(vals2[to], d)
-			accept := okBelow && okt
-			if accept == (res.Rejected[gi] != nil) {
-				t.Fatalf("group %d (move %d from %s to %s at %v): accepted=%v but planner rejected=%v", gi, d, from, to, vals, accept, res.Rejected[gi])
+			nf, ok := addNoOverflow(vals[from], -d)
+			switch {
+			case !ok:
+				overflow = &OverflowError{Key: from, Value: vals[from], Delta: -d, Group: gi}
+				break model
+			case nf < 0:
+				rejected[gi] = from
+				continue
 			}
-			if accept {
-				vals2[to] = nt
-				vals = vals2
+			nt, ok := addNoOverflow(vals[to], d)
+			if !ok {
+				overflow = &OverflowError{Key: to, Value: vals[to], Delta: d, Group: gi}
+				break model
+			}
+			vals[from], vals[to] = nf, nt
+		}
+		if overflow != nil {
+			var got *OverflowError
+			if !errors.As(err, &got) || *got != *overflow {
+				t.Fatalf("plan = %+v, %v; the reference overflows: %+v", res, err, *overflow)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("plan failed where the reference does not: %v", err)
+		}
+		if len(res.Rejected) != len(rejected) {
+			t.Fatalf("planner rejected %v, the reference %v", res.Rejected, rejected)
+		}
+		for gi, key := range rejected {
+			if res.Rejected[gi] == nil || res.Rejected[gi].Key != key {
+				t.Fatalf("group %d: planner rejection %v, the reference rejects it on %s", gi, res.Rejected[gi], key)
 			}
 		}
 		var sumPlanned, sumRequested int64
@@ -178,6 +285,8 @@ func FuzzPlan(f *testing.F) {
 	})
 }
 
+// addNoOverflow is the reference model's own overflow check, written
+// differently from AddInt64 (by the sign of the wrapped result).
 func addNoOverflow(a, b int64) (int64, bool) {
 	c := a + b
 	if (b > 0 && c < a) || (b < 0 && c > a) {

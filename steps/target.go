@@ -19,7 +19,12 @@ type Table = checkpoint.Table
 // in another SQLite database (separate store: plan, apply, record).
 type Target struct {
 	// Path of the SQLite database holding Table. Empty, or the checkpoint
-	// database's own path, means the same store.
+	// database's own path, means the same store. The file must exist (with
+	// Table in it): a missing one fails with an error wrapping
+	// checkpoint.ErrNoDatabase that names its absolute path, and is never
+	// created. A relative path is resolved against the working directory
+	// when the target is opened; jobs store absolute paths in their
+	// parameters (format:"path") so a resume elsewhere opens the same file.
 	Path string
 	// Table is the table and its key, value and version columns.
 	Table Table
@@ -62,12 +67,14 @@ func (r *Run) target(ctx context.Context, t Target) (*openTarget, error) {
 	db := sqlStore.DB()
 	if !same {
 		var err error
-		if ot.rdb, err = checkpoint.OpenTargetReader(ctx, checkpoint.Config{Path: t.Path}); err != nil {
+		// A target is the user's own database: opening it never creates it.
+		cfg := checkpoint.Config{Path: t.Path, MustExist: true}
+		if ot.rdb, err = checkpoint.OpenTargetReader(ctx, cfg); err != nil {
 			return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
 		}
 		db = ot.rdb
 		if !r.dryRun {
-			if db, err = checkpoint.OpenTarget(ctx, checkpoint.Config{Path: t.Path}); err != nil {
+			if db, err = checkpoint.OpenTarget(ctx, cfg); err != nil {
 				ot.rdb.Close()
 				return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
 			}

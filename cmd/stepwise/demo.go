@@ -23,22 +23,23 @@ type demoCmd struct {
 
 func (c *demoCmd) Run(env *cmd.Env) error {
 	ctx := env.Ctx
-	db, path, err := openLedger(ctx, env, "")
+	cfg := settlement.SeedConfig{Accounts: c.Accounts, Transfers: c.Transfers, Date: c.Date, Seed: 1, Balance: 100000, MaxAmount: 10000}
+	if err := cfg.Validate(); err != nil {
+		return cmd.UsageError(err) // bad input: exit 2, before any file is created
+	}
+	db, path, err := openLedger(ctx, env, "", false)
 	if err != nil {
 		return err
 	}
-	err = settlement.Seed(ctx, db, settlement.SeedConfig{Accounts: c.Accounts, Transfers: c.Transfers, Date: c.Date,
-		Seed: 1, Balance: 100000, MaxAmount: 10000})
+	err = settlement.Seed(ctx, db, cfg)
 	db.Close()
 	switch {
-	case err != nil && ctx.Err() != nil:
-		return fmt.Errorf("%w: seeding %s stopped; nothing of it was kept", runner.ErrInterrupted, c.Date)
 	case err == nil:
 		fmt.Fprintf(env.Stdout, "seeded a demo ledger in %s: %d transfers on %s\n", path, c.Transfers, c.Date)
-	case errors.Is(err, settlement.ErrAlreadySeeded):
+	case errors.Is(err, settlement.ErrAlreadySeeded) && ctx.Err() == nil:
 		fmt.Fprintf(env.Stdout, "the ledger in %s already has %s's transfers\n", path, c.Date)
 	default:
-		return err
+		return seedError(ctx, "seeding "+c.Date, err)
 	}
 	fmt.Fprintf(env.Stdout, "settling %s (press Ctrl-C to interrupt; run the same command again to resume)\n", c.Date)
 	res, err := env.RunJob(runner.Request{Job: settlement.Job.Name(), Values: map[string]string{"date": c.Date}}, 30*time.Second)
@@ -89,8 +90,12 @@ func printSummary(ctx context.Context, env *cmd.Env, runID string) error {
 			return err
 		}
 		found = true
-		fmt.Fprintf(env.Stdout, "\nsettlement %s: %d transfers, %d posted (%s), %d rejected for overdraft (%s)\n",
-			sum.Date, sum.Transfers, sum.Posted, money(sum.PostedAmount), sum.Rejected, money(sum.RejectedAmount))
+		bad := ""
+		if sum.BadAmount > 0 {
+			bad = fmt.Sprintf(", %d for an amount that is not positive", sum.BadAmount)
+		}
+		fmt.Fprintf(env.Stdout, "\nsettlement %s: %d transfers, %d posted (%s), %d rejected for overdraft%s (%s)\n",
+			sum.Date, sum.Transfers, sum.Posted, money(sum.PostedAmount), sum.Rejected-sum.BadAmount, bad, money(sum.RejectedAmount))
 		if len(sum.RejectedIDs) > 0 {
 			fmt.Fprintf(env.Stdout, "first rejected: %s\n", strings.Join(sum.RejectedIDs[:min(5, len(sum.RejectedIDs))], ", "))
 		}
@@ -104,11 +109,11 @@ func printSummary(ctx context.Context, env *cmd.Env, runID string) error {
 
 // money formats minor units as units with two decimals.
 func money(minor int64) string {
-	sign := ""
+	sign, u := "", uint64(minor)
 	if minor < 0 {
-		sign, minor = "-", -minor
+		sign, u = "-", -u // two's complement: right even for math.MinInt64
 	}
-	return fmt.Sprintf("%s%d.%02d", sign, minor/100, minor%100)
+	return fmt.Sprintf("%s%d.%02d", sign, u/100, u%100)
 }
 
 // invokedAs is how the user started this program, for printed hints.

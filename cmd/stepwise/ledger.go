@@ -16,16 +16,37 @@ import (
 // ledgerCmd groups the example ledger's commands.
 type ledgerCmd struct {
 	Seed  seedCmd  `cmd:"" help:"Create a reproducible example ledger: accounts and one business date's transfers."`
-	Check checkCmd `cmd:"" help:"Audit a settled date independently of the checkpoints; exits 1 naming any wrong account."`
+	Check checkCmd `cmd:"" help:"Audit a settled date independently of the checkpoints (reads only; creates no file): exits 1 naming any wrong account or a total that overflows int64, 2 for a missing ledger or a date it was never seeded for."`
 }
 
 // openLedger opens the ledger file, defaulting to the checkpoint database.
-func openLedger(ctx context.Context, env *cmd.Env, path string) (*sql.DB, string, error) {
+// With mustExist (commands that only read) a missing file is not created
+// but is a usage error naming its absolute path.
+func openLedger(ctx context.Context, env *cmd.Env, path string, mustExist bool) (*sql.DB, string, error) {
+	flag := "--ledger"
 	if path == "" {
-		path = env.Globals.DB
+		path, flag = env.Globals.DB, "--db"
 	}
-	db, err := checkpoint.OpenTarget(ctx, checkpoint.Config{Path: path, BusyTimeout: env.Globals.BusyTimeout})
+	db, err := checkpoint.OpenTarget(ctx, checkpoint.Config{Path: path, BusyTimeout: env.Globals.BusyTimeout, MustExist: mustExist})
+	if errors.Is(err, checkpoint.ErrNoDatabase) {
+		err = cmd.UsageError(fmt.Errorf("ledger: %w; check %s, or create a ledger with `stepwise ledger seed`", err, flag))
+	}
 	return db, path, err
+}
+
+// seedError classifies an error of settlement.Seed: what the user asked
+// for is a usage error (exit 2), an interruption is resumable (exit 3),
+// anything else (a full disk, say) a failure.
+func seedError(ctx context.Context, what string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("%w: %s stopped; nothing of it was kept", runner.ErrInterrupted, what)
+	case errors.Is(err, settlement.ErrBadInput), errors.Is(err, settlement.ErrAlreadySeeded):
+		return cmd.UsageError(err)
+	}
+	return err
 }
 
 type seedCmd struct {
@@ -38,26 +59,24 @@ type seedCmd struct {
 }
 
 func (c *seedCmd) Run(env *cmd.Env) error {
-	db, path, err := openLedger(env.Ctx, env, c.Ledger)
+	cfg := settlement.SeedConfig{Accounts: c.Accounts, Transfers: c.Transfers, Date: c.Date, Seed: c.Seed, Balance: c.Balance}
+	if err := cfg.Validate(); err != nil {
+		return cmd.UsageError(err) // before any file is created
+	}
+	db, path, err := openLedger(env.Ctx, env, c.Ledger, false)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	err = settlement.Seed(env.Ctx, db, settlement.SeedConfig{
-		Accounts: c.Accounts, Transfers: c.Transfers, Date: c.Date, Seed: c.Seed, Balance: c.Balance,
-	})
-	if err != nil && env.Ctx.Err() != nil {
-		return fmt.Errorf("%w: seeding stopped; nothing of it was kept", runner.ErrInterrupted)
-	}
-	if err != nil {
-		return cmd.UsageError(err)
+	if err := seedError(env.Ctx, "seeding", settlement.Seed(env.Ctx, db, cfg)); err != nil {
+		return err
 	}
 	fmt.Fprintf(env.Stdout, "seeded %s: %d transfers on %s (seed %d)\n", path, c.Transfers, c.Date, c.Seed)
 	return nil
 }
 
 type checkCmd struct {
-	Ledger string `help:"Ledger database file. Defaults to the checkpoint database (--db)." type:"path"`
+	Ledger string `help:"Ledger database file; it must exist. Defaults to the checkpoint database (--db)." type:"path"`
 	Date   string `required:"" help:"Business date to audit, YYYY-MM-DD."`
 	JSON   bool   `name:"json" help:"Print the report as JSON."`
 }
@@ -66,12 +85,15 @@ type checkCmd struct {
 var errLedgerWrong = errors.New("ledger check failed")
 
 func (c *checkCmd) Run(env *cmd.Env) error {
-	db, _, err := openLedger(env.Ctx, env, c.Ledger)
+	db, _, err := openLedger(env.Ctx, env, c.Ledger, true)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	rep, err := settlement.Check(env.Ctx, db, c.Date)
+	if errors.Is(err, settlement.ErrBadInput) {
+		return cmd.UsageError(err)
+	}
 	if err != nil {
 		return err
 	}
@@ -82,7 +104,7 @@ func (c *checkCmd) Run(env *cmd.Env) error {
 		fmt.Fprint(env.Stdout, rep)
 	}
 	if !rep.OK() {
-		return fmt.Errorf("%w: %d accounts wrong, total off by %d", errLedgerWrong, len(rep.Mismatches), rep.Total-rep.OpeningTotal)
+		return fmt.Errorf("%w: %d accounts wrong, total off by %s", errLedgerWrong, len(rep.Mismatches), rep.Difference())
 	}
 	return nil
 }

@@ -3,9 +3,13 @@ package settlement
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
+	"time"
+
+	"github.com/stepwise-run/stepwise/steps"
 )
 
 // Mismatch is an account whose balance is not what the day's transfers make
@@ -23,29 +27,38 @@ type Report struct {
 	Transfers    int        `json:"transfers"`
 	Posted       int        `json:"posted"`
 	Rejected     int        `json:"rejected"`
+	BadAmount    int        `json:"bad_amount,omitempty"` // rejected for an amount that is not positive
 	OpeningTotal int64      `json:"opening_total"`
 	Total        int64      `json:"total"`
 	Mismatches   []Mismatch `json:"mismatches,omitempty"`
 }
+
+// Difference is Total minus OpeningTotal in decimal: how much money
+// appeared (or, negative, vanished).
+func (r Report) Difference() string { return difference(r.Total, r.OpeningTotal) }
 
 // OK reports whether the ledger passed every check.
 func (r Report) OK() bool { return r.Total == r.OpeningTotal && len(r.Mismatches) == 0 }
 
 func (r Report) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "ledger check %s: %d accounts, %d transfers (%d posted, %d rejected)\n",
-		r.Date, r.Accounts, r.Transfers, r.Posted, r.Rejected)
+	bad := ""
+	if r.BadAmount > 0 {
+		bad = fmt.Sprintf(", %d of them for an amount that is not positive", r.BadAmount)
+	}
+	fmt.Fprintf(&b, "ledger check %s: %d accounts, %d transfers (%d posted, %d rejected%s)\n",
+		r.Date, r.Accounts, r.Transfers, r.Posted, r.Rejected, bad)
 	if r.Total == r.OpeningTotal {
 		fmt.Fprintf(&b, "  money conserved: total %d\n", r.Total)
 	} else {
-		fmt.Fprintf(&b, "  MONEY NOT CONSERVED: total %d, opening total %d (difference %d)\n", r.Total, r.OpeningTotal, r.Total-r.OpeningTotal)
+		fmt.Fprintf(&b, "  MONEY NOT CONSERVED: total %d, opening total %d (difference %s)\n", r.Total, r.OpeningTotal, r.Difference())
 	}
 	for i, m := range r.Mismatches {
 		if i == 20 {
 			fmt.Fprintf(&b, "  ... and %d more accounts\n", len(r.Mismatches)-20)
 			break
 		}
-		fmt.Fprintf(&b, "  WRONG %s: balance %d, want %d (off by %d)\n", m.Account, m.Got, m.Want, m.Got-m.Want)
+		fmt.Fprintf(&b, "  WRONG %s: balance %d, want %d (off by %s)\n", m.Account, m.Got, m.Want, difference(m.Got, m.Want))
 	}
 	if r.OK() {
 		b.WriteString("  every account equals its opening balance plus posted incoming minus posted outgoing\n")
@@ -53,20 +66,38 @@ func (r Report) String() string {
 	return b.String()
 }
 
+// ErrBadInput is wrapped by the errors of Check and Seed about what the
+// caller asked for: a malformed date, a seed configuration out of range, a
+// date the ledger has no opening balances for, a file that is not a ledger.
+var ErrBadInput = errors.New("settlement: bad input")
+
 // Check audits the ledger for date independently of Stepwise's
 // checkpoints: it replays the date's transfers in ascending ID order from
-// the opening balances Seed recorded, posting each unless it would overdraw
-// its source account (the settlement rule), and compares every account's
-// balance and the total with the result: the current balances, or for a
-// date followed by a later seeded one, that date's opening balances. It
-// reads the ledger only. Dates are settled in order: seed the next date
-// after settling the previous one.
+// the opening balances Seed recorded, posting each unless its amount is not
+// positive or it would overdraw its source account (the settlement rules),
+// and compares every account's balance and the total with the result: the
+// current balances, or for a date followed by a later seeded one, that
+// date's opening balances. It reads the ledger only. Dates are settled in
+// order: seed the next date after settling the previous one. Every sum is
+// checked: one that overflows int64 is an error wrapping ErrOverflow.
 func Check(ctx context.Context, db *sql.DB, date string) (Report, error) {
 	rep := Report{Date: date}
+	if _, err := time.Parse("2006-01-02", date); err != nil {
+		return rep, fmt.Errorf("%w: ledger check: date %q is not YYYY-MM-DD", ErrBadInput, date)
+	}
+	var tables int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table'
+AND name IN ('accounts', 'transfers', 'opening_balances')`).Scan(&tables); err != nil {
+		return rep, fmt.Errorf("ledger check: read the schema: %w", err)
+	}
+	if tables != 3 {
+		return rep, fmt.Errorf("%w: ledger check: the file has no accounts, transfers and opening_balances tables; it is not a ledger made by Seed", ErrBadInput)
+	}
 	want := map[string]int64{}
+	opening := sum{what: "the opening total of " + date}
 	rows, err := db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = ?`, date)
 	if err != nil {
-		return rep, fmt.Errorf("ledger check: read opening balances: %w (was this ledger made by `stepwise ledger seed`?)", err)
+		return rep, fmt.Errorf("ledger check: read opening balances: %w", err)
 	}
 	for rows.Next() {
 		var id string
@@ -76,40 +107,68 @@ func Check(ctx context.Context, db *sql.DB, date string) (Report, error) {
 			return rep, err
 		}
 		want[id] = b
-		rep.OpeningTotal += b
+		opening.add(b)
 	}
 	rows.Close()
-	if len(want) == 0 {
-		return rep, fmt.Errorf("ledger check: no opening balances for %s; seed that date first", date)
+	if err := rows.Err(); err != nil {
+		return rep, fmt.Errorf("ledger check: read opening balances: %w", err)
 	}
-	rows, err = db.QueryContext(ctx, `SELECT from_account, to_account, amount FROM transfers WHERE business_date = ? ORDER BY id`, date)
+	if rep.OpeningTotal, err = opening.value(); err != nil {
+		return rep, fmt.Errorf("ledger check: %w", err)
+	}
+	if len(want) == 0 {
+		return rep, fmt.Errorf("%w: ledger check: no opening balances for %s; seed that date first", ErrBadInput, date)
+	}
+	rows, err = db.QueryContext(ctx, `SELECT id, from_account, to_account, amount FROM transfers WHERE business_date = ? ORDER BY id`, date)
 	if err != nil {
 		return rep, err
 	}
 	for rows.Next() {
-		var from, to string
+		var id, from, to string
 		var amount int64
-		if err := rows.Scan(&from, &to, &amount); err != nil {
+		if err := rows.Scan(&id, &from, &to, &amount); err != nil {
 			rows.Close()
 			return rep, err
 		}
 		rep.Transfers++
-		if want[from]-amount < 0 {
+		if amount <= 0 {
+			rep.Rejected++
+			rep.BadAmount++
+			continue
+		}
+		// Each step is a real balance, as the planner computes it: it must
+		// fit.
+		debit, ok := steps.AddInt64(want[from], -amount)
+		if ok && debit < 0 {
 			rep.Rejected++
 			continue
 		}
-		want[from] -= amount
-		want[to] += amount
+		credit, ok2 := steps.AddInt64(want[to], amount)
+		if !ok || !ok2 {
+			rows.Close()
+			acct, bal := from, want[from]
+			if ok {
+				acct, bal = to, want[to]
+			}
+			return rep, fmt.Errorf("ledger check: %w: replaying transfer %s of %d from %s to %s: the balance of %s (%d) would not fit in int64 minor units",
+				ErrOverflow, id, amount, from, to, acct, bal)
+		}
+		want[from], want[to] = debit, credit
 		rep.Posted++
 	}
 	rows.Close()
+	if err := rows.Err(); err != nil {
+		return rep, err
+	}
 	// Compare with the balances at the end of the day: the current ones,
 	// or, once a later date is seeded, that date's opening balances.
 	var next sql.NullString
 	if err := db.QueryRowContext(ctx, `SELECT min(business_date) FROM opening_balances WHERE business_date > ?`, date).Scan(&next); err != nil {
 		return rep, err
 	}
+	total := sum{what: "the total of the current balances"}
 	if next.Valid {
+		total.what = "the total of " + next.String + "'s opening balances"
 		rows, err = db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = ?`, next.String)
 	} else {
 		rows, err = db.QueryContext(ctx, `SELECT id, balance FROM accounts`)
@@ -125,11 +184,17 @@ func Check(ctx context.Context, db *sql.DB, date string) (Report, error) {
 			return rep, err
 		}
 		rep.Accounts++
-		rep.Total += got
+		total.add(got)
 		if w, ok := want[id]; !ok || w != got {
 			rep.Mismatches = append(rep.Mismatches, Mismatch{Account: id, Want: w, Got: got})
 		}
 	}
+	if err := rows.Err(); err != nil {
+		return rep, err
+	}
+	if rep.Total, err = total.value(); err != nil {
+		return rep, fmt.Errorf("ledger check: %w", err)
+	}
 	sort.Slice(rep.Mismatches, func(i, j int) bool { return rep.Mismatches[i].Account < rep.Mismatches[j].Account })
-	return rep, rows.Err()
+	return rep, nil
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 )
@@ -51,24 +52,32 @@ type SeedConfig struct {
 	MaxAmount int64
 }
 
+// Validate checks the configuration as Seed does, without touching a
+// database: its errors wrap ErrBadInput.
+func (c SeedConfig) Validate() error { return c.validate() }
+
 func (c *SeedConfig) validate() error {
 	if _, err := time.Parse("2006-01-02", c.Date); err != nil {
-		return fmt.Errorf("seed: date %q is not YYYY-MM-DD", c.Date)
+		return fmt.Errorf("%w: seed: date %q is not YYYY-MM-DD", ErrBadInput, c.Date)
 	}
 	if c.Accounts < 2 || c.Accounts > 10_000_000 {
-		return fmt.Errorf("seed: accounts is %d; use 2 to 10000000", c.Accounts)
+		return fmt.Errorf("%w: seed: accounts is %d; use 2 to 10000000", ErrBadInput, c.Accounts)
 	}
 	if c.Transfers < 0 || c.Transfers > 100_000_000 {
-		return fmt.Errorf("seed: transfers is %d; use 0 to 100000000", c.Transfers)
+		return fmt.Errorf("%w: seed: transfers is %d; use 0 to 100000000", ErrBadInput, c.Transfers)
 	}
 	if c.Balance < 0 {
-		return fmt.Errorf("seed: balance is %d; it cannot be negative", c.Balance)
+		return fmt.Errorf("%w: seed: balance is %d; it cannot be negative", ErrBadInput, c.Balance)
+	}
+	if c.Balance > math.MaxInt64/int64(c.Accounts) {
+		return fmt.Errorf("%w: seed: balance %d times %d accounts does not fit in int64 minor units; use a balance of at most %d",
+			ErrBadInput, c.Balance, c.Accounts, math.MaxInt64/int64(c.Accounts))
 	}
 	if c.MaxAmount == 0 {
 		c.MaxAmount = max(c.Balance/2, 1)
 	}
 	if c.MaxAmount < 1 {
-		return fmt.Errorf("seed: max amount is %d; use at least 1", c.MaxAmount)
+		return fmt.Errorf("%w: seed: max amount is %d; use at least 1", ErrBadInput, c.MaxAmount)
 	}
 	return nil
 }

@@ -9,7 +9,8 @@
 //	post     a batch step over the transfers in ascending ID order, a chunk
 //	         at a time: each transfer is Add(from, -amount) with a
 //	         no-overdraft guard and Add(to, +amount); one that would
-//	         overdraw is rejected, and that rejection is pinned
+//	         overdraw, or whose amount is not positive, is rejected, and
+//	         that rejection is pinned
 //	summary  counts, totals and the rejected transfers
 //	notify   queues a "settled" notification in the outbox
 //
@@ -21,8 +22,11 @@ package settlement
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
@@ -31,7 +35,7 @@ import (
 // Params are the settle job's parameters.
 type Params struct {
 	Date   string `param:"date,key" format:"date" help:"business date to settle, YYYY-MM-DD"`
-	Ledger string `param:"ledger" help:"ledger database file; empty means the checkpoint database (--db)"`
+	Ledger string `param:"ledger" format:"existingfile" help:"ledger database file (must exist; stored as an absolute path); empty means the checkpoint database"`
 	Chunk  int    `param:"chunk" default:"1000" help:"transfers committed together"`
 }
 
@@ -61,15 +65,25 @@ type Day struct {
 }
 
 // Summary is the settlement's result, the output of the summary step.
+// PostedAmount plus RejectedAmount is the day's total.
 type Summary struct {
-	Date           string   `json:"date"`
-	Transfers      int64    `json:"transfers"`
-	Posted         int64    `json:"posted"`
-	Rejected       int64    `json:"rejected"`
+	Date      string `json:"date"`
+	Transfers int64  `json:"transfers"`
+	Posted    int64  `json:"posted"`
+	// Rejected counts every rejected transfer: overdrafts and bad amounts.
+	Rejected int64 `json:"rejected"`
+	// BadAmount counts the rejected transfers whose amount was not
+	// positive.
+	BadAmount      int64    `json:"bad_amount"`
 	PostedAmount   int64    `json:"posted_amount"`
 	RejectedAmount int64    `json:"rejected_amount"`
 	RejectedIDs    []string `json:"rejected_ids"` // the first MaxListed
 }
+
+// ErrBadAmount is wrapped by the pinned rejection of a transfer whose
+// amount is zero or negative: a negative amount would move money the other
+// way round, past the source account's no-overdraft guard.
+var ErrBadAmount = errors.New("amount is not positive")
 
 // MaxListed bounds how many rejected transfer IDs the summary lists.
 const MaxListed = 20
@@ -88,7 +102,14 @@ func Settle(ctx context.Context, r *steps.Run, p Params) error {
 		var d Day
 		err := db.QueryRowContext(ctx, `SELECT count(*), COALESCE(sum(amount), 0) FROM transfers WHERE business_date = ?`,
 			p.Date).Scan(&d.Transfers, &d.Amount)
-		return d, err
+		if err != nil && strings.Contains(err.Error(), "integer overflow") {
+			// SQLite's sum() refuses to wrap around; say what it summed.
+			return d, fmt.Errorf("%w: the total amount of %s's transfers does not fit in int64 minor units: %w", ErrOverflow, p.Date, err)
+		}
+		if err != nil {
+			return d, fmt.Errorf("count %s's transfers: %w", p.Date, err)
+		}
+		return d, nil
 	}, steps.Input(p.Date))
 	if err != nil {
 		return err
@@ -115,24 +136,7 @@ WHERE business_date = ? AND id > ? ORDER BY id LIMIT ?`, p.Date, after, limit)
 		return err
 	}
 	_, err = steps.Do(ctx, r, steps.ID("summary"), func(ctx context.Context) (Summary, error) {
-		s := Summary{Date: p.Date, Transfers: day.Transfers, RejectedIDs: []string{}}
-		err := r.Items(ctx, "post", "rejected", func(it steps.ItemResult) error {
-			var amount int64 // post's output, kept with its rejection
-			if err := json.Unmarshal(it.Output, &amount); err != nil {
-				return fmt.Errorf("rejected transfer %s: decode its amount: %w", it.Key, err)
-			}
-			s.Rejected++
-			s.RejectedAmount += amount
-			if len(s.RejectedIDs) < MaxListed {
-				s.RejectedIDs = append(s.RejectedIDs, it.Key)
-			}
-			return nil
-		})
-		s.Posted = s.Transfers - s.Rejected
-		s.PostedAmount = day.Amount - s.RejectedAmount
-		r.Logger().Info().Int64("posted", s.Posted).Int64("rejected", s.Rejected).Int64("posted_amount", s.PostedAmount).
-			Msg("settlement summary")
-		return s, err
+		return summarize(ctx, r, db, p.Date, day)
 	}, steps.Input(day))
 	if err != nil {
 		return err
@@ -143,8 +147,58 @@ WHERE business_date = ? AND id > ? ORDER BY id LIMIT ?`, p.Date, after, limit)
 	})
 }
 
+// summarize is the summary step: the day's counts and totals, from the
+// rejected items of post (few) and the count step's totals, with checked
+// sums.
+func summarize(ctx context.Context, r *steps.Run, db *sql.DB, date string, day Day) (Summary, error) {
+	s := Summary{Date: date, Transfers: day.Transfers, RejectedIDs: []string{}}
+	rejected := sum{what: "the rejected amount of " + date}
+	posted := sum{what: "the posted amount of " + date}
+	posted.add(day.Amount)
+	err := r.Items(ctx, "post", "rejected", func(it steps.ItemResult) error {
+		var amount int64
+		if it.Output != nil {
+			// An overdraft: post's output, kept with its rejection.
+			if err := json.Unmarshal(it.Output, &amount); err != nil {
+				return fmt.Errorf("rejected transfer %s: decode its amount: %w", it.Key, err)
+			}
+		} else {
+			// post itself rejected it (a bad amount): read the amount.
+			if err := db.QueryRowContext(ctx, `SELECT amount FROM transfers WHERE id = ?`, it.Key).Scan(&amount); err != nil {
+				return fmt.Errorf("rejected transfer %s: read its amount: %w", it.Key, err)
+			}
+			s.BadAmount++
+		}
+		s.Rejected++
+		rejected.add(amount)
+		posted.sub(amount)
+		if len(s.RejectedIDs) < MaxListed {
+			s.RejectedIDs = append(s.RejectedIDs, it.Key)
+		}
+		return nil
+	})
+	if err != nil {
+		return s, err
+	}
+	s.Posted = s.Transfers - s.Rejected
+	var errR, errP error
+	s.RejectedAmount, errR = rejected.value()
+	s.PostedAmount, errP = posted.value()
+	if err := errors.Join(errR, errP); err != nil {
+		return s, err
+	}
+	r.Logger().Info().Int64("posted", s.Posted).Int64("rejected", s.Rejected).Int64("posted_amount", s.PostedAmount).
+		Msg("settlement summary")
+	return s, nil
+}
+
 // post is one transfer's effects: debit with a no-overdraft guard, credit.
+// A transfer that does not move a positive amount is rejected (pinned).
 func post(ctx context.Context, t Transfer, e *steps.Effects) (int64, error) {
+	if t.Amount <= 0 {
+		return 0, steps.Reject(fmt.Errorf("transfer %s from %s to %s has amount %d: %w; "+
+			"a transfer moves a positive number of minor units", t.ID, t.From, t.To, t.Amount, ErrBadAmount))
+	}
 	e.Add(t.From, -t.Amount, steps.NotBelow(0))
 	e.Add(t.To, t.Amount)
 	return t.Amount, nil
