@@ -240,8 +240,8 @@ func hexFP(fp []byte) string { return hex.EncodeToString(fp) }
 
 // check fingerprints the chunk's items and holds them to what earlier
 // attempts recorded: a finished item's fingerprint must match, and a new
-// item must fit in the source's declared total (and, in an ascending
-// source, must not sort among finished items). It returns the first change
+// item must not be yielded past the source's declared total (nor, in an
+// ascending source with a total, sort among finished items). It returns the first change
 // found, or records the operator's acceptance of them all.
 func (b *batch[I, O]) check(ctx context.Context, done map[string]doneItem) error {
 	b.fps = b.fps[:0]
@@ -260,7 +260,6 @@ func (b *batch[I, O]) check(ctx context.Context, done map[string]doneItem) error
 			}
 			continue
 		}
-		b.newItems++
 		if b.declared < 0 {
 			continue
 		}
@@ -275,7 +274,7 @@ func (b *batch[I, O]) check(ctx context.Context, done map[string]doneItem) error
 			}
 			b.changes.add(b.changeError(k, ItemInserted, func(e *ItemChangedError) { e.Before = next }),
 				fmt.Sprintf("item %s is new among processed items (before %s): processed", k, next))
-		case b.newItems > b.declared-b.before:
+		case b.yielded-int64(len(b.keys)-i) >= b.declared: // the item's position in the source is past the total
 			b.changes.add(b.changeError(k, ItemBeyondTotal, nil),
 				fmt.Sprintf("item %s is beyond the declared %d items: processed", k, b.declared))
 		}

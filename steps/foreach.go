@@ -256,7 +256,6 @@ type batch[I, O any] struct {
 	before    int64  // items recorded before this attempt
 	seenOld   int64  // of those, how many the source yielded again
 	goneOK    int64  // of those not yielded, how many an operator accepted
-	newItems  int64  // items this attempt found unrecorded
 	yielded   int64  // items the source yielded
 	tileFrom  string // an ascending source's read-backs tile the key space from here
 	changes   changeSet
