@@ -21,7 +21,8 @@ const (
 
 const exitCodesHelp = `Exit codes: 0 run succeeded (or already had); 1 run failed; 2 bad usage or input;
 3 interrupted, resumable; 4 run held by another runner (or lease lost); 5 needs an operator decision
-(a changed step, an outside call of unknown outcome, an abandoned or pruned run).
+(a changed step, a batch item whose source changed since it was processed, an outside call of unknown
+outcome, an abandoned or pruned run).
 
 SIGINT/SIGTERM: the current step or chunk finishes or rolls back within $STEPWISE_GRACE (30s),
 the attempt is recorded as interrupted and the process exits 3; a second signal ends it at once
@@ -42,13 +43,14 @@ func ExitCode(err error) int {
 		held     *checkpoint.LeaseHeldError
 		mismatch *checkpoint.ParamsMismatchError
 		changed  *steps.StepChangedError
+		item     *steps.ItemChangedError
 		unknown  *steps.OutcomeUnknownError
 		usage    usageError
 	)
 	switch {
 	case err == nil, errors.Is(err, checkpoint.ErrAlreadySucceeded):
 		return ExitOK
-	case errors.As(err, &changed), errors.As(err, &unknown), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned),
+	case errors.As(err, &changed), errors.As(err, &item), errors.As(err, &unknown), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned),
 		errors.Is(err, ErrNeedsDecision):
 		return ExitOperator
 	case errors.As(err, &held), errors.Is(err, checkpoint.ErrFenced):

@@ -65,28 +65,35 @@ func (c *RunCmd) Run(env *Env) error {
 	prog.close()
 	if c.DryRun {
 		printDryRun(env, res)
-		return err
+		return itemChangedHint(err, res.RunID)
 	}
 	report(env, res, err)
-	return err
+	return itemChangedHint(err, res.RunID)
 }
 
 // ResumeCmd resumes a run by ID.
 type ResumeCmd struct {
 	runFlags
-	RunID string `arg:"" name:"run-id" help:"Run ID as shown by 'stepwise runs', e.g. report/2026-11-28."`
+	operatorFlags
+	acceptFlags
+	RunID  string `arg:"" name:"run-id" help:"Run ID as shown by 'stepwise runs', e.g. report/2026-11-28."`
+	Reason string `help:"Why, for the audit log. Required with --accept-changed."`
 }
 
 // Run implements the resume command.
 func (c *ResumeCmd) Run(env *Env) error {
+	accept, err := c.acceptance(env, c.operatorFlags, c.RunID, "resume", c.Reason)
+	if err != nil {
+		return err
+	}
 	r, prog, err := c.runner(env)
 	if err != nil {
 		return err
 	}
-	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: c.Force, RetrySkipped: c.RetrySkipped})
+	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: c.Force, RetrySkipped: c.RetrySkipped, AcceptChanged: accept})
 	prog.close()
 	report(env, res, err)
-	return err
+	return itemChangedHint(err, c.RunID)
 }
 
 // dryRunListed bounds the writes and rejections printed per plan.
