@@ -427,3 +427,17 @@ func TestForEachFreshAscendingReadsNothingBack(t *testing.T) {
 		t.Fatalf("%d items recorded with a fingerprint, want 30", n)
 	}
 }
+
+func TestForEachDoesNotCheckItemsRecordedWithoutAFingerprint(t *testing.T) {
+	b := newFPBatch(t, false, 30)
+	b.crashed(b.slice())
+	// As recorded by a Stepwise from before fingerprints (schema 6).
+	if _, err := b.st.DB().Exec(`UPDATE items SET fingerprint = NULL WHERE item_key = 'T004'`); err != nil {
+		t.Fatal(err)
+	}
+	b.set("T004", 77)
+	sum, err := b.settle(b.slice(), "")
+	if err != nil || sum.Completed != 30 || slices.Contains(b.calls, "T004") {
+		t.Fatalf("%+v, %v, calls %v; want the unfingerprinted item skipped as finished, unchecked", sum, err, b.calls)
+	}
+}
