@@ -23,6 +23,11 @@ type Item struct {
 	Error   string
 	Attempt int
 	Chunk   string // effect ID of its chunk plan (separate store)
+	// Fingerprint identifies the item's content when it was processed
+	// (steps hashes the item, or what the job declares), so a rerun can
+	// tell a changed item from the same one. Nil for items recorded before
+	// fingerprints were (schema version 7).
+	Fingerprint []byte
 }
 
 // ItemQuery selects item checkpoints of one batch step of one run. With
@@ -45,6 +50,9 @@ type ItemQuery struct {
 	// After, with Status set, starts after this item key: the last key of
 	// the previous page (keyset paging).
 	After string
+	// Last reads keys in descending order (with KeysOnly and neither Keys,
+	// a range nor Status set): with Limit 1, the step's greatest key.
+	Last bool
 }
 
 // Chunk plan statuses (besides StepPlanned).
@@ -71,12 +79,15 @@ type ChunkPlan struct {
 }
 
 const (
-	sqlPutItem = `INSERT INTO items (run_id, step_id, item_key, status, output, error, attempt, chunk)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+	sqlPutItem = `INSERT INTO items (run_id, step_id, item_key, status, output, error, attempt, chunk, fingerprint)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
 ON CONFLICT (run_id, step_id, item_key) DO UPDATE SET
     status = excluded.status, output = excluded.output, error = excluded.error,
-    attempt = excluded.attempt, chunk = excluded.chunk
+    attempt = excluded.attempt, chunk = excluded.chunk, fingerprint = excluded.fingerprint
 WHERE items.status NOT IN ('completed', 'rejected')`
+	// sqlAcceptItem records an operator-accepted new fingerprint of an
+	// item already recorded, whatever its status: nothing else of it moves.
+	sqlAcceptItem   = `UPDATE items SET fingerprint = ? WHERE run_id = ? AND step_id = ? AND item_key = ?`
 	sqlPutChunkPlan = `INSERT INTO chunk_plans (run_id, step_id, effect_id, status, plan) VALUES (?, ?, ?, ?, ?)`
 	sqlFinishChunk  = `UPDATE items SET status = 'completed'
 WHERE run_id = ? AND step_id = ? AND chunk = ? AND status = 'planned'`
@@ -85,13 +96,15 @@ WHERE run_id = ? AND step_id = ? AND chunk = ? AND status = 'planned'`
 	sqlFinishChunkPlan    = `UPDATE chunk_plans SET status = 'applied' WHERE run_id = ? AND step_id = ? AND effect_id = ?`
 	sqlChunkPlans         = `SELECT effect_id, status, plan FROM chunk_plans
 WHERE run_id = ? AND step_id = ? AND status = 'planned' ORDER BY effect_id`
-	sqlItemsAll      = `SELECT item_key, status, output, error, attempt, chunk FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key`
-	sqlItemsByStatus = `SELECT item_key, status, output, error, attempt, chunk FROM items
+	sqlItemsAll = `SELECT item_key, status, output, error, attempt, chunk, fingerprint FROM items
+WHERE run_id = ? AND step_id = ? ORDER BY item_key`
+	sqlItemsByStatus = `SELECT item_key, status, output, error, attempt, chunk, fingerprint FROM items
 WHERE run_id = ? AND step_id = ? AND status = ? AND item_key > ? ORDER BY item_key LIMIT ?`
-	sqlItemKeysAll = `SELECT item_key, status, attempt FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key LIMIT ?`
+	sqlItemKeysAll  = `SELECT item_key, status, attempt, fingerprint FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key LIMIT ?`
+	sqlItemKeysLast = `SELECT item_key, status, attempt, fingerprint FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key DESC LIMIT ?`
 	// sqlItemKeysRange reads a key range without the attempt: a range comes
 	// from a source whose keys ascend, which cannot repeat a key.
-	sqlItemKeysRange = `SELECT item_key, status FROM items WHERE run_id = ? AND step_id = ? AND item_key BETWEEN ? AND ? ORDER BY item_key`
+	sqlItemKeysRange = `SELECT item_key, status, fingerprint FROM items WHERE run_id = ? AND step_id = ? AND item_key BETWEEN ? AND ? ORDER BY item_key`
 	sqlItemCounts    = `SELECT step_id, status, count(*) FROM items WHERE run_id = ? GROUP BY step_id, status ORDER BY step_id, status`
 )
 
@@ -121,7 +134,7 @@ func (t *sqliteTx) PutItems(items []Item) error {
 	st := t.tx.StmtContext(t.ctx, t.s.stmt.putItem)
 	for _, it := range items {
 		res, err := st.ExecContext(t.ctx, t.lease.RunID, it.Step, it.Key, it.Status, it.Output, it.Error,
-			t.lease.Attempt, it.Chunk)
+			t.lease.Attempt, it.Chunk, it.Fingerprint)
 		if err != nil {
 			return fmt.Errorf("checkpoint: record item %s/%s: %w", it.Step, it.Key, err)
 		}
@@ -131,6 +144,27 @@ func (t *sqliteTx) PutItems(items []Item) error {
 			return fmt.Errorf("%w: item %s/%s of run %s is already finished; the chunk is rolled back",
 				ErrItemFinished, it.Step, it.Key, t.lease.RunID)
 		}
+	}
+	return nil
+}
+
+// AcceptItemChanges implements Tx.
+func (t *sqliteTx) AcceptItemChanges(a Audit, items []Item) error {
+	if err := t.checkFence(); err != nil {
+		return err
+	}
+	for _, it := range items {
+		res, err := t.tx.ExecContext(t.ctx, sqlAcceptItem, it.Fingerprint, t.lease.RunID, it.Step, it.Key)
+		if err != nil {
+			return fmt.Errorf("checkpoint: accept changed item %s/%s: %w", it.Step, it.Key, err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return fmt.Errorf("%w: item %s/%s of run %s is not recorded; there is no fingerprint to replace",
+				ErrNotFound, it.Step, it.Key, t.lease.RunID)
+		}
+	}
+	if _, err := t.tx.ExecContext(t.ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details); err != nil {
+		return fmt.Errorf("checkpoint: record audit of %s: %w", a.RunID, err)
 	}
 	return nil
 }
@@ -181,9 +215,9 @@ func (s *SQLite) Items(ctx context.Context, q ItemQuery, fn func(Item) error) er
 	var err error
 	switch {
 	case len(q.Keys) > 0:
-		cols := "item_key, status, output, error, attempt, chunk"
+		cols := "item_key, status, output, error, attempt, chunk, fingerprint"
 		if q.KeysOnly {
-			cols = "item_key, status, attempt"
+			cols = "item_key, status, attempt, fingerprint"
 		}
 		// Only placeholders are added to the text; keys are bound values.
 		query := "SELECT " + cols + " FROM items WHERE run_id = ? AND step_id = ? AND item_key IN (?" +
@@ -200,7 +234,11 @@ func (s *SQLite) Items(ctx context.Context, q ItemQuery, fn func(Item) error) er
 		rows, err = s.rdb.QueryContext(ctx, sqlItemsByStatus, q.RunID, q.Step, q.Status, q.After, sqlLimit(q.Limit))
 		q.KeysOnly = false
 	case q.KeysOnly:
-		rows, err = s.rdb.QueryContext(ctx, sqlItemKeysAll, q.RunID, q.Step, sqlLimit(q.Limit))
+		query := sqlItemKeysAll
+		if q.Last {
+			query = sqlItemKeysLast
+		}
+		rows, err = s.rdb.QueryContext(ctx, query, q.RunID, q.Step, sqlLimit(q.Limit))
 	default:
 		rows, err = s.rdb.QueryContext(ctx, sqlItemsAll, q.RunID, q.Step)
 	}
@@ -212,9 +250,9 @@ func (s *SQLite) Items(ctx context.Context, q ItemQuery, fn func(Item) error) er
 		it := Item{Step: q.Step}
 		var attempt int64 // scanned as int64: database/sql converts to int through a string
 		if q.KeysOnly {
-			err = rows.Scan(&it.Key, &it.Status, &attempt)
+			err = rows.Scan(&it.Key, &it.Status, &attempt, &it.Fingerprint)
 		} else {
-			err = rows.Scan(&it.Key, &it.Status, &it.Output, &it.Error, &attempt, &it.Chunk)
+			err = rows.Scan(&it.Key, &it.Status, &it.Output, &it.Error, &attempt, &it.Chunk, &it.Fingerprint)
 		}
 		it.Attempt = int(attempt)
 		if err != nil {
@@ -227,17 +265,17 @@ func (s *SQLite) Items(ctx context.Context, q ItemQuery, fn func(Item) error) er
 	return s.wrap("read items of "+q.RunID+" "+q.Step, rows.Err())
 }
 
-// itemRange streams the keys and statuses of a key range with a prepared
-// statement: a resumed batch step reads one range per chunk.
+// itemRange streams the keys, statuses and fingerprints of a key range with
+// a prepared statement: a resumed batch step reads one range per chunk.
 func (s *SQLite) itemRange(ctx context.Context, q ItemQuery, fn func(Item) error) error {
 	rows, err := s.stmt.itemRange.QueryContext(ctx, q.RunID, q.Step, q.From, q.To)
 	if err != nil {
 		return s.wrap("read items of "+q.RunID+" "+q.Step, err)
 	}
 	defer rows.Close()
-	it := Item{Step: q.Step}
 	for rows.Next() {
-		if err := rows.Scan(&it.Key, &it.Status); err != nil {
+		it := Item{Step: q.Step}
+		if err := rows.Scan(&it.Key, &it.Status, &it.Fingerprint); err != nil {
 			return s.wrap("read items of "+q.RunID+" "+q.Step, err)
 		}
 		if err := fn(it); err != nil {

@@ -60,6 +60,14 @@ type Tx interface {
 	// fence once per transaction. Finished (completed, rejected) items are
 	// never overwritten.
 	PutItems(items []Item) error
+	// AcceptItemChanges records an operator's acceptance of batch items
+	// whose source changed since they were processed: each recorded item's
+	// fingerprint becomes the one given (nothing else of it changes: its
+	// outcome and effects stand), and a is stored in the run's audit log.
+	// items may be empty when nothing recorded changes (an item gone from
+	// the source, extra items to process). An item not recorded is
+	// ErrNotFound.
+	AcceptItemChanges(a Audit, items []Item) error
 	// PutChunkPlan records a chunk's effect plan: planned (separate store,
 	// before it applies) or applied (same store, in the transaction that
 	// applies it).

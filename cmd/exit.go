@@ -30,7 +30,8 @@ const exitCodesHelp = `Exit codes (each means one thing):
      rerun without --wait; recover, abandon, reset and resolve on a live run), this
      runner lost its lease mid-run, or the database is locked (another process held
      SQLite's write lock longer than --busy-timeout; --wait waits for it).
-  5  refused, needs an operator decision: a changed step; an outside call of unknown
+  5  refused, needs an operator decision: a changed step; a batch item whose source
+     changed since it was processed; an outside call of unknown
      outcome; an abandoned or pruned run; rerun of a succeeded run without --force;
      reset or rerun --from-step of steps whose effects applied, without --force;
      recover of a run that is not running; resolve of a step awaiting no decision;
@@ -55,13 +56,14 @@ func ExitCode(err error) int {
 		held     *checkpoint.LeaseHeldError
 		mismatch *checkpoint.ParamsMismatchError
 		changed  *steps.StepChangedError
+		item     *steps.ItemChangedError
 		unknown  *steps.OutcomeUnknownError
 		usage    usageError
 	)
 	switch {
 	case err == nil, errors.Is(err, checkpoint.ErrAlreadySucceeded):
 		return ExitOK
-	case errors.As(err, &changed), errors.As(err, &unknown), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned),
+	case errors.As(err, &changed), errors.As(err, &item), errors.As(err, &unknown), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned),
 		errors.Is(err, ErrNeedsDecision):
 		return ExitOperator
 	case errors.As(err, &held), errors.Is(err, checkpoint.ErrFenced), errors.Is(err, checkpoint.ErrLocked):

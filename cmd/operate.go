@@ -130,13 +130,17 @@ func (c *ResetCmd) Run(env *Env) error {
 type RerunCmd struct {
 	operatorFlags
 	runFlags
+	acceptFlags
 	RunID    string `arg:"" name:"run-id" help:"Run to run again."`
 	FromStep string `name:"from-step" placeholder:"STEP" help:"Clear this step's checkpoint and those of every step that started after it, then run. Applied effects are not undone: if any of the cleared steps applied effects, it is refused (exit 5, listing them and their amounts) unless --force, and they apply again."`
-	Reason   string `help:"Why, for the audit log. Required with --from-step."`
+	Reason   string `help:"Why, for the audit log. Required with --from-step and --accept-changed."`
 }
 
 // Run implements the rerun command.
 func (c *RerunCmd) Run(env *Env) error {
+	if err := c.check("rerun", c.Reason); err != nil {
+		return err
+	}
 	st, err := env.ExistingStore()
 	if err != nil {
 		return err
@@ -158,8 +162,10 @@ func (c *RerunCmd) Run(env *Env) error {
 				"checkpointed step (nothing applies twice); to redo steps use --from-step STEP --reason \"...\"",
 				ErrNeedsDecision, c.RunID, info.Run.FinishedAt.Format(time.RFC3339))
 		}
-		if err := st.RecordAudit(env.Ctx, c.audit(env, c.RunID, "rerun", c.Reason, "")); err != nil {
-			return err
+		if !c.AcceptChanged { // else recorded as rerun --accept-changed
+			if err := st.RecordAudit(env.Ctx, c.audit(env, c.RunID, "rerun", c.Reason, "")); err != nil {
+				return err
+			}
 		}
 		return c.resume(env, c.Force)
 	}
@@ -204,14 +210,18 @@ func (c *RerunCmd) Run(env *Env) error {
 }
 
 func (c *RerunCmd) resume(env *Env, force bool) error {
+	accept, err := c.acceptance(env, c.operatorFlags, c.RunID, "rerun", c.Reason)
+	if err != nil {
+		return err
+	}
 	r, prog, err := c.runner(env)
 	if err != nil {
 		return err
 	}
-	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: force, RetrySkipped: c.RetrySkipped})
+	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: force, RetrySkipped: c.RetrySkipped, AcceptChanged: accept})
 	prog.close()
 	report(env, res, err)
-	return err
+	return itemChangedHint(env, err, c.RunID)
 }
 
 // runSteps returns a run's step checkpoints in the order they started.

@@ -75,12 +75,12 @@ func (c *RunCmd) Run(env *Env) error {
 		return printDryRunJSON(env, res, err)
 	case c.DryRun:
 		printDryRun(env, res)
-		return err
+		return itemChangedHint(env, err, res.RunID)
 	case c.JSON:
 		return printResultJSON(env, res, err, c.runID(env, file))
 	}
 	report(env, res, err)
-	return err
+	return itemChangedHint(env, err, res.RunID)
 }
 
 // runID is the ID of the run the command names, "" if its job or
@@ -100,8 +100,11 @@ func (c *RunCmd) runID(env *Env, paramsFile []byte) string {
 // ResumeCmd resumes a run by ID.
 type ResumeCmd struct {
 	runFlags
-	RunID string `arg:"" name:"run-id" help:"Run ID as shown by '${name} runs', e.g. report/2026-11-28."`
-	JSON  bool   `name:"json" help:"Print the outcome as JSON on stdout."`
+	operatorFlags
+	acceptFlags
+	RunID  string `arg:"" name:"run-id" help:"Run ID as shown by '${name} runs', e.g. report/2026-11-28."`
+	JSON   bool   `name:"json" help:"Print the outcome as JSON on stdout."`
+	Reason string `help:"Why, for the audit log. Required with --accept-changed."`
 }
 
 // Run implements the resume command.
@@ -109,17 +112,21 @@ func (c *ResumeCmd) Run(env *Env) error {
 	if _, err := env.ExistingStore(); err != nil { // the run is recorded there
 		return err
 	}
+	accept, err := c.acceptance(env, c.operatorFlags, c.RunID, "resume", c.Reason)
+	if err != nil {
+		return err
+	}
 	r, prog, err := c.runner(env)
 	if err != nil {
 		return err
 	}
-	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: c.Force, RetrySkipped: c.RetrySkipped})
+	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: c.Force, RetrySkipped: c.RetrySkipped, AcceptChanged: accept})
 	prog.close()
 	if c.JSON {
 		return printResultJSON(env, res, err, c.RunID)
 	}
 	report(env, res, err)
-	return err
+	return itemChangedHint(env, err, c.RunID)
 }
 
 // dryRunListed bounds the writes and rejections printed per plan.

@@ -111,6 +111,10 @@ type Request struct {
 	// RetrySkipped makes batch steps process again the items an earlier
 	// attempt skipped under their skip policy.
 	RetrySkipped bool
+	// AcceptChanged, if set, lets batch steps go on past items whose
+	// source changed since an earlier attempt, each acceptance audited
+	// (steps.Config.AcceptChanged).
+	AcceptChanged *steps.Acceptance
 }
 
 // Result says how a run ended.
@@ -267,7 +271,7 @@ func (r *Runner) dispatch(ctx context.Context, log zerolog.Logger) {
 // drive runs the job function on an attempt's steps.Run.
 func (r *Runner) drive(ctx context.Context, job jobs.Job, lease checkpoint.Lease, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) error {
 	cfg := steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
-		RetrySkipped: req.RetrySkipped, OnProgress: r.cfg.OnProgress, Retry: job.Settings().Retry}
+		RetrySkipped: req.RetrySkipped, AcceptChanged: req.AcceptChanged, OnProgress: r.cfg.OnProgress, Retry: job.Settings().Retry}
 	if s, ok := r.cfg.Clock.(Sleeper); ok {
 		cfg.Sleep = s.Sleep
 	}

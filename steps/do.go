@@ -24,6 +24,7 @@ type doOptions struct {
 	chunkSize int
 	target    *Target
 	skipLimit int
+	itemInput any // a func(I) any, see ItemInput
 }
 
 // Input declares the step's input. Its JSON encoding is hashed and recorded

@@ -74,10 +74,23 @@ type chunkPlanRecord struct {
 // source may change between attempts without harm: items are matched by key,
 // never by position. A key yielded twice in one attempt is an error.
 //
+// Each item's content is fingerprinted (its JSON, or what ItemInput
+// declares) and recorded with its checkpoint. A rerun holds the source to
+// what the earlier attempts saw and stops with an *ItemChangedError before
+// processing the chunk where it finds a finished item whose fingerprint
+// changed, a finished item the source no longer yields, or more items than
+// the source declares (see Source); Config.AcceptChanged lets an operator
+// go on past them, audited. A new item never processed is simply
+// processed, with its current content. The fingerprints come back with the
+// chunk's read-back, so the check adds no query per item; a fresh step
+// with ascending keys still reads nothing back.
+//
 // When the step finished in an earlier attempt, ForEach returns its recorded
 // summary without reading the source at all; so it does when the source
 // declares its total and that many items are already finished (a crash
-// between the last chunk and the step's own record).
+// between the last chunk and the step's own record), once a source that can
+// look ahead (Paged, Slice) confirms it has no item after the last finished
+// one.
 func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], fn func(ctx context.Context, item I, e *Effects) (O, error), opts ...Option) (BatchSummary, error) {
 	o := newOptions(opts)
 	cp, sum, done, err := start[BatchSummary](ctx, r, name, opts)
@@ -93,18 +106,24 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 	if o.chunkSize > MaxChunkSize {
 		return sum, fmt.Errorf("steps: batch step %s: ChunkSize(%d) is over the limit of %d", name, o.chunkSize, MaxChunkSize)
 	}
+	fps, err := newFingerprinter[I](name, o.itemInput)
+	if err != nil {
+		return sum, err
+	}
 	// A step is fresh when no item of it is recorded yet: then a source with
 	// ascending keys needs no read-back at all. Decided from the items
 	// themselves, not from the step's own checkpoint, which a reopened or
-	// interrupted step may lack.
-	fresh := true
-	err = r.store.Items(ctx, checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, KeysOnly: true, Limit: 1},
-		func(checkpoint.Item) error { fresh = false; return nil })
+	// interrupted step may lack. The same query finds the greatest
+	// recorded key.
+	fresh, maxKey := true, ""
+	err = r.store.Items(ctx, checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, KeysOnly: true, Limit: 1, Last: true},
+		func(it checkpoint.Item) error { fresh, maxKey = false, it.Key; return nil })
 	if err != nil {
 		return sum, err
 	}
 	b := &batch[I, O]{r: r, name: name, fn: fn, opts: o, fresh: fresh, lastKey: "", ordered: true,
-		resumed: map[string]bool{}, prog: Progress{Step: name, Total: src.total, StartedAt: r.now()}}
+		resumed: map[string]bool{}, prog: Progress{Step: name, Total: src.total, StartedAt: r.now()},
+		fp: fps, ascending: src.ascending, declared: src.total, maxKey: maxKey}
 	if done {
 		cp = checkpoint.Step{ID: name, InputHash: cp.InputHash, Tries: cp.Tries + 1, StartedAt: r.now()}
 	}
@@ -114,20 +133,40 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 		}
 		b.sum.Target = b.target.name
 	}
-	if !r.dryRun {
-		if !b.fresh && b.target != nil && !b.target.same {
-			if err := b.resumePlanned(context.WithoutCancel(ctx)); err != nil {
-				return sum, err
+	if !r.dryRun && !b.fresh && b.target != nil && !b.target.same {
+		if err := b.resumePlanned(context.WithoutCancel(ctx)); err != nil {
+			return sum, err
+		}
+	}
+	var counts []checkpoint.ItemCount
+	if !b.fresh {
+		// How many items earlier attempts recorded: the source must yield
+		// each of them again, and at most its declared total in all.
+		if counts, err = r.store.ItemCounts(ctx, r.lease.RunID); err != nil {
+			return sum, err
+		}
+		for _, c := range counts {
+			if c.Step == name {
+				b.before += c.Count
 			}
 		}
+	}
+	if !r.dryRun {
 		if !b.fresh && !done && src.total >= 0 {
 			// Every item the source declares is already finished (a crash
 			// between the last chunk and this step's own record): finish
-			// from the counts instead of reading the source again.
-			if fin, ok, err := b.finishedByCount(ctx, src.total); err != nil || ok {
+			// from the counts instead of reading the source again, unless
+			// the source has an item after the last finished one (appended
+			// since: it is read, and refused as beyond its total).
+			fin, ok := b.finishedByCount(counts, src.total)
+			if ok && src.beyond != nil {
+				more, err := src.beyond(ctx, b.maxKey)
 				if err != nil {
 					return sum, err
 				}
+				ok = !more
+			}
+			if ok {
 				cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
 				cp.Output, _ = json.Marshal(fin)
 				err := r.store.InTx(context.WithoutCancel(ctx), r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) })
@@ -160,6 +199,7 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 	b.reserve()
 	var loopErr error
 	srcErr := src.all(ctx, func(key string, item I) bool {
+		b.yielded++
 		b.keys = append(b.keys, key)
 		b.items = append(b.items, item)
 		if len(b.keys) < o.chunkSize {
@@ -172,6 +212,9 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 		loopErr = b.flush(ctx)
 	}
 	if err := errors.Join(loopErr, srcErr); err != nil {
+		return b.sum, err
+	}
+	if err := b.checkGone(ctx, src); err != nil {
 		return b.sum, err
 	}
 	ctx = context.WithoutCancel(ctx)
@@ -204,9 +247,21 @@ type batch[I, O any] struct {
 	ordered bool   // keys so far strictly ascending
 	lastKey string // last key seen, while ordered
 	resumed map[string]bool
-	chunk   int
-	replans int   // stale plans of earlier attempts made again
-	skips   int64 // items skipped under SkipFailures, this attempt or before
+
+	// Holding the source to what earlier attempts saw (fingerprint.go).
+	fp        *fingerprinter[I]
+	ascending bool   // the source guarantees ascending keys
+	declared  int64  // the source's declared total, -1 if none
+	maxKey    string // greatest key recorded before this attempt
+	before    int64  // items recorded before this attempt
+	seenOld   int64  // of those, how many the source yielded again
+	goneOK    int64  // of those not yielded, how many an operator accepted
+	yielded   int64  // items the source yielded
+	tileFrom  string // an ascending source's read-backs tile the key space from here
+	changes   changeSet
+	chunk     int
+	replans   int   // stale plans of earlier attempts made again
+	skips     int64 // items skipped under SkipFailures, this attempt or before
 
 	// per-chunk buffers, reused
 	keys   []string
@@ -215,7 +270,8 @@ type batch[I, O any] struct {
 	groups [][]Op
 	owners []int // index into recs of each group
 	seen   map[string]bool
-	done   map[string]string
+	done   map[string]doneItem
+	fps    [][FingerprintSize]byte // of the chunk's items
 
 	sum  BatchSummary
 	prog Progress
@@ -229,6 +285,15 @@ func (b *batch[I, O]) reserve() {
 	b.groups = make([][]Op, 0, n)
 	b.owners = make([]int, 0, n)
 	b.seen = make(map[string]bool, n)
+	b.fps = make([][FingerprintSize]byte, 0, n)
+}
+
+// doneItem is a chunk's item recorded before this attempt: its status
+// ("" when it is processed again, a skipped item under RetrySkipped) and
+// fingerprint.
+type doneItem struct {
+	status string
+	fp     []byte
 }
 
 // flush processes and commits the buffered chunk.
@@ -261,10 +326,13 @@ func (b *batch[I, O]) flush(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := b.check(ctx, done); err != nil {
+		return err
+	}
 	var failure error
 	for i, k := range b.keys {
-		if st, ok := done[k]; ok {
-			switch st {
+		if d, ok := done[k]; ok && d.status != "" {
+			switch d.status {
 			case checkpoint.StepRejected:
 				b.sum.Rejected++
 			case checkpoint.ItemSkipped:
@@ -281,6 +349,7 @@ func (b *batch[I, O]) flush(ctx context.Context) error {
 			failure = err
 			break
 		}
+		rec.Fingerprint = b.fps[i][:]
 		b.recs = append(b.recs, rec)
 		if rec.Status == checkpoint.StepCompleted && len(ops) > 0 {
 			b.groups = append(b.groups, ops)
@@ -333,14 +402,10 @@ func (b *batch[I, O]) runItem(ctx context.Context, key string, item I) (checkpoi
 	return rec, e.ops, nil
 }
 
-// finishedByCount reports whether the step already has total finished
-// items and none planned (or skipped, when they are to be retried), with
-// the summary they make.
-func (b *batch[I, O]) finishedByCount(ctx context.Context, total int64) (BatchSummary, bool, error) {
-	counts, err := b.r.store.ItemCounts(ctx, b.r.lease.RunID)
-	if err != nil {
-		return BatchSummary{}, false, err
-	}
+// finishedByCount reports whether the run's item counts give the step
+// total finished items and none planned (or skipped, when they are to be
+// retried), with the summary they make.
+func (b *batch[I, O]) finishedByCount(counts []checkpoint.ItemCount, total int64) (BatchSummary, bool) {
 	sum := BatchSummary{Target: b.sum.Target}
 	for _, c := range counts {
 		if c.Step != b.name {
@@ -353,52 +418,67 @@ func (b *batch[I, O]) finishedByCount(ctx context.Context, total int64) (BatchSu
 			sum.Rejected = c.Count
 		case checkpoint.ItemSkipped:
 			if b.r.retrySkipped && c.Count > 0 {
-				return sum, false, nil
+				return sum, false
 			}
 			sum.Skipped = c.Count
 		default: // planned: an apply to finish
-			return sum, false, nil
+			return sum, false
 		}
 	}
 	sum.Total = sum.Completed + sum.Rejected + sum.Skipped
-	return sum, sum.Total == total, nil
+	return sum, sum.Total == total
 }
 
-// doneKeys returns the finished items among the chunk's keys, read with one
-// query, or nothing when the step is fresh and its keys ascend. The map is
-// reused from chunk to chunk.
-func (b *batch[I, O]) doneKeys(ctx context.Context) (map[string]string, error) {
+// doneKeys returns the items among the chunk's keys recorded before this
+// attempt, with their fingerprints, read with one query, or nothing when
+// the step is fresh and its keys ascend. The map is reused from chunk to
+// chunk. A source guaranteed ascending has its reads tile the key space,
+// each from the previous chunk's last key, so a recorded key it skipped
+// over is found here: gone from the source.
+func (b *batch[I, O]) doneKeys(ctx context.Context) (map[string]doneItem, error) {
 	if b.fresh && b.ordered && len(b.resumed) == 0 {
 		return nil, nil
 	}
 	if b.done == nil {
-		b.done = make(map[string]string, len(b.keys))
+		b.done = make(map[string]doneItem, len(b.keys))
 	}
 	clear(b.done)
 	q := checkpoint.ItemQuery{RunID: b.r.lease.RunID, Step: b.name, KeysOnly: true}
+	tile := b.ascending && b.ordered
 	if b.ordered {
 		q.From, q.To = b.keys[0], b.keys[len(b.keys)-1]
+		if tile {
+			q.From = b.tileFrom
+		}
 	} else {
 		q.Keys = b.keys
 	}
 	err := b.r.store.Items(ctx, q, func(it checkpoint.Item) error {
 		if !b.seen[it.Key] {
+			if tile && it.Key != b.tileFrom {
+				b.gone(it.Key)
+			}
 			return nil
 		}
-		if it.Status == checkpoint.ItemSkipped && b.r.retrySkipped {
-			return nil
-		}
+		b.seenOld++
 		// Only unordered reads carry the attempt; an ascending source
 		// cannot yield a key twice.
 		if !b.ordered && it.Attempt == b.r.lease.Attempt && !b.resumed[it.Key] && !b.r.dryRun {
 			return fmt.Errorf("%w: item %q of %s was already processed by this attempt: the source yielded it twice",
 				ErrDuplicateStep, it.Key, b.name)
 		}
-		b.done[it.Key] = it.Status
+		d := doneItem{status: it.Status, fp: it.Fingerprint}
+		if it.Status == checkpoint.ItemSkipped && b.r.retrySkipped {
+			d.status = ""
+		}
+		b.done[it.Key] = d
 		return nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	if tile {
+		b.tileFrom = q.To
 	}
 	return b.done, nil
 }

@@ -40,6 +40,11 @@ type Config struct {
 	// RetrySkipped makes batch steps process again the items an earlier
 	// attempt skipped under SkipFailures.
 	RetrySkipped bool
+	// AcceptChanged, if set, lets batch steps go on past items whose
+	// source changed since an earlier attempt (see ItemChangedError and
+	// Acceptance), recording each acceptance in the run's audit log under
+	// its operator and reason. Nil refuses them.
+	AcceptChanged *Acceptance
 	// OnProgress, if set, is called by batch steps after each chunk.
 	OnProgress func(Progress)
 	// Retry is the retry policy of steps that set none. Defaults to no
@@ -65,6 +70,7 @@ type Run struct {
 	targets  map[string]*openTarget
 
 	retrySkipped bool
+	accept       *Acceptance
 	progress     func(Progress)
 	retry        RetryPolicy
 	sleepFn      func(context.Context, time.Duration) error
@@ -88,6 +94,9 @@ type Stats struct {
 	// Replans counts plans made again after a conflict, or from a recorded
 	// plan that had gone stale.
 	Replans int
+	// Accepted counts batch items whose source changed that went on under
+	// Config.AcceptChanged.
+	Accepted int
 }
 
 // Begin starts an attempt's view of the run: it loads every checkpoint of
@@ -108,6 +117,7 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 		seen:         make(map[string]struct{}),
 		dryRun:       cfg.DryRun,
 		retrySkipped: cfg.RetrySkipped,
+		accept:       cfg.AcceptChanged,
 		retry:        cfg.Retry,
 		sleepFn:      cfg.Sleep,
 		progress:     cfg.OnProgress,

@@ -9,15 +9,29 @@ import (
 // Source streams the items of a batch step, each with its business key, in
 // a deterministic order. Items are pulled a chunk at a time, so a source of
 // millions of items is never held in memory.
+//
+// A source's total, when it declares one, is a promise ForEach holds it
+// to: a source that yields more items than it declared is refused with an
+// *ItemChangedError (the declared count is stale, or the data grew since it
+// was taken), before the extra item is processed. Yielding fewer is not an
+// error: an item never processed has nothing to lose.
 type Source[I any] struct {
 	all   func(ctx context.Context, yield func(key string, item I) bool) error
 	total int64
+	// ascending: keys are guaranteed to ascend (Paged checks it), so a
+	// finished key the source skipped over is known to be gone.
+	ascending bool
+	// beyond reports whether the source holds an item whose key sorts
+	// after the given key, cheaply; nil when it cannot tell without
+	// reading everything.
+	beyond func(ctx context.Context, key string) (bool, error)
 }
 
 // Total is the number of items, or -1 when the source does not know.
 func (s Source[I]) Total() int64 { return s.total }
 
-// Slice is a source over items in memory, for small batches.
+// Slice is a source over items in memory, for small batches. Its total is
+// len(items).
 func Slice[I any](items []I, key func(I) string) Source[I] {
 	return Source[I]{total: int64(len(items)), all: func(ctx context.Context, yield func(string, I) bool) error {
 		for _, it := range items {
@@ -26,11 +40,20 @@ func Slice[I any](items []I, key func(I) string) Source[I] {
 			}
 		}
 		return nil
+	}, beyond: func(ctx context.Context, after string) (bool, error) {
+		for _, it := range items {
+			if key(it) > after {
+				return true, nil
+			}
+		}
+		return false, nil
 	}}
 }
 
 // Seq is a source over an iterator of (key, item) pairs. total is the item
-// count if known, else -1.
+// count if known, else -1. A Seq cannot look ahead: when every item it
+// declares is already finished, a rerun trusts the total and does not
+// iterate it (see ForEach), so declare a total only if it is exact.
 func Seq[I any](seq iter.Seq2[string, I], total int64) Source[I] {
 	return Source[I]{total: total, all: func(ctx context.Context, yield func(string, I) bool) error {
 		for k, it := range seq {
@@ -47,11 +70,26 @@ func Seq[I any](seq iter.Seq2[string, I], total int64) Source[I] {
 // whose keys sort after the key given ("" for the first page), in key
 // order, e.g. with `WHERE id > ? ORDER BY id LIMIT ?`. total is the item
 // count if known, else -1.
+//
+// Because its keys ascend, a rerun learns more from a Paged source than
+// from others: a finished item it no longer yields is named at the chunk
+// where it is missed, a new item among finished ones (inserted since an
+// earlier attempt, with a declared total) is refused before it is
+// processed, and when every declared item is finished one fetch of a
+// single item after the last finished key tells an appended item from a
+// finished step.
 func Paged[I any](pageSize int, key func(I) string, fetch func(ctx context.Context, after string, limit int) ([]I, error), total int64) Source[I] {
 	if pageSize <= 0 {
 		pageSize = 1000
 	}
-	return Source[I]{total: total, all: func(ctx context.Context, yield func(string, I) bool) error {
+	beyond := func(ctx context.Context, after string) (bool, error) {
+		page, err := fetch(ctx, after, 1)
+		if err != nil {
+			return false, fmt.Errorf("steps: fetch items after %q: %w", after, err)
+		}
+		return len(page) > 0, nil
+	}
+	return Source[I]{total: total, ascending: true, beyond: beyond, all: func(ctx context.Context, yield func(string, I) bool) error {
 		after := ""
 		for {
 			page, err := fetch(ctx, after, pageSize)

@@ -1,0 +1,63 @@
+package cmd
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/stepwise-run/stepwise/steps"
+)
+
+// acceptFlags are resume's and rerun's way past batch items whose source
+// changed since an earlier attempt (exit 5, *steps.ItemChangedError).
+type acceptFlags struct {
+	AcceptChanged bool `name:"accept-changed" help:"Go on past batch items whose source changed since an earlier attempt (the exit-5 error named them): a finished item whose data changed keeps its outcome and effects and is not processed again, a finished item gone from the source stays as it was, items beyond the source's declared total are processed. Each acceptance is recorded in the audit log; needs --reason."`
+}
+
+// check refuses --accept-changed without a reason.
+func (f acceptFlags) check(command, reason string) error {
+	if f.AcceptChanged && reason == "" {
+		return usageError{fmt.Errorf("%s --accept-changed needs --reason \"...\" (recorded in the audit log with each item accepted)", command)}
+	}
+	return nil
+}
+
+// acceptance records the operator's decision in the audit log and returns
+// it for the run, or nil without --accept-changed.
+func (f acceptFlags) acceptance(env *Env, op operatorFlags, runID, command, reason string) (*steps.Acceptance, error) {
+	if err := f.check(command, reason); err != nil || !f.AcceptChanged {
+		return nil, err
+	}
+	st, err := env.ExistingStore()
+	if err != nil {
+		return nil, err
+	}
+	a := op.audit(env, runID, command+" --accept-changed", reason, "")
+	if err := st.RecordAudit(env.Ctx, a); err != nil {
+		return nil, err
+	}
+	return &steps.Acceptance{Operator: a.Operator, Reason: reason}, nil
+}
+
+// itemChangedHint adds to an *steps.ItemChangedError what the operator
+// can type: the library's error says what changed and the choices, in
+// words.
+func itemChangedHint(env *Env, err error, runID string) error {
+	var ce *steps.ItemChangedError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	if runID == "" {
+		runID = ce.RunID
+	}
+	name := env.Name
+	hint := fmt.Sprintf("if the data is wrong, restore it and run `%s resume %s`; "+
+		"if it is right, `%s resume %s --accept-changed --reason \"...\"` goes on past it (audited)", name, runID, name, runID)
+	switch ce.Change {
+	case steps.ItemBeyondTotal, steps.ItemInserted:
+		hint += "; if a step of the run counted the items, its count is stale: `" + name + " reset " + runID +
+			" --step STEP --reason \"...\"` on that step makes it count again"
+	default:
+		hint += fmt.Sprintf("; `%s reset %s --step %s --force --reason \"...\"` processes every item again, applying their effects again", name, runID, ce.Step)
+	}
+	return fmt.Errorf("%w\n%s", err, hint)
+}
