@@ -253,7 +253,8 @@ func (c *ShowCmd) Run(env *Env) error {
 	fmt.Fprintf(env.Stdout, "run %s\n  job %s, key %s, params %s\n  status %s, fence %d, created %s, updated %s\n",
 		r.ID, r.Job, r.RunKey, r.Params, statusText(r, now), r.Fence, r.CreatedAt.Format(time.RFC3339), ago(r.UpdatedAt, now))
 	if r.Error != "" {
-		fmt.Fprintf(env.Stdout, "  error: %s\n", r.Error)
+		first, _, _ := strings.Cut(r.Error, "\n") // the rest (a panic's stack) follows the attempts
+		fmt.Fprintf(env.Stdout, "  error: %s\n", first)
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nATTEMPT\tOWNER\tSTATUS\tSTARTED\tTOOK\tERROR")
@@ -263,6 +264,12 @@ func (c *ShowCmd) Run(env *Env) error {
 			took = a.FinishedAt.Sub(a.StartedAt).Round(time.Millisecond).String()
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", a.Number, a.Owner, a.Status, a.StartedAt.Format(time.RFC3339), took, preview(a.Error, 60))
+	}
+	for _, a := range v.Attempts {
+		if strings.Contains(a.Error, "\n") { // a panic's stack: in full
+			tw.Flush()
+			fmt.Fprintf(env.Stdout, "\nattempt %d error:\n%s\n", a.Number, a.Error)
+		}
 	}
 	fmt.Fprintln(tw, "\nSTEP\tSTATUS\tATTEMPT\tTRIES\tTOOK\tOUTPUT / ERROR")
 	for _, s := range v.Steps {

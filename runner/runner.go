@@ -150,7 +150,7 @@ func (r *Runner) dryRun(ctx context.Context, job jobs.Job, dec jobs.Decoded) (Re
 		return Result{RunID: runID}, err
 	}
 	defer run.Close()
-	jobErr := job.Execute(ctx, run, dec.JSON)
+	jobErr := callJob(ctx, job, run, dec.JSON)
 	res := Result{RunID: runID, Status: "dry-run", Stats: run.Stats(), DryPlans: run.DryPlans()}
 	if jobErr != nil {
 		return res, fmt.Errorf("dry run of %s failed: %w", runID, jobErr)
@@ -227,6 +227,11 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 		outErr = fmt.Errorf("run %s failed: %s (rerun to resume)", runID, end.Error)
 	default:
 		end.Status, end.Error = checkpoint.RunFailed, jobErr.Error()
+		var p *PanicError
+		if errors.As(jobErr, &p) {
+			// The stack goes with the attempt, so `show` can print it.
+			end.Error = p.Record()
+		}
 		outErr = fmt.Errorf("run %s failed: %w", runID, jobErr)
 	}
 	if end.Status == checkpoint.RunSucceeded {
@@ -240,6 +245,10 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	ev := log.Info()
 	if outErr != nil {
 		ev = log.Error().Err(jobErr)
+		var p *PanicError
+		if errors.As(jobErr, &p) {
+			ev = ev.Str("stack", string(p.Stack))
+		}
 	}
 	ev.Str("status", end.Status).Int("executed", res.Stats.Executed).Int("skipped", res.Stats.Skipped).Msg("run " + end.Status)
 	return res, outErr
@@ -278,7 +287,7 @@ func (r *Runner) drive(ctx context.Context, job jobs.Job, lease checkpoint.Lease
 	if err != nil {
 		return err
 	}
-	err = job.Execute(ctx, run, dec.JSON)
+	err = callJob(ctx, job, run, dec.JSON)
 	res.Stats = run.Stats()
 	if cerr := run.Close(); err == nil && cerr != nil {
 		err = cerr
