@@ -130,8 +130,10 @@ func (c *BackfillCmd) Run(env *Env) error {
 			res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: p.values, Force: p.force})
 			mu.Lock()
 			defer mu.Unlock()
-			report(env, res, err)
-			if err != nil && !errors.Is(err, checkpoint.ErrAlreadySucceeded) {
+			var told reported
+			if err := report(env, res, err); errors.As(err, &told) {
+				errs = append(errs, told.error) // interrupted: the report said so
+			} else if err != nil && !errors.Is(err, checkpoint.ErrAlreadySucceeded) {
 				fmt.Fprintf(env.Stderr, "stepwise: %s: %v\n", p.date, err)
 				errs = append(errs, err)
 			}

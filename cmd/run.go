@@ -5,6 +5,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/runner"
 )
 
@@ -23,8 +24,8 @@ func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	log := env.Globals.logger(env.Stderr)
-	prog := newProgress(f.Progress, env.Stderr, log)
+	prog := newProgress(f.Progress, env.Stderr)
+	log := env.Globals.loggerThrough(env.Stderr, prog)
 	var deliver runner.Delivery
 	if f.Deliver != "" {
 		if deliver, err = runner.ParseDelivery(f.Deliver, env.Stdout); err != nil {
@@ -33,7 +34,7 @@ func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
 	}
 	r, err := runner.New(runner.Config{
 		Store: st, Jobs: env.Registry, Logger: log,
-		Lease: f.Lease, Wait: f.Wait, OnProgress: prog.report, Deliver: deliver,
+		Lease: f.Lease, Wait: f.Wait, OnProgress: prog.hook(), ProgressLog: prog.logEvery(), Deliver: deliver,
 	})
 	return r, prog, err
 }
@@ -67,8 +68,7 @@ func (c *RunCmd) Run(env *Env) error {
 		printDryRun(env, res)
 		return err
 	}
-	report(env, res, err)
-	return err
+	return report(env, res, err)
 }
 
 // ResumeCmd resumes a run by ID.
@@ -85,8 +85,7 @@ func (c *ResumeCmd) Run(env *Env) error {
 	}
 	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: c.Force, RetrySkipped: c.RetrySkipped})
 	prog.close()
-	report(env, res, err)
-	return err
+	return report(env, res, err)
 }
 
 // dryRunListed bounds the writes and rejections printed per plan.
@@ -119,17 +118,27 @@ func printDryRun(env *Env, res runner.Result) {
 	fmt.Fprintf(env.Stdout, "%d steps would run, %d are already checkpointed\n", res.Stats.Executed, res.Stats.Skipped)
 }
 
-// report prints the one-line outcome of a run on stdout.
-func report(env *Env, res runner.Result, err error) {
+// report prints the one-line outcome of a run on stdout and returns the
+// run's error, marked reported when that line says all of it (an
+// interruption), so it is not printed again.
+func report(env *Env, res runner.Result, err error) error {
 	if res.Status == "" {
-		return
+		return err
 	}
 	fmt.Fprintf(env.Stdout, "run %s %s (attempt %d): %d steps executed, %d skipped (checkpointed)\n",
 		res.RunID, res.Status, res.Attempt, res.Stats.Executed, res.Stats.Skipped)
-	if err != nil && res.Status == "interrupted" {
+	if err != nil && res.Status == checkpoint.RunInterrupted {
 		fmt.Fprintf(env.Stdout, "resume it with: stepwise resume %s\n", res.RunID)
+		return reported{err}
 	}
+	return err
 }
+
+// reported wraps an error the command has already told the user about in
+// its output: Execute exits with its code but does not print it again.
+type reported struct{ error }
+
+func (r reported) Unwrap() error { return r.error }
 
 // DispatchCmd delivers queued notifications.
 type DispatchCmd struct {

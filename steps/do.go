@@ -137,7 +137,7 @@ func start[T any](ctx context.Context, r *Run, id string, opts []Option) (cp che
 // output decoded from the recorded JSON.
 func finish[T any](r *Run, cp checkpoint.Step) (T, error) {
 	r.count(func(s *Stats) { s.Executed++ })
-	r.log.Info().Str(FieldStepID, cp.ID).Dur("took", cp.FinishedAt.Sub(cp.StartedAt)).Msg("step completed")
+	r.log.Info().Str(FieldStepID, cp.ID).Float64(FieldTookSeconds, cp.FinishedAt.Sub(cp.StartedAt).Seconds()).Msg("step completed")
 	return decodeOutput[T](cp)
 }
 
