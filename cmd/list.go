@@ -263,7 +263,7 @@ func (c *ShowCmd) Run(env *Env) error {
 		if a.FinishedAt != nil {
 			took = a.FinishedAt.Sub(a.StartedAt).Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", a.Number, a.Owner, a.Status, a.StartedAt.Format(time.RFC3339), took, preview(a.Error, 60))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", a.Number, a.Owner, a.Status, a.StartedAt.Format(time.RFC3339), took, preview(strings.SplitN(a.Error, "\n", 2)[0], 60))
 	}
 	for _, a := range v.Attempts {
 		if strings.Contains(a.Error, "\n") { // a panic's stack: in full

@@ -28,6 +28,7 @@ type progress struct {
 	mu   sync.Mutex
 	bar  *progressbar.ProgressBar
 	step string
+	desc string // the bar's description: the step and its rejected and skipped counts
 	// shown is set while the bar may be on the screen: drawn by report
 	// and not cleared since.
 	shown bool
@@ -64,12 +65,16 @@ func (p *progress) hook() func(steps.Progress) {
 func (p *progress) report(pr steps.Progress) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	desc := pr.Step
+	if pr.Rejected > 0 || pr.Skipped > 0 {
+		desc = fmt.Sprintf("%s (%d rejected, %d skipped)", pr.Step, pr.Rejected, pr.Skipped)
+	}
 	if p.bar == nil || p.step != pr.Step {
 		p.clearBar()
-		p.step = pr.Step
+		p.step, p.desc = pr.Step, desc
 		p.bar = progressbar.NewOptions64(pr.Total,
 			progressbar.OptionSetWriter(p.w),
-			progressbar.OptionSetDescription(pr.Step),
+			progressbar.OptionSetDescription(desc),
 			progressbar.OptionShowCount(),
 			progressbar.OptionShowIts(),
 			progressbar.OptionSetItsString("items"),
@@ -82,12 +87,11 @@ func (p *progress) report(pr steps.Progress) {
 			progressbar.OptionSetSpinnerChangeInterval(0),
 		)
 	}
-	desc := pr.Step
-	if pr.Rejected > 0 || pr.Skipped > 0 {
-		desc = fmt.Sprintf("%s (%d rejected, %d skipped)", pr.Step, pr.Rejected, pr.Skipped)
-	}
-	p.bar.Describe(desc)
 	p.bar.Set64(pr.Done)
+	if desc != p.desc { // Describe draws too (throttled), so after the count
+		p.desc = desc
+		p.bar.Describe(desc)
+	}
 	p.shown = true
 }
 

@@ -19,8 +19,8 @@ func panicInStep(context.Context) (int, error) { panic("price feed returned noth
 
 func panicInItem(_ context.Context, item int, _ *steps.Effects) (int, error) {
 	if item == 3 {
-		var m map[string]int
-		m["boom"] = item // a runtime error: assignment to entry in nil map
+		var prices []int
+		return prices[item], nil // a runtime error: index out of range
 	}
 	return item, nil
 }
@@ -50,7 +50,7 @@ func TestPanicFailsTheAttemptWithItsStack(t *testing.T) {
 		{"in a batch item", func(ctx context.Context, run *steps.Run) error {
 			_, err := steps.ForEach(ctx, run, "post", steps.Slice([]int{1, 2, 3, 4}, strconv.Itoa), panicInItem, steps.ChunkSize(2))
 			return err
-		}, "assignment to entry in nil map", "runner_test.panicInItem", []string{"load"}},
+		}, "runtime error: index out of range [3] with length 0", "runner_test.panicInItem", []string{"load"}},
 		{"outside any step", func(ctx context.Context, run *steps.Run) error {
 			return panicInJob(1)
 		}, "job code bug", "runner_test.panicInJob", []string{"load"}},
