@@ -27,8 +27,9 @@ type WaitClock interface {
 // After returns time.After(d).
 func (SystemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
-// errNeverFires is wrapped when a spec has no fire time within the five
-// years robfig looks ahead (say 0 0 30 2 *).
+// errNeverFires is wrapped when a spec has no fire time within the
+// hundred years Schedule.Fires and the Scheduler look ahead (say
+// 0 0 30 2 *, which never fires).
 var errNeverFires = errors.New("the spec never fires")
 
 // Log field names of the scheduler's logs (the run's are steps.Field*).
@@ -189,10 +190,9 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 		}
 		next := c.next(now)
 		if next.At.IsZero() {
-			return nil, fmt.Errorf("runner: schedule %s: Schedule.Spec %q: %w within five years of %s",
-				c.Name, c.Spec, errNeverFires, now.Format(time.RFC3339))
+			return nil, c.neverFires(now)
 		}
-		if _, err := job.Decode(c.params(next.At), nil); err != nil {
+		if _, err := job.Decode(c.params(next), nil); err != nil {
 			return nil, fmt.Errorf("runner: schedule %s: its fire at %s gives job %s bad parameters: %w",
 				c.Name, next.At.Format(time.RFC3339), c.Job, err)
 		}
@@ -594,7 +594,7 @@ func (l *loop) start(sc *scheduled, pf *pendingFire, now time.Time) {
 	sc.running++
 	lag := now.Sub(pf.At)
 	s.m.fireLag(sc.Name, lag)
-	params := sc.params(pf.At)
+	params := sc.params(pf.Fire)
 	s.log.Info().Str(fieldSchedule, sc.Name).Str(steps.FieldJob, sc.Job).Time(fieldFire, pf.At).Str("dst", string(pf.DST)).
 		Float64(fieldLagSeconds, lag.Seconds()).Bool("catch_up", pf.catchUp).Interface("params", params).Msg("fire")
 	e := ended{sc: sc, pf: pf, gen: sc.gen, job: sc.Job}
