@@ -23,7 +23,7 @@ func (r *Runner) progressHook(lease checkpoint.Lease, jobLog zerolog.Logger) fun
 	if every == 0 {
 		every = DefaultProgressLog
 	}
-	if every < 0 {
+	if every < 0 || jobLog.GetLevel() > zerolog.InfoLevel {
 		return user
 	}
 	log := jobLog.With().Str(steps.FieldRunID, lease.RunID).Int(steps.FieldAttempt, lease.Attempt).Logger()
