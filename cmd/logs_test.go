@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -387,5 +388,30 @@ func TestSIGINTIsOneLine(t *testing.T) {
 	}
 	if strings.ContainsAny(after, "\r|█") || strings.Contains(after, "items/s") {
 		t.Errorf("bar residue after the interruption line: %q", after)
+	}
+}
+
+// The same for a plain step stopped by SIGINT: its failed try is not a
+// second warning (the step runs again on resume).
+func TestSIGINTInAStepIsOneLine(t *testing.T) {
+	db, side := testFiles(t)
+	release := filepath.Join(filepath.Dir(db), "release") // never created
+	c := startChild(t, nil, nil, crashyArgs(db, "k", side, "steps=3", "block="+release, "block-at=2")...)
+	c.waitFor("step/2 started", func() bool { return readSide(t, side).ran["step/2"] == 1 })
+	if err := c.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	c.wantExit(c.wait(), exit{code: ExitInterrupted})
+	var loud []string
+	for _, l := range jsonLines(t, c.stderr.String()) {
+		if l.Level != "info" && l.Level != "debug" {
+			loud = append(loud, l.Level+": "+l.Message)
+		}
+	}
+	if len(loud) != 1 || !strings.HasPrefix(loud[0], "warn: run interrupted") {
+		t.Errorf("lines above info: %q; want only the run's interruption warning\nstderr:\n%s", loud, c.stderr.String())
+	}
+	if strings.Contains(c.stderr.String(), "stepwise: ") {
+		t.Errorf("stderr repeats the outcome as an error:\n%s", c.stderr.String())
 	}
 }

@@ -176,7 +176,11 @@ func (r *Run) recordFailure(ctx context.Context, cp checkpoint.Step, fnErr error
 			r.log.Warn().Str(FieldStepID, cp.ID).Err(err).Msg("could not record the step's failure")
 		}
 	}
-	r.log.Warn().Str(FieldStepID, cp.ID).Int("tries", cp.Tries).Err(fnErr).Msg("step failed")
+	ev := r.log.Warn()
+	if errors.Is(fnErr, context.Canceled) {
+		ev = r.log.Debug() // stopped by an interruption, which the runner logs once
+	}
+	ev.Str(FieldStepID, cp.ID).Int("tries", cp.Tries).Err(fnErr).Msg("step failed")
 	return &StepError{RunID: r.lease.RunID, Step: cp.ID, Err: fnErr}
 }
 
