@@ -142,13 +142,16 @@ func (c *BackfillCmd) Run(env *Env) error {
 			res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: p.values, Force: p.force})
 			mu.Lock()
 			defer mu.Unlock()
+			var told reported
 			if c.JSON {
 				v := viewResult(env, res, err)
 				results[i] = &v
 			} else {
-				report(env, res, err)
+				err = report(env, res, err)
 			}
-			if err != nil && !errors.Is(err, checkpoint.ErrAlreadySucceeded) {
+			if errors.As(err, &told) {
+				errs = append(errs, told.error) // interrupted: the report said so
+			} else if err != nil && !errors.Is(err, checkpoint.ErrAlreadySucceeded) {
 				fmt.Fprintf(env.Stderr, "%s: %s: %v\n", env.Name, p.date, err)
 				errs = append(errs, err)
 			}

@@ -61,7 +61,12 @@ func (c *HelpCmd) Run(env *Env) error {
 }
 
 // logger builds the logger the flags ask for, writing to w.
-func (g *Globals) logger(w io.Writer) zerolog.Logger {
+func (g *Globals) logger(w io.Writer) zerolog.Logger { return g.loggerThrough(w, w) }
+
+// loggerThrough builds the logger the flags ask for, choosing the format by
+// w (console on a terminal) and writing through via (a progress display
+// that clears its bar before each line) to it.
+func (g *Globals) loggerThrough(w, via io.Writer) zerolog.Logger {
 	level, err := zerolog.ParseLevel(g.LogLevel)
 	if err != nil {
 		level = zerolog.InfoLevel
@@ -73,8 +78,23 @@ func (g *Globals) logger(w io.Writer) zerolog.Logger {
 			format = "console"
 		}
 	}
+	out := via
 	if format == "console" {
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
+		out = zerolog.ConsoleWriter{Out: via, TimeFormat: "15:04:05.000"}
 	}
-	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+	return zerolog.New(out).Level(level).Hook(msTimestamp{})
+}
+
+// logTimeLayout is the time of every log line: RFC 3339 with milliseconds
+// (zerolog's default has whole seconds, which the console showed as .000).
+const logTimeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// msTimestamp adds the line's time with millisecond resolution. A hook,
+// not zerolog's global TimeFieldFormat, so a program embedding the CLI
+// keeps its own zerolog settings; it runs where Timestamp's hook would, so
+// the field order is the same.
+type msTimestamp struct{}
+
+func (msTimestamp) Run(e *zerolog.Event, _ zerolog.Level, _ string) {
+	e.Str(zerolog.TimestampFieldName, time.Now().Format(logTimeLayout))
 }

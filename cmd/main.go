@@ -179,6 +179,10 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 	defer env.close()
 	if err := kctx.Run(env); err != nil {
 		code := ExitCode(err)
+		var told reported
+		if errors.As(err, &told) {
+			return code // the command's output already said it
+		}
 		if code != ExitOK {
 			fmt.Fprintf(stderr, "%s: %v\n", name, err)
 			if h := hint(err); h != "" {
@@ -267,8 +271,7 @@ func (e *Env) RunJob(req runner.Request, lease time.Duration) (runner.Result, er
 	}
 	res, err := r.Run(e.Ctx, req)
 	prog.close()
-	report(e, res, err)
-	return res, err
+	return res, report(e, res, err)
 }
 
 func (e *Env) close() {

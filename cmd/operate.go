@@ -220,8 +220,7 @@ func (c *RerunCmd) resume(env *Env, force bool) error {
 	}
 	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: force, RetrySkipped: c.RetrySkipped, AcceptChanged: accept})
 	prog.close()
-	report(env, res, err)
-	return itemChangedHint(env, err, c.RunID)
+	return itemChangedHint(env, report(env, res, err), c.RunID)
 }
 
 // runSteps returns a run's step checkpoints in the order they started.

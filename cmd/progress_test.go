@@ -2,7 +2,6 @@ package cmd
 
 import (
 	"bytes"
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -12,36 +11,20 @@ import (
 	"github.com/stepwise-run/stepwise/steps"
 )
 
-// Off a terminal, progress is a structured log line: the first chunk, then
-// at most every progressLogEvery, and always the last one.
-func TestProgressLogLines(t *testing.T) {
+// Off a terminal the display draws nothing: the runner logs progress
+// (runner/progress_test.go), so run and resume log it as serve and
+// backfill do.
+func TestProgressOffATerminalIsTheRunnersLog(t *testing.T) {
 	var buf bytes.Buffer
-	p := newProgress("auto", &buf, zerolog.New(&buf)) // a buffer is not a terminal
-	if p.mode != "log" {
-		t.Fatalf("mode %q off a terminal, want log", p.mode)
+	p := newProgress("auto", &buf) // a buffer is not a terminal
+	if p.mode != "log" || p.hook() != nil || p.logEvery() != 0 {
+		t.Fatalf("off a terminal: mode %q, hook set %v, log every %s; want log, no hook, the runner's default",
+			p.mode, p.hook() != nil, p.logEvery())
 	}
-	start := time.Now().Add(-2 * time.Second)
-	p.report(steps.Progress{Step: "post", Total: 3000, Done: 1000, StartedAt: start})
-	p.report(steps.Progress{Step: "post", Total: 3000, Done: 2000, StartedAt: start}) // within 5s: quiet
-	p.report(steps.Progress{Step: "post", Total: 3000, Done: 3000, Rejected: 7, StartedAt: start})
-	p.close()
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("%d progress lines, want 2 (first and last):\n%s", len(lines), buf.String())
-	}
-	var last struct {
-		Step     string  `json:"step_id"`
-		Done     int64   `json:"done"`
-		Total    int64   `json:"total"`
-		Rejected int64   `json:"rejected"`
-		Rate     float64 `json:"rate"`
-		Message  string  `json:"message"`
-	}
-	if err := json.Unmarshal([]byte(lines[1]), &last); err != nil {
-		t.Fatal(err)
-	}
-	if last.Step != "post" || last.Done != 3000 || last.Total != 3000 || last.Rejected != 7 || last.Rate <= 0 || last.Message != "progress" {
-		t.Fatalf("last line %+v", last)
+	for _, mode := range []string{"bar", "none"} {
+		if q := newProgress(mode, &buf); q.logEvery() >= 0 {
+			t.Errorf("--progress %s: the runner logs progress every %s; want never", mode, q.logEvery())
+		}
 	}
 }
 
@@ -49,8 +32,8 @@ func TestProgressLogLines(t *testing.T) {
 // and its rejections.
 func TestProgressBar(t *testing.T) {
 	var buf bytes.Buffer
-	p := newProgress("bar", &buf, zerolog.Nop())
-	p.report(steps.Progress{Step: "post", Total: 10, Done: 4, Rejected: 1, StartedAt: time.Now()})
+	p := newProgress("bar", &buf)
+	p.hook()(steps.Progress{Step: "post", Total: 10, Done: 4, Rejected: 1, StartedAt: time.Now()})
 	p.close()
 	out := buf.String()
 	for _, want := range []string{"post (1 rejected, 0 skipped)", "/10, "} { // the count is throttled to 10 redraws a second
@@ -60,10 +43,40 @@ func TestProgressBar(t *testing.T) {
 	}
 	// none shows nothing.
 	buf.Reset()
-	q := newProgress("none", &buf, zerolog.New(&buf))
-	q.report(steps.Progress{Step: "post", Total: 10, Done: 10})
+	q := newProgress("none", &buf)
+	if q.hook() != nil {
+		t.Error("--progress none has a progress hook")
+	}
 	q.close()
 	if buf.Len() != 0 {
 		t.Errorf("--progress none wrote %q", buf.String())
+	}
+}
+
+// A log line written while the bar is up clears the bar first, so the line
+// starts on a clean line; close writes nothing after it (the bar is
+// gone already), so the outcome printed next is not preceded by bar residue.
+func TestProgressBarClearsForLogLines(t *testing.T) {
+	var buf bytes.Buffer
+	p := newProgress("bar", &buf)
+	log := zerolog.New(p)
+	p.report(steps.Progress{Step: "post", Total: 10, Done: 4, StartedAt: time.Now()})
+	drawn := buf.Len()
+	if drawn == 0 || !strings.Contains(buf.String(), "post") {
+		t.Fatalf("no bar drawn: %q", buf.String())
+	}
+	log.Warn().Msg("run interrupted")
+	out := buf.String()
+	line := strings.Index(out, `{"level":"warn"`)
+	if line < drawn {
+		t.Fatalf("log line at %d, inside the bar (%d bytes):\n%q", line, drawn, out)
+	}
+	if clear := out[drawn:line]; !strings.HasPrefix(clear, "\r") || strings.TrimSpace(clear) != "" {
+		t.Errorf("between the bar and the log line %q; want the bar cleared (\\r, blanks, \\r)", clear)
+	}
+	p.close()
+	after := buf.String()[line:]
+	if want := `{"level":"warn","message":"run interrupted"}` + "\n"; after != want {
+		t.Errorf("after the log line and close: %q; want only the line %q", after, want)
 	}
 }

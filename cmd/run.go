@@ -5,6 +5,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
 )
@@ -24,8 +25,8 @@ func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	log := env.Globals.logger(env.Stderr)
-	prog := newProgress(f.Progress, env.Stderr, log)
+	prog := newProgress(f.Progress, env.Stderr)
+	log := env.Globals.loggerThrough(env.Stderr, prog)
 	var deliver runner.Delivery
 	if f.Deliver != "" {
 		if deliver, err = runner.ParseDelivery(f.Deliver, env.Stdout); err != nil {
@@ -34,7 +35,7 @@ func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
 	}
 	r, err := runner.New(runner.Config{
 		Store: st, Jobs: env.Registry, Logger: log,
-		Lease: f.Lease, Wait: f.Wait, OnProgress: prog.report, Deliver: deliver,
+		Lease: f.Lease, Wait: f.Wait, OnProgress: prog.hook(), ProgressLog: prog.logEvery(), Deliver: deliver,
 	})
 	return r, prog, err
 }
@@ -79,8 +80,7 @@ func (c *RunCmd) Run(env *Env) error {
 	case c.JSON:
 		return printResultJSON(env, res, err, c.runID(env, file))
 	}
-	report(env, res, err)
-	return itemChangedHint(env, err, res.RunID)
+	return itemChangedHint(env, report(env, res, err), res.RunID)
 }
 
 // runID is the ID of the run the command names, "" if its job or
@@ -125,8 +125,7 @@ func (c *ResumeCmd) Run(env *Env) error {
 	if c.JSON {
 		return printResultJSON(env, res, err, c.RunID)
 	}
-	report(env, res, err)
-	return itemChangedHint(env, err, c.RunID)
+	return itemChangedHint(env, report(env, res, err), c.RunID)
 }
 
 // dryRunListed bounds the writes and rejections printed per plan.
@@ -159,17 +158,27 @@ func printDryRun(env *Env, res runner.Result) {
 	fmt.Fprintf(env.Stdout, "%d steps would run, %d are already checkpointed\n", res.Stats.Executed, res.Stats.Skipped)
 }
 
-// report prints the one-line outcome of a run on stdout.
-func report(env *Env, res runner.Result, err error) {
+// report prints the one-line outcome of a run on stdout and returns the
+// run's error, marked reported when that line says all of it (an
+// interruption), so it is not printed again.
+func report(env *Env, res runner.Result, err error) error {
 	if res.Status == "" {
-		return
+		return err
 	}
 	fmt.Fprintf(env.Stdout, "run %s %s (attempt %d): %d steps executed, %d skipped (checkpointed)\n",
 		res.RunID, res.Status, res.Attempt, res.Stats.Executed, res.Stats.Skipped)
-	if err != nil && res.Status == "interrupted" {
+	if err != nil && res.Status == checkpoint.RunInterrupted {
 		fmt.Fprintf(env.Stdout, "resume it with: %s resume %s\n", env.Name, res.RunID)
+		return reported{err}
 	}
+	return err
 }
+
+// reported wraps an error the command has already told the user about in
+// its output: Execute exits with its code but does not print it again.
+type reported struct{ error }
+
+func (r reported) Unwrap() error { return r.error }
 
 // DispatchCmd delivers queued notifications.
 type DispatchCmd struct {

@@ -341,13 +341,20 @@ func (c *ShowCmd) print(env *Env, r checkpoint.Run, v showView, now time.Time) e
 	fmt.Fprintf(env.Stdout, "run %s\n  job %s, key %s, params %s\n  status %s, fence %d, created %s, updated %s\n",
 		r.ID, r.Job, r.RunKey, r.Params, statusText(r, now), r.Fence, r.CreatedAt.Format(time.RFC3339), ago(r.UpdatedAt, now))
 	if r.Error != "" {
-		fmt.Fprintf(env.Stdout, "  error: %s\n", r.Error)
+		first, _, _ := strings.Cut(r.Error, "\n") // the rest (a panic's stack) follows the attempts
+		fmt.Fprintf(env.Stdout, "  error: %s\n", first)
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nATTEMPT\tOWNER\tSTATUS\tSTARTED\tTOOK\tERROR")
 	for _, a := range v.Attempts {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", a.Number, a.Owner, a.Status, a.StartedAt.Format(time.RFC3339),
-			took(a.StartedAt, a.FinishedAt, time.Millisecond), preview(a.Error, 60))
+			took(a.StartedAt, a.FinishedAt, time.Millisecond), preview(strings.SplitN(a.Error, "\n", 2)[0], 60))
+	}
+	for _, a := range v.Attempts {
+		if strings.Contains(a.Error, "\n") { // a panic's stack: in full
+			tw.Flush()
+			fmt.Fprintf(env.Stdout, "\nattempt %d error:\n%s\n", a.Number, a.Error)
+		}
 	}
 	fmt.Fprintln(tw, "\nSTEP\tSTATUS\tATTEMPT\tTRIES\tTOOK\tOUTPUT / ERROR")
 	for _, s := range v.Steps {

@@ -17,4 +17,10 @@
 // the same run: completed steps are skipped and their recorded outputs
 // returned. A run held by a live runner is refused with a
 // *checkpoint.LeaseHeldError, or waited for with Config.Wait.
+//
+// A panic in job code (the job function, a step's or a batch item's
+// function) is recovered: the attempt is recorded as failed with the panic
+// value and stack (*PanicError), and other runs in the process go on.
+// Batch steps' progress is logged every Config.ProgressLog with the run's
+// job, run_id and attempt (see steps.FieldJob and the other field names).
 package runner

@@ -196,7 +196,7 @@ func (d *Dispatcher) Pass(ctx context.Context) (PassResult, error) {
 				return res, err
 			}
 			res.Failed++
-			d.Logger.Warn().Str("key", m.Key).Err(derr).Dur("retry_in", delay).Msg("delivery failed; will retry")
+			d.Logger.Warn().Str("key", m.Key).Err(derr).Float64(steps.FieldRetryInSeconds, delay.Seconds()).Msg("delivery failed; will retry")
 		}
 		if !progressed {
 			return res, nil

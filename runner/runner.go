@@ -44,8 +44,15 @@ type Config struct {
 	Wait bool
 	// WaitPoll is how often a waiting claim retries. Defaults to 500ms.
 	WaitPoll time.Duration
-	// OnProgress, if set, receives batch steps' progress after each chunk.
+	// OnProgress, if set, receives batch steps' progress after each chunk
+	// (a progress bar, say).
 	OnProgress func(steps.Progress)
+	// ProgressLog is how often a batch step's progress is logged, at info
+	// with the run's job, run_id and attempt: its first chunk, then at
+	// most once per ProgressLog, and its last chunk. Defaults to
+	// DefaultProgressLog (5s); negative logs no progress (when a bar shows
+	// it instead).
+	ProgressLog time.Duration
 	// Deliver, if set, receives the outbox messages due after each run
 	// (those of this run and any left undelivered before).
 	Deliver Delivery
@@ -156,7 +163,7 @@ func (r *Runner) dryRun(ctx context.Context, job jobs.Job, dec jobs.Decoded) (Re
 		return Result{RunID: runID}, err
 	}
 	defer run.Close()
-	jobErr := job.Execute(ctx, run, dec.JSON)
+	jobErr := callJob(ctx, job, run, dec.JSON)
 	res := Result{RunID: runID, Status: "dry-run", Stats: run.Stats(), DryPlans: run.DryPlans()}
 	if jobErr != nil {
 		return res, fmt.Errorf("dry run of %s failed: %w", runID, jobErr)
@@ -233,6 +240,11 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 		outErr = fmt.Errorf("run %s failed: %s (rerun to resume)", runID, end.Error)
 	default:
 		end.Status, end.Error = checkpoint.RunFailed, jobErr.Error()
+		var p *PanicError
+		if errors.As(jobErr, &p) {
+			// The stack goes with the attempt, so `show` can print it.
+			end.Error = p.Record()
+		}
 		outErr = fmt.Errorf("run %s failed: %w", runID, jobErr)
 	}
 	if end.Status == checkpoint.RunSucceeded {
@@ -243,11 +255,20 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	}
 	res.Status = end.Status
 	r.dispatch(ctx, log)
-	ev := log.Info()
-	if outErr != nil {
+	ev, msg := log.Info(), "run "+end.Status
+	var p *PanicError
+	switch {
+	case end.Status == checkpoint.RunInterrupted:
+		// Expected and resumable: one warning saying why, not the
+		// internal error of wherever the cancel reached the job.
+		log.Debug().Err(jobErr).Msg("where the interruption stopped the job")
+		ev, msg = log.Warn().Str("cause", context.Cause(ctx).Error()), "run interrupted; it resumes from its checkpoints when run again"
+	case errors.As(jobErr, &p):
+		ev = log.Error().Err(jobErr).Str("stack", string(p.Stack))
+	case outErr != nil:
 		ev = log.Error().Err(jobErr)
 	}
-	ev.Str("status", end.Status).Int("executed", res.Stats.Executed).Int("skipped", res.Stats.Skipped).Msg("run " + end.Status)
+	ev.Str("status", end.Status).Int("executed", res.Stats.Executed).Int("skipped", res.Stats.Skipped).Msg(msg)
 	return res, outErr
 }
 
@@ -271,7 +292,7 @@ func (r *Runner) dispatch(ctx context.Context, log zerolog.Logger) {
 // drive runs the job function on an attempt's steps.Run.
 func (r *Runner) drive(ctx context.Context, job jobs.Job, lease checkpoint.Lease, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) error {
 	cfg := steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
-		RetrySkipped: req.RetrySkipped, AcceptChanged: req.AcceptChanged, OnProgress: r.cfg.OnProgress, Retry: job.Settings().Retry}
+		RetrySkipped: req.RetrySkipped, AcceptChanged: req.AcceptChanged, OnProgress: r.progressHook(lease, log), Retry: job.Settings().Retry}
 	if s, ok := r.cfg.Clock.(Sleeper); ok {
 		cfg.Sleep = s.Sleep
 	}
@@ -284,7 +305,7 @@ func (r *Runner) drive(ctx context.Context, job jobs.Job, lease checkpoint.Lease
 	if err != nil {
 		return err
 	}
-	err = job.Execute(ctx, run, dec.JSON)
+	err = callJob(ctx, job, run, dec.JSON)
 	res.Stats = run.Stats()
 	if cerr := run.Close(); err == nil && cerr != nil {
 		err = cerr

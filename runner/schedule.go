@@ -26,14 +26,28 @@ type Schedule struct {
 	// day-of-week), or six with seconds first, or a descriptor such as
 	// @daily, @hourly or @every 10m. It is read in Location; a TZ= or
 	// CRON_TZ= prefix is refused (the zone is Location). Required.
+	//
+	// robfig/cron's rules apply, three of them easy to trip on:
+	//   - When both day-of-month and day-of-week are restricted, a day
+	//     matches if either does (the classic cron OR): "0 0 1 * 1" fires
+	//     on the 1st and on every Monday. Only a bare * or ? leaves a field
+	//     unrestricted; a step counts as a restriction, so "0 0 */2 * 1"
+	//     fires on odd days and on Mondays ("*/1" is still unrestricted).
+	//   - Day-of-week is 0-6 with 0 for Sunday (or SUN-SAT); 7 is refused.
+	//   - robfig looks at most five years ahead for the next fire, so
+	//     "0 2 29 2 *" after 29 February 2096 (2100 is no leap year) would
+	//     never fire again. This package searches on past that window, up
+	//     to a hundred years, so that spec fires next on 29 February 2104;
+	//     a spec that never fires at all ("0 0 30 2 *") is refused by
+	//     NewScheduler and Fires.
 	Spec string
 	// Location is the time zone the spec's wall-clock times are read in,
 	// e.g. time.UTC or time.LoadLocation("America/New_York"). Required:
 	// a schedule never silently follows the host's zone.
 	Location *time.Location
-	// Key turns a fire time (in Location) into the run's identifying
-	// parameters. Defaults to FireDate("date"): the fire's date in the
-	// schedule's zone.
+	// Key turns a fire's scheduled time (Fire.Scheduled, in Location)
+	// into the run's identifying parameters. Defaults to
+	// FireDate("date"): the date the spec named in the schedule's zone.
 	Key KeyRule
 	// Values are further parameters of every run, under the key's (which
 	// win). They must not change between fires of one run key: a run key
@@ -83,16 +97,26 @@ const (
 	OverlapAllow OverlapPolicy = "allow"
 )
 
-// KeyRule turns a fire time, given in the schedule's zone, into the run's
-// identifying parameters. It must be a pure function of the fire time: the
-// same time always gives the same run.
+// KeyRule turns a fire's scheduled time (Fire.Scheduled: the time the spec
+// named, in the schedule's zone) into the run's identifying parameters. It
+// must be a pure function of that time: the same time always gives the
+// same run.
+//
+// For a wall-clock time the clocks skipped, the scheduled time reads the
+// spec's date and clock, not the clock at the moment the fire happens: in
+// America/Nuuk, whose spring change jumps from 23:00 to midnight,
+// "30 23 * * *" fires at 00:00 on the Sunday, but its key rule sees 23:30
+// on the Saturday, so Saturday still gets its run and Sunday's own fire
+// keys Sunday. Its instant is still the fire's (see Fire.Scheduled).
 type KeyRule func(fire time.Time) map[string]string
 
 const dateLayout = "2006-01-02"
 
 // FireDate is the key rule giving param the fire's calendar date in the
 // schedule's zone, YYYY-MM-DD: a fire at 00:30 in Berlin on 30 March is
-// 30 March, though it is still 29 March in UTC.
+// 30 March, though it is still 29 March in UTC. It is the date the spec
+// named, also when a DST change moves the fire past midnight (see
+// KeyRule).
 func FireDate(param string) KeyRule {
 	return func(fire time.Time) map[string]string {
 		return map[string]string{param: fire.Format(dateLayout)}
@@ -161,6 +185,16 @@ type Fire struct {
 	Wall string
 	// DST notes a daylight-saving change at this fire.
 	DST DST
+	// Scheduled is what key rules get: the instant At, read in a zone
+	// whose clock shows Wall. It is At itself unless DST is DSTSkipped;
+	// then its zone is a fixed one (named as the zone before the change)
+	// with the offset that makes the moment of the change read as the
+	// time the spec named: -04:30 for 02:30 on New York's spring day,
+	// -00:30 for 23:30 on Nuuk's, whose clocks jump from 23:00 to
+	// midnight. A key rule reading its date or clock gets the spec's; one
+	// reading its instant (UTC, Unix) gets when it fired; both are
+	// distinct for distinct fires.
+	Scheduled time.Time
 }
 
 // Fires returns the schedule's next n fire times after t, computed as the
@@ -179,17 +213,22 @@ func (s Schedule) Fires(after time.Time, n int) ([]Fire, error) {
 		out = append(out, f)
 		after = f.At
 	}
+	if len(out) == 0 && n > 0 {
+		return nil, c.neverFires(after)
+	}
 	return out, nil
 }
 
 // Params returns the parameters of the run a fire at time fire starts: the
-// key rule's values over Values.
+// key rule's values over Values. When fire is one of the schedule's fire
+// times (a Fire's At) the key rule gets its Scheduled time, as in the
+// Scheduler.
 func (s Schedule) Params(fire time.Time) (map[string]string, error) {
 	c, err := s.compile()
 	if err != nil {
 		return nil, err
 	}
-	return c.params(fire), nil
+	return c.params(c.fireAt(fire)), nil
 }
 
 // specParser reads 5-field specs, 6 with a leading seconds field, and
@@ -262,18 +301,45 @@ func (s Schedule) compile() (*compiled, error) {
 	return c, nil
 }
 
-// params returns the run parameters for a fire.
-func (c *compiled) params(fire time.Time) map[string]string {
+// params returns the run parameters for a fire: the key rule reads its
+// scheduled time.
+func (c *compiled) params(f Fire) map[string]string {
 	v := maps.Clone(c.Values)
 	if v == nil {
 		v = map[string]string{}
 	}
-	maps.Copy(v, c.Key(fire.In(c.Location)))
+	at := f.Scheduled
+	if at.IsZero() {
+		at = f.At.In(c.Location)
+	}
+	maps.Copy(v, c.Key(at))
 	return v
 }
 
+// fireAt returns the fire at instant t if the spec fires then, else a Fire
+// of t itself.
+func (c *compiled) fireAt(t time.Time) Fire {
+	if f := c.next(t.Add(-time.Nanosecond)); f.At.Equal(t) {
+		return f
+	}
+	at := t.In(c.Location)
+	return Fire{At: at, Wall: at.Format(wallLayout), Scheduled: at}
+}
+
+// searchYears is how far ahead next looks for a fire, in robfig's
+// five-year windows: far past the longest gap a spec without a year field
+// can have (eight years, for 29 February over 2100).
+const searchYears = 100
+
+// neverFires is the error for a spec with no fire within searchYears
+// after t.
+func (c *compiled) neverFires(t time.Time) error {
+	return fmt.Errorf("runner: schedule %s: Schedule.Spec %q: %w within %d years of %s",
+		c.Name, c.Spec, errNeverFires, searchYears, t.Format(time.RFC3339))
+}
+
 // next returns the first fire strictly after t; At is zero if the spec
-// never fires again (robfig looks five years ahead).
+// does not fire within searchYears.
 //
 // Each wall-clock time the spec names fires once: a time the clocks jump
 // over fires at the moment of the jump (several such times fire once
@@ -281,20 +347,34 @@ func (c *compiled) params(fire time.Time) map[string]string {
 func (c *compiled) next(t time.Time) Fire {
 	if c.wall == nil {
 		at := cron.ConstantDelaySchedule{Delay: c.every}.Next(t).In(c.Location)
-		return Fire{At: at, Wall: at.Format(wallLayout)}
+		return Fire{At: at, Wall: at.Format(wallLayout), Scheduled: at}
 	}
 	w := wallClock(t, c.Location)
 	for {
-		w = c.wall.Next(w)
+		w = c.wallNext(w)
 		if w.IsZero() {
 			return Fire{}
 		}
-		at, dst := instant(w, c.Location)
+		at, scheduled, dst := instant(w, c.Location)
 		// A repeated time whose first pass is behind t has fired.
 		if at.After(t) {
-			return Fire{At: at, Wall: w.Format(wallLayout), DST: dst}
+			return Fire{At: at, Wall: w.Format(wallLayout), DST: dst, Scheduled: scheduled}
 		}
 	}
+}
+
+// wallNext is robfig's Next on wall-clock readings, searching on past its
+// five-year window up to searchYears: robfig gives up on "0 2 29 2 *"
+// after 2096 although 2104 has a 29 February. Each window starts five
+// years on from the last one's start, inside the last one, so nothing is
+// missed.
+func (c *compiled) wallNext(w time.Time) time.Time {
+	for from := w; from.Year() <= w.Year()+searchYears; from = from.AddDate(5, 0, 0) {
+		if n := c.wall.Next(from); !n.IsZero() {
+			return n
+		}
+	}
+	return time.Time{}
 }
 
 const wallLayout = "2006-01-02 15:04:05"
@@ -309,13 +389,15 @@ func wallClock(t time.Time, loc *time.Location) time.Time {
 // instant returns the moment at which loc's clocks read w (a clock reading
 // held in UTC, see wallClock): the only one, the first of two when the
 // clocks went back over it (DSTRepeated), or the moment they jumped over it
-// (DSTSkipped). It assumes a zone changes its offset at most once in the
-// two days around w, which holds for every zone in the tz database.
-func instant(w time.Time, loc *time.Location) (time.Time, DST) {
+// (DSTSkipped). It also returns the scheduled time (see Fire.Scheduled):
+// the moment itself, or for a skipped reading that moment in a fixed zone
+// whose clock reads w. It assumes a zone changes its offset at most once in the two days
+// around w, which holds for every zone in the tz database.
+func instant(w time.Time, loc *time.Location) (at, scheduled time.Time, dst DST) {
 	const day = 24 * 60 * 60
 	secs, nanos := w.Unix(), int64(w.Nanosecond())
 	// The offsets in force a day before and a day after the reading.
-	_, before := time.Unix(secs-day, 0).In(loc).Zone()
+	name, before := time.Unix(secs-day, 0).In(loc).Zone()
 	_, after := time.Unix(secs+day, 0).In(loc).Zone()
 	var found []time.Time
 	for i, off := range []int{before, after} {
@@ -332,13 +414,14 @@ func instant(w time.Time, loc *time.Location) (time.Time, DST) {
 		if found[1].Before(found[0]) {
 			found[0] = found[1]
 		}
-		return found[0], DSTRepeated
+		return found[0], found[0], DSTRepeated
 	case len(found) == 1:
-		return found[0], DSTNone
+		return found[0], found[0], DSTNone
 	}
 	// Neither offset gives the reading: the clocks skipped it. Read with
 	// the old offset it falls after the change, in the new zone period,
 	// which starts at the change.
-	start, _ := time.Unix(secs-int64(before), 0).In(loc).ZoneBounds()
-	return start.In(loc), DSTSkipped
+	start, _ := time.Unix(secs-int64(before), nanos).In(loc).ZoneBounds()
+	at = start.In(loc)
+	return at, at.In(time.FixedZone(name, int(secs-at.Unix()))), DSTSkipped
 }

@@ -2,6 +2,8 @@ package runner_test
 
 import (
 	"maps"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -269,5 +271,164 @@ func TestScheduleValidation(t *testing.T) {
 	}
 	if _, err := ok.Fires(utc("2026-01-01T00:00:00Z"), 1); err != nil {
 		t.Errorf("valid schedule: %v", err)
+	}
+}
+
+// gapToMidnight returns the zone and the date of its spring change whose
+// clocks jump from 23:00 straight to midnight, checked against the tz
+// database (Greenland's since 2023: -02 to -01 at 01:00 UTC).
+func gapToMidnight(t *testing.T, zone string, year int) (*time.Location, string) {
+	t.Helper()
+	loc := mustZone(t, zone)
+	// The last Sunday of March, 01:00 UTC.
+	d := time.Date(year, 3, 31, 1, 0, 0, 0, time.UTC)
+	for d.Weekday() != time.Sunday {
+		d = d.AddDate(0, 0, -1)
+	}
+	before, after := d.Add(-time.Second).In(loc), d.In(loc)
+	if before.Format("15:04:05") != "22:59:59" || after.Format("15:04") != "00:00" || after.Day() == before.Day() {
+		t.Fatalf("%s in %d: clocks go from %s to %s; the tz database here predates Greenland's 2023 change (tzdata 2023a+ needed)",
+			zone, year, before, after)
+	}
+	return loc, before.Format("2006-01-02")
+}
+
+// In a zone whose spring gap runs to midnight, a 23:30 fire on the gap day
+// fires at 00:00 the next day but keeps the gap day's key, so the next
+// day's own fire gets a run of its own (issue 11, point 12).
+func TestGapToMidnightKeepsItsDay(t *testing.T) {
+	for _, tc := range []struct {
+		zone string
+		year int
+	}{{"America/Nuuk", 2026}, {"America/Scoresbysund", 2026}, {"America/Nuuk", 2027}, {"America/Scoresbysund", 2027}} {
+		t.Run(tc.zone+"/"+strconv.Itoa(tc.year), func(t *testing.T) {
+			loc, gapDay := gapToMidnight(t, tc.zone, tc.year)
+			day := func(off int) string {
+				d, _ := time.Parse("2006-01-02", gapDay)
+				return d.AddDate(0, 0, off).Format("2006-01-02")
+			}
+			s := runner.Schedule{Name: "late", Job: "settle", Spec: "30 23 * * *", Location: loc}
+			after, _ := time.ParseInLocation("2006-01-02 15:04", day(-1)+" 12:00", loc)
+			fires, err := s.Fires(after, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantAt := []string{day(-1) + " 23:30 -02", day(1) + " 00:00 -01", day(1) + " 23:30 -01"}
+			wantKey := []string{day(-1), day(0), day(1)}
+			for i, f := range fires {
+				if got := f.At.Format("2006-01-02 15:04 -07"); got != wantAt[i] {
+					t.Errorf("fire %d at %s; want %s", i, got, wantAt[i])
+				}
+				if got := f.Scheduled.Format("2006-01-02 15:04"); got != wantKey[i]+" 23:30" {
+					t.Errorf("fire %d scheduled %s; want %s 23:30", i, got, wantKey[i])
+				}
+				if !f.Scheduled.Equal(f.At) {
+					t.Errorf("fire %d: scheduled instant %s differs from the fire's %s", i, f.Scheduled.UTC(), f.At.UTC())
+				}
+				p, err := s.Params(f.At)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p["date"] != wantKey[i] {
+					t.Errorf("fire %d at %s (%s) keys date %s; want %s", i, f.At, f.DST, p["date"], wantKey[i])
+				}
+			}
+			if fires[1].DST != runner.DSTSkipped {
+				t.Errorf("the gap day's fire is %q; want skipped", fires[1].DST)
+			}
+			prev := runner.PreviousBusinessDate("date", runner.EveryDay)(fires[1].Scheduled)["date"]
+			if prev != day(-1) {
+				t.Errorf("previous business date of the gap day's fire = %s; want %s", prev, day(-1))
+			}
+		})
+	}
+}
+
+// A key rule reading the instant still gets distinct keys: the skipped
+// 02:30 fires at 03:00 EDT (07:00Z), before 03:30 EDT's own fire (07:30Z).
+func TestSkippedFireKeepsItsInstant(t *testing.T) {
+	s := runner.Schedule{Name: "s", Job: "job", Spec: "30 * * * *", Location: mustZone(t, "America/New_York"),
+		Key: func(f time.Time) map[string]string {
+			return map[string]string{"key": f.UTC().Format("15:04"), "clock": f.Format("15:04")}
+		}}
+	fires, err := s.Fires(utc("2026-03-08T06:00:00Z"), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys, clocks []string
+	for _, f := range fires {
+		p, err := s.Params(f.At)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, clocks = append(keys, p["key"]), append(clocks, p["clock"])
+	}
+	if want := []string{"06:30", "07:00", "07:30"}; !slices.Equal(keys, want) {
+		t.Errorf("UTC keys %v; want %v", keys, want)
+	}
+	if want := []string{"01:30", "02:30", "03:30"}; !slices.Equal(clocks, want) {
+		t.Errorf("wall clocks %v; want %v", clocks, want)
+	}
+}
+
+// robfig gives up five years ahead; Fires searches on, so 29 February
+// after 2096 is found in 2104, and a spec that never fires is an error.
+func TestFiresPastRobfigsWindow(t *testing.T) {
+	leap := runner.Schedule{Name: "leap", Job: "job", Spec: "0 2 29 2 *", Location: time.UTC}
+	p, err := cron.ParseStandard(leap.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Next(utc("2096-03-01T00:00:00Z")); !got.IsZero() {
+		t.Fatalf("robfig found %s; this test documents that it gives up", got)
+	}
+	fires, err := leap.Fires(utc("2096-03-01T00:00:00Z"), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fires) != 2 || !fires[0].At.Equal(utc("2104-02-29T02:00:00Z")) || !fires[1].At.Equal(utc("2108-02-29T02:00:00Z")) {
+		t.Errorf("fires after 2096 = %+v; want 2104-02-29 and 2108-02-29 at 02:00", fires)
+	}
+	never := runner.Schedule{Name: "never", Job: "job", Spec: "0 0 30 2 *", Location: time.UTC}
+	if _, err := never.Fires(utc("2026-01-01T00:00:00Z"), 1); err == nil || !strings.Contains(err.Error(), "never fires within 100 years") {
+		t.Errorf("Fires of 30 February: err = %v; want one saying it never fires", err)
+	}
+}
+
+// robfig's rules that the Spec documentation spells out.
+func TestSpecRules(t *testing.T) {
+	days := func(spec string) []string {
+		t.Helper()
+		s := runner.Schedule{Name: "s", Job: "job", Spec: spec, Location: time.UTC}
+		fires, err := s.Fires(utc("2026-06-01T00:00:00Z"), 6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, f := range fires {
+			out = append(out, f.At.Format("Mon 02"))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		spec string
+		want []string
+	}{
+		// Both day fields restricted: either matches.
+		{"0 0 1 * 1", []string{"Mon 08", "Mon 15", "Mon 22", "Mon 29", "Wed 01", "Mon 06"}},
+		// A step is a restriction too: odd days or Mondays.
+		{"0 0 */2 * 1", []string{"Wed 03", "Fri 05", "Sun 07", "Mon 08", "Tue 09", "Thu 11"}},
+		// A bare * (or */1) is not: Mondays only.
+		{"0 0 * * 1", []string{"Mon 08", "Mon 15", "Mon 22", "Mon 29", "Mon 06", "Mon 13"}},
+		{"0 0 */1 * 1", []string{"Mon 08", "Mon 15", "Mon 22", "Mon 29", "Mon 06", "Mon 13"}},
+		{"0 0 * * 0", []string{"Sun 07", "Sun 14", "Sun 21", "Sun 28", "Sun 05", "Sun 12"}},
+	} {
+		if got := days(tc.spec); !slices.Equal(got, tc.want) {
+			t.Errorf("%q fires on %v; want %v", tc.spec, got, tc.want)
+		}
+	}
+	seven := runner.Schedule{Name: "s", Job: "job", Spec: "0 0 * * 7", Location: time.UTC}
+	if _, err := seven.Fires(utc("2026-06-01T00:00:00Z"), 1); err == nil || !strings.Contains(err.Error(), "above maximum (6)") {
+		t.Errorf("day-of-week 7: err = %v; want it refused (Sunday is 0)", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/steps"
 )
 
 // WaitClock is a Clock the scheduler can also sleep on. SystemClock is one;
@@ -26,14 +27,18 @@ type WaitClock interface {
 // After returns time.After(d).
 func (SystemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
-// errNeverFires is wrapped when a spec has no fire time within the five
-// years robfig looks ahead (say 0 0 30 2 *).
+// errNeverFires is wrapped when a spec has no fire time within the
+// hundred years Schedule.Fires and the Scheduler look ahead (say
+// 0 0 30 2 *, which never fires).
 var errNeverFires = errors.New("the spec never fires")
 
 // Log field names of the scheduler's logs (the run's are steps.Field*).
 const (
-	fieldSchedule = "schedule"
-	fieldFire     = "fire"
+	fieldSchedule        = "schedule"
+	fieldFire            = "fire"
+	fieldLagSeconds      = "lag_seconds"      // how late a fire started
+	fieldGraceSeconds    = "grace_seconds"    // SchedulerConfig.Grace
+	fieldDeadlineSeconds = "deadline_seconds" // Schedule.StartingDeadline
 )
 
 // SchedulerConfig configures a Scheduler.
@@ -185,10 +190,9 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 		}
 		next := c.next(now)
 		if next.At.IsZero() {
-			return nil, fmt.Errorf("runner: schedule %s: Schedule.Spec %q: %w within five years of %s",
-				c.Name, c.Spec, errNeverFires, now.Format(time.RFC3339))
+			return nil, c.neverFires(now)
 		}
-		if _, err := job.Decode(c.params(next.At), nil); err != nil {
+		if _, err := job.Decode(c.params(next), nil); err != nil {
 			return nil, fmt.Errorf("runner: schedule %s: its fire at %s gives job %s bad parameters: %w",
 				c.Name, next.At.Format(time.RFC3339), c.Job, err)
 		}
@@ -346,7 +350,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		cancelRuns(errors.New("scheduler stopped"))
 	}
 	if n := l.inFlight(); n > 0 {
-		s.log.Info().Int("running", n).Dur("grace", s.cfg.Grace).Msg("scheduler stopping: no more fires; waiting for running runs")
+		s.log.Info().Int("running", n).Float64(fieldGraceSeconds, s.cfg.Grace.Seconds()).Msg("scheduler stopping: no more fires; waiting for running runs")
 	}
 	for {
 		now := s.clock.Now()
@@ -362,7 +366,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			l.ended(e, s.clock.Now())
 		case <-graceOver:
 			graceOver = nil
-			s.log.Warn().Int("running", l.inFlight()).Dur("grace", s.cfg.Grace).Msg("grace period over; interrupting running runs (resumable)")
+			s.log.Warn().Int("running", l.inFlight()).Float64(fieldGraceSeconds, s.cfg.Grace.Seconds()).Msg("grace period over; interrupting running runs (resumable)")
 			cancelRuns(fmt.Errorf("scheduler stopped; grace period of %s over", s.cfg.Grace))
 		case <-s.clock.After(l.wait(now)):
 		}
@@ -571,7 +575,7 @@ func (l *loop) startReady(sc *scheduled, now time.Time) {
 		if sc.StartingDeadline > 0 && now.Sub(pf.At) > sc.StartingDeadline {
 			pf.state = fireSettled
 			l.s.m.misfiresSkippedN(sc.Name, misfireReasonDeadline, 1)
-			l.s.log.Warn().Str(fieldSchedule, sc.Name).Time(fieldFire, pf.At).Dur("deadline", sc.StartingDeadline).
+			l.s.log.Warn().Str(fieldSchedule, sc.Name).Time(fieldFire, pf.At).Float64(fieldDeadlineSeconds, sc.StartingDeadline.Seconds()).
 				Msg("fire not started: past its starting deadline")
 			continue
 		}
@@ -590,9 +594,9 @@ func (l *loop) start(sc *scheduled, pf *pendingFire, now time.Time) {
 	sc.running++
 	lag := now.Sub(pf.At)
 	s.m.fireLag(sc.Name, lag)
-	params := sc.params(pf.At)
-	s.log.Info().Str(fieldSchedule, sc.Name).Str("job", sc.Job).Time(fieldFire, pf.At).Str("dst", string(pf.DST)).
-		Dur("lag", lag).Bool("catch_up", pf.catchUp).Interface("params", params).Msg("fire")
+	params := sc.params(pf.Fire)
+	s.log.Info().Str(fieldSchedule, sc.Name).Str(steps.FieldJob, sc.Job).Time(fieldFire, pf.At).Str("dst", string(pf.DST)).
+		Float64(fieldLagSeconds, lag.Seconds()).Bool("catch_up", pf.catchUp).Interface("params", params).Msg("fire")
 	e := ended{sc: sc, pf: pf, gen: sc.gen, job: sc.Job}
 	l.wg.Go(func() {
 		e.res, e.err = s.runner.Run(l.runsCtx, Request{Job: e.job, Values: params})
@@ -605,7 +609,7 @@ func (l *loop) ended(e ended, now time.Time) {
 	s, sc, pf := l.s, e.sc, e.pf
 	sc.running--
 	s.m.runEnded(e.job, e.res)
-	log := s.log.With().Str(fieldSchedule, sc.Name).Time(fieldFire, pf.At).Str("run_id", e.res.RunID).Logger()
+	log := s.log.With().Str(fieldSchedule, sc.Name).Time(fieldFire, pf.At).Str(steps.FieldRunID, e.res.RunID).Logger()
 	var held *checkpoint.LeaseHeldError
 	switch {
 	case e.err == nil, e.res.Status == checkpoint.RunFailed:
@@ -623,7 +627,7 @@ func (l *loop) ended(e ended, now time.Time) {
 			break
 		}
 		pf.state, pf.notBefore = fireQueued, now.Add(s.cfg.RetryDelay)
-		log.Warn().Err(e.err).Dur("retry_in", s.cfg.RetryDelay).Msg("could not start the fire's run; will retry")
+		log.Warn().Err(e.err).Float64(steps.FieldRetryInSeconds, s.cfg.RetryDelay.Seconds()).Msg("could not start the fire's run; will retry")
 	default:
 		s.m.fireError(sc.Name)
 		log.Error().Err(e.err).Msg("fire's run could not start or be recorded; the fire is settled, rerun it by hand if needed")

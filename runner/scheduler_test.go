@@ -719,3 +719,63 @@ func TestSchedulerTakesOverStaleRun(t *testing.T) {
 		}
 	})
 }
+
+// Through the loop under fake time: in Nuuk and Scoresbysund the 23:30
+// fire of the spring gap day fires at midnight with the gap day's key,
+// and the next day still gets its own run (issue 11, point 12).
+func TestSchedulerGapToMidnightKeepsItsDay(t *testing.T) {
+	for _, tc := range []struct {
+		zone string
+		year int
+	}{{"America/Nuuk", 2026}, {"America/Scoresbysund", 2027}} {
+		t.Run(tc.zone, func(t *testing.T) {
+			loc, gapDay := gapToMidnight(t, tc.zone, tc.year)
+			gap, err := time.ParseInLocation("2006-01-02", gapDay, loc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			synctest.Test(t, func(t *testing.T) {
+				clock := offsetClock{time.Until(gap.Add(-12 * time.Hour))} // noon the day before
+				k, st := newTicks(0), openStore(t)
+				r := startScheduler(t, k, st, "a:1", []runner.Schedule{{Name: "late", Job: "tick", Spec: "30 23 * * *",
+					Location: loc, Key: runner.FireDate("key")}},
+					func(c *runner.SchedulerConfig) { c.Clock, c.Lease = clock, 3*time.Hour })
+				sleep(3 * 24 * time.Hour)
+				r.stop(t)
+				want := []string{gap.AddDate(0, 0, -1).Format("2006-01-02"), gapDay, gap.AddDate(0, 0, 1).Format("2006-01-02")}
+				if got := k.ran(); !slices.Equal(got, want) {
+					t.Errorf("ran %v; want %v: one run per day, the gap day's included", got, want)
+				}
+				if got := r.value(t, "stepwise_duplicate_fires_total", "schedule", "late"); got != 0 {
+					t.Errorf("duplicate fires = %v; want 0 (a day's fire found its run already there)", got)
+				}
+				for _, key := range want {
+					if info := runOf(t, st, key); info.Run.Status != checkpoint.RunSucceeded {
+						t.Errorf("run %s is %s; want succeeded", key, info.Run.Status)
+					}
+				}
+			})
+		})
+	}
+}
+
+// After its 2096 fire, "0 2 29 2 *" is due next in 2104, past robfig's
+// five-year search: the scheduler keeps it, instead of never firing again.
+func TestSchedulerLooksPastRobfigsWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clock := offsetClock{time.Until(utc("2096-02-28T00:00:00Z"))}
+		k, st := newTicks(0), openStore(t)
+		r := startScheduler(t, k, st, "a:1", []runner.Schedule{{Name: "leap", Job: "tick", Spec: "0 2 29 2 *",
+			Location: time.UTC, Key: runner.FireDate("key")}},
+			func(c *runner.SchedulerConfig) { c.Clock, c.Lease = clock, 3*time.Hour })
+		sleep(2 * 24 * time.Hour)
+		st0 := r.s.Status().Schedules[0]
+		r.stop(t)
+		if got := k.ran(); !slices.Equal(got, []string{"2096-02-29"}) {
+			t.Errorf("ran %v; want [2096-02-29]", got)
+		}
+		if !st0.Next.Equal(utc("2104-02-29T02:00:00Z")) {
+			t.Errorf("next fire after 2096-02-29 = %s; want 2104-02-29T02:00Z", st0.Next)
+		}
+	})
+}

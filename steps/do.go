@@ -138,7 +138,7 @@ func start[T any](ctx context.Context, r *Run, id string, opts []Option) (cp che
 // output decoded from the recorded JSON.
 func finish[T any](r *Run, cp checkpoint.Step) (T, error) {
 	r.count(func(s *Stats) { s.Executed++ })
-	r.log.Info().Str(FieldStepID, cp.ID).Dur("took", cp.FinishedAt.Sub(cp.StartedAt)).Msg("step completed")
+	r.log.Info().Str(FieldStepID, cp.ID).Float64(FieldTookSeconds, cp.FinishedAt.Sub(cp.StartedAt).Seconds()).Msg("step completed")
 	return decodeOutput[T](cp)
 }
 
@@ -177,7 +177,11 @@ func (r *Run) recordFailure(ctx context.Context, cp checkpoint.Step, fnErr error
 			r.log.Warn().Str(FieldStepID, cp.ID).Err(err).Msg("could not record the step's failure")
 		}
 	}
-	r.log.Warn().Str(FieldStepID, cp.ID).Int("tries", cp.Tries).Err(fnErr).Msg("step failed")
+	ev := r.log.Warn()
+	if errors.Is(fnErr, context.Canceled) {
+		ev = r.log.Debug() // stopped by an interruption, which the runner logs once
+	}
+	ev.Str(FieldStepID, cp.ID).Int("tries", cp.Tries).Err(fnErr).Msg("step failed")
 	return &StepError{RunID: r.lease.RunID, Step: cp.ID, Err: fnErr}
 }
 

@@ -230,7 +230,7 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 	}
 	r.count(func(s *Stats) { s.Executed++ })
 	r.log.Info().Str(FieldStepID, name).Int64("completed", b.sum.Completed).Int64("rejected", b.sum.Rejected).
-		Int64("skipped", b.sum.Skipped).Int64("executed", b.sum.Executed).Dur("took", cp.FinishedAt.Sub(cp.StartedAt)).
+		Int64("skipped", b.sum.Skipped).Int64("executed", b.sum.Executed).Float64(FieldTookSeconds, cp.FinishedAt.Sub(cp.StartedAt).Seconds()).
 		Msg("batch step completed")
 	return b.sum, nil
 }

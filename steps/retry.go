@@ -194,7 +194,7 @@ func callWithPolicy[T any](ctx context.Context, r *Run, cp *checkpoint.Step, o d
 		}
 		delay := policy.Backoff(try, rand.Float64())
 		r.recordTry(ctx, cp, err)
-		r.log.Warn().Str(FieldStepID, cp.ID).Int("try", try).Int("tries_total", cp.Tries).Dur("retry_in", delay).Err(err).
+		r.log.Warn().Str(FieldStepID, cp.ID).Int("try", try).Int("tries_total", cp.Tries).Float64(FieldRetryInSeconds, delay.Seconds()).Err(err).
 			Msg("step failed; retrying")
 		cp.Tries++
 		if err := r.sleep(ctx, delay); err != nil {
@@ -222,7 +222,7 @@ func callOnce[T any](ctx context.Context, r *Run, id string, timeout time.Durati
 		select {
 		case <-returned:
 		default:
-			r.log.Warn().Str(FieldStepID, id).Dur("timeout", timeout).
+			r.log.Warn().Str(FieldStepID, id).Float64(FieldTimeoutSeconds, timeout.Seconds()).
 				Msg("step overran its timeout and is still running: its function does not honour its context")
 		}
 	})

@@ -12,14 +12,6 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
-// Log field names used by Stepwise's structured logs.
-const (
-	FieldRunID   = "run_id"
-	FieldStepID  = "step_id"
-	FieldAttempt = "attempt"
-	FieldJob     = "job"
-)
-
 // Config says which run an attempt works on. The runner fills it in after
 // claiming the run.
 type Config struct {
