@@ -2,6 +2,7 @@ package cmd
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -62,4 +63,22 @@ func ExitCode(err error) int {
 		return ExitUsage
 	}
 	return ExitFailed
+}
+
+// errorText is how the command prints err: its message, then what the
+// operator can do about it where the library error carries only data. For
+// an outside call of unknown outcome (*steps.OutcomeUnknownError) that is
+// a rerun when the step reconciles by itself, else the resolve command.
+func errorText(err error) string {
+	var unknown *steps.OutcomeUnknownError
+	if !errors.As(err, &unknown) {
+		return err.Error()
+	}
+	resolve := fmt.Sprintf("`stepwise resolve %s --step %s --as done|retry --reason \"...\"`", unknown.RunID, unknown.Step)
+	if unknown.Reconcilable {
+		return fmt.Sprintf("%v\nrerun it (`stepwise resume %s`) to reconcile it automatically; settle it by hand with %s "+
+			"only after checking the outside system for key %s yourself", err, unknown.RunID, resolve, unknown.Key)
+	}
+	return fmt.Sprintf("%v\ncheck the outside system for key %s, then settle it with %s "+
+		"(done: it happened; retry: it did not, call again)", err, unknown.Key, resolve)
 }

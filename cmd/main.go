@@ -121,7 +121,7 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 	if err := kctx.Run(env); err != nil {
 		code := ExitCode(err)
 		if code != ExitOK {
-			fmt.Fprintf(stderr, "stepwise: %v\n", err)
+			fmt.Fprintf(stderr, "stepwise: %s\n", errorText(err))
 		} else {
 			fmt.Fprintln(stdout, err)
 		}

@@ -19,6 +19,12 @@ import (
 // (--force, --reason) because of what it would do; exit 5.
 var ErrNeedsDecision = errors.New("needs an operator decision")
 
+// ownerGone lets the manual operations treat a run whose runner is surely
+// gone (same kernel boot and PID namespace, process exited) as stale at
+// once, as run and resume do, instead of refusing it as held until its
+// lease expires.
+var ownerGone = checkpoint.WithOwnerGone(runner.OwnerGone)
+
 // operatorFlags are the flags of every manual operation.
 type operatorFlags struct {
 	Operator string `env:"STEPWISE_OPERATOR" help:"Who performs the operation, for the audit log. Defaults to $USER."`
@@ -50,9 +56,9 @@ func (c *RecoverCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	if err := st.Recover(env.Ctx, c.audit(env, c.RunID, "recover", c.Reason, ""), env.now(), c.Force); err != nil {
+	if err := st.Recover(env.Ctx, c.audit(env, c.RunID, "recover", c.Reason, ""), env.now(), c.Force, ownerGone); err != nil {
 		if errors.Is(err, checkpoint.ErrNotStale) {
-			return fmt.Errorf("%w: %w", ErrNeedsDecision, err)
+			return fmt.Errorf("%w: %w (recover --force forces it)", ErrNeedsDecision, err)
 		}
 		return err
 	}
@@ -73,7 +79,7 @@ func (c *AbandonCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	if err := st.Abandon(env.Ctx, c.audit(env, c.RunID, "abandon", c.Reason, ""), env.now()); err != nil {
+	if err := st.Abandon(env.Ctx, c.audit(env, c.RunID, "abandon", c.Reason, ""), env.now(), ownerGone); err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "run %s abandoned: run and resume refuse it unless --force\n", c.RunID)
@@ -116,7 +122,7 @@ func (c *ResetCmd) Run(env *Env) error {
 	if len(applied) > 0 {
 		details = "effects kept: " + strings.Join(applied, "; ")
 	}
-	if err := st.ResetSteps(env.Ctx, c.audit(env, c.RunID, "reset --step "+c.Step, c.Reason, details), env.now(), []string{c.Step}); err != nil {
+	if err := st.ResetSteps(env.Ctx, c.audit(env, c.RunID, "reset --step "+c.Step, c.Reason, details), env.now(), []string{c.Step}, ownerGone); err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "step %s of %s cleared; it runs again on `stepwise resume %s`\n", c.Step, c.RunID, c.RunID)
@@ -354,7 +360,7 @@ func (c *ResolveCmd) Run(env *Env) error {
 		return err
 	}
 	a := c.audit(env, c.RunID, "resolve --step "+c.Step+" --as "+c.As, c.Reason, "output "+preview(c.Output, 200))
-	if err := st.ResolveStep(env.Ctx, a, env.now(), c.Step, c.As == "done", []byte(c.Output)); err != nil {
+	if err := st.ResolveStep(env.Ctx, a, env.now(), c.Step, c.As == "done", []byte(c.Output), ownerGone); err != nil {
 		if errors.Is(err, checkpoint.ErrNotUnknown) {
 			return usageError{err}
 		}
