@@ -37,7 +37,7 @@ var (
 // point, or stops it with SIGSTOP if point is the selected pause point.
 func Crash(point string) {
 	if pauseAt != "" && pauseAt == point {
-		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		pause()
 	}
 	if crashAt == "" || crashAt != point {
 		return
