@@ -453,7 +453,7 @@ func TestCallTimeoutReconcilesInTheSameAttempt(t *testing.T) {
 				t.Errorf("stderr = %q, want it to contain %q", stderr, want)
 			}
 		}
-		if strings.Contains(stderr, "then settle it with") {
+		if strings.Contains(stderr, "once checked, settle it with") {
 			t.Errorf("stderr advises settling by hand first, though a rerun reconciles: %q", stderr)
 		}
 		prov.set(func(p *provider) { p.failLookups = false })
@@ -485,7 +485,7 @@ func TestCallTimeoutReconcilesInTheSameAttempt(t *testing.T) {
 func TestErrorTextAddsTheOutcomeUnknownHint(t *testing.T) {
 	base := &steps.OutcomeUnknownError{RunID: "pay/d", Step: "pay", Key: "pay/d/pay", Cause: "timeout"}
 	got := errorText(fmt.Errorf("run pay/d failed: %w", base))
-	if !strings.Contains(got, "`stepwise resolve pay/d --step pay --as done|retry --reason \"...\"`") || strings.Contains(got, "rerun it") {
+	if !strings.Contains(got, "once checked, settle it with `stepwise resolve pay/d --step pay --as done|retry --reason \"...\"`") || strings.Contains(got, "rerun it") {
 		t.Errorf("without reconcile: %q; want the resolve command", got)
 	}
 	rec := *base

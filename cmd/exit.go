@@ -79,6 +79,5 @@ func errorText(err error) string {
 		return fmt.Sprintf("%v\nrerun it (`stepwise resume %s`) to reconcile it automatically; settle it by hand with %s "+
 			"only after checking the outside system for key %s yourself", err, unknown.RunID, resolve, unknown.Key)
 	}
-	return fmt.Sprintf("%v\ncheck the outside system for key %s, then settle it with %s "+
-		"(done: it happened; retry: it did not, call again)", err, unknown.Key, resolve)
+	return fmt.Sprintf("%v\nonce checked, settle it with %s (done: it happened; retry: it did not, call again)", err, resolve)
 }
