@@ -211,7 +211,7 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	defer cancel(nil)
 	stopBeat := r.heartbeat(runCtx, lease, cancel, log)
 
-	jobErr := r.drive(runCtx, job, claim, dec, req, &res, jobLog)
+	pastDeadline, jobErr := r.drive(runCtx, job, claim, dec, req, &res, jobLog)
 	stopBeat()
 
 	end := checkpoint.Ending{Status: checkpoint.RunSucceeded, At: r.cfg.Clock.Now()}
@@ -225,8 +225,9 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	case ctx.Err() != nil:
 		end.Status, end.Error = checkpoint.RunInterrupted, "interrupted: "+context.Cause(ctx).Error()
 		outErr = fmt.Errorf("run %s: %w (resumable: run or resume it again)", runID, ErrInterrupted)
-	case errors.Is(jobErr, ErrInterrupted) || errors.Is(jobErr, context.DeadlineExceeded):
-		// The job's own deadline passed (the caller's context is fine).
+	case pastDeadline:
+		// The job's own deadline passed (the caller's context is fine). A
+		// step's own timeout is not it: that is the step's error.
 		end.Status = checkpoint.RunFailed
 		end.Error = fmt.Sprintf("deadline of %s passed: %v", job.Settings().Deadline, jobErr)
 		outErr = fmt.Errorf("run %s failed: %s (rerun to resume)", runID, end.Error)
@@ -267,8 +268,9 @@ func (r *Runner) dispatch(ctx context.Context, log zerolog.Logger) {
 	}
 }
 
-// drive runs the job function on an attempt's steps.Run.
-func (r *Runner) drive(ctx context.Context, job jobs.Job, claim checkpoint.Claim, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) error {
+// drive runs the job function on an attempt's steps.Run. pastDeadline
+// reports that the job failed because its own deadline passed.
+func (r *Runner) drive(ctx context.Context, job jobs.Job, claim checkpoint.Claim, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) (pastDeadline bool, err error) {
 	lease, prevUntil := claim.Lease, claim.PreviousLeaseUntil
 	cfg := steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
 		RetrySkipped: req.RetrySkipped, OnProgress: r.cfg.OnProgress, Retry: job.Settings().Retry,
@@ -276,21 +278,25 @@ func (r *Runner) drive(ctx context.Context, job jobs.Job, claim checkpoint.Claim
 	if s, ok := r.cfg.Clock.(Sleeper); ok {
 		cfg.Sleep = s.Sleep
 	}
+	parent := ctx
 	if d := job.Settings().Deadline; d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
+		defer func() {
+			pastDeadline = err != nil && parent.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded)
+		}()
 	}
 	run, err := steps.Begin(ctx, cfg)
 	if err != nil {
-		return err
+		return false, err
 	}
 	err = job.Execute(ctx, run, dec.JSON)
 	res.Stats = run.Stats()
 	if cerr := run.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	return err
+	return false, err
 }
 
 // claim claims the run, waiting for a held lease when configured to.

@@ -172,14 +172,14 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 			return zero, fmt.Errorf("steps: record intent of outside call %s: %w", id, err)
 		}
 		crashStep(id, "after-intent")
-		window, err := r.callWindow(ctx, id)
-		if errors.Is(err, checkpoint.ErrFenced) {
+		var window time.Duration
+		err := ctx.Err()
+		if err != nil {
+			err = fmt.Errorf("%w before outside call %s: %w", ErrInterrupted, id, context.Cause(ctx))
+		} else if window, err = r.callWindow(ctx, id); errors.Is(err, checkpoint.ErrFenced) {
 			// Another runner holds the run: it finds the intent and settles
 			// it. Nothing was called.
 			return zero, err
-		}
-		if err == nil && ctx.Err() != nil {
-			err = fmt.Errorf("%w before outside call %s: %w", ErrInterrupted, id, context.Cause(ctx))
 		}
 		if err != nil {
 			// Not called: record so, and a rerun calls.
@@ -223,8 +223,10 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 			// Give a request on its way time to land, then look.
 			r.log.Warn().Str(FieldStepID, id).Err(fnErr).Dur("reconcile_in", r.callMargin).
 				Msg("outside call of unknown outcome; reconciling")
-			if err := r.sleep(ctx, r.callMargin); err != nil {
-				return zero, unknown(cause, "")
+			if r.callMargin > 0 {
+				if err := r.sleep(ctx, r.callMargin); err != nil {
+					return zero, unknown(cause, "")
+				}
 			}
 			res, found, err := o.reconcile(withStep(ctx, r, id), key)
 			if err != nil {
