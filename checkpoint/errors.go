@@ -48,15 +48,16 @@ var (
 	ErrAbandoned = errors.New("checkpoint: run was abandoned")
 )
 
-// LeaseHeldError is returned by Claim when a live runner holds the run.
+// LeaseHeldError is returned by Claim, and by the manual operations, when
+// a live runner holds the run.
 type LeaseHeldError struct {
 	RunID string
-	Owner string
+	Owner string // the full owner string; the message shows OwnerName(Owner)
 	Until time.Time
 }
 
 func (e *LeaseHeldError) Error() string {
-	return fmt.Sprintf("run %s is held by %s until %s", e.RunID, e.Owner, e.Until.UTC().Format(time.RFC3339))
+	return fmt.Sprintf("run %s is held by %s until %s", e.RunID, OwnerName(e.Owner), e.Until.UTC().Format(time.RFC3339))
 }
 
 // ParamsMismatchError is returned by Claim when a run key is started again

@@ -98,6 +98,7 @@ func claimTx(ctx context.Context, tx *sql.Tx, req ClaimRequest) (Claim, error) {
 		return Claim{}, &ParamsMismatchError{RunID: run.ID, Stored: string(run.Params), Given: string(req.Params)}
 	}
 	var tookOver string
+	var prevUntil time.Time
 	switch run.Status {
 	case RunSucceeded:
 		if !req.Force {
@@ -113,7 +114,7 @@ func claimTx(ctx context.Context, tx *sql.Tx, req ClaimRequest) (Claim, error) {
 		if live && (req.OwnerGone == nil || !req.OwnerGone(run.LeaseOwner)) {
 			return Claim{}, &LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil}
 		}
-		tookOver = run.LeaseOwner
+		tookOver, prevUntil = run.LeaseOwner, run.LeaseUntil
 	}
 	res, err := tx.ExecContext(ctx, sqlTakeRun, req.Owner, until, now, run.ID, run.Fence)
 	if err != nil {
@@ -122,7 +123,7 @@ func claimTx(ctx context.Context, tx *sql.Tx, req ClaimRequest) (Claim, error) {
 	if n, _ := res.RowsAffected(); n != 1 {
 		return Claim{}, fmt.Errorf("%w: run %s changed while being claimed", ErrFenced, run.ID)
 	}
-	if _, err := tx.ExecContext(ctx, sqlLoseAttempts, now, req.Owner, run.ID); err != nil {
+	if _, err := tx.ExecContext(ctx, sqlLoseAttempts, now, OwnerName(req.Owner), run.ID); err != nil {
 		return Claim{}, err
 	}
 	var number int
@@ -139,10 +140,11 @@ func claimTx(ctx context.Context, tx *sql.Tx, req ClaimRequest) (Claim, error) {
 		return Claim{}, err
 	}
 	return Claim{
-		Lease:          Lease{RunID: run.ID, Fence: fence, Attempt: number, Owner: req.Owner},
-		Run:            run,
-		TookOverFrom:   tookOver,
-		PreviousStatus: previous,
+		Lease:              Lease{RunID: run.ID, Fence: fence, Attempt: number, Owner: req.Owner},
+		Run:                run,
+		TookOverFrom:       tookOver,
+		PreviousStatus:     previous,
+		PreviousLeaseUntil: prevUntil,
 	}, nil
 }
 

@@ -133,8 +133,8 @@ func TestClaimTakesOverExpiredLease(t *testing.T) {
 	mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow))
 	// Exactly at the lease's end it has expired.
 	c := mustClaim(t, st, claimReq(leaseRunID, "b:2", claimNow.Add(time.Minute)))
-	if c.TookOverFrom != "a:1" || c.Lease.Fence != 2 || c.Lease.Attempt != 2 {
-		t.Errorf("takeover claim = %+v; want TookOverFrom a:1, fence 2, attempt 2", c)
+	if c.TookOverFrom != "a:1" || c.Lease.Fence != 2 || c.Lease.Attempt != 2 || !c.PreviousLeaseUntil.Equal(claimNow.Add(time.Minute)) {
+		t.Errorf("takeover claim = %+v; want TookOverFrom a:1, fence 2, attempt 2, previous lease until %s", c, claimNow.Add(time.Minute))
 	}
 	info := runInfo(t, st, leaseRunID)
 	if info.Run.LeaseOwner != "b:2" || !info.Run.LeaseUntil.Equal(claimNow.Add(2*time.Minute)) {
@@ -158,8 +158,35 @@ func TestClaimOwnerGoneTakesOverAtOnce(t *testing.T) {
 	if c.TookOverFrom != "host:111" || c.Lease.Fence != 2 {
 		t.Errorf("claim = %+v; want immediate takeover from host:111 with fence 2", c)
 	}
+	// The old lease's end is handed on: a call the dead owner sent may land
+	// until then.
+	if !c.PreviousLeaseUntil.Equal(claimNow.Add(time.Minute)) {
+		t.Errorf("PreviousLeaseUntil = %s; want the taken-over lease's end %s", c.PreviousLeaseUntil, claimNow.Add(time.Minute))
+	}
 	if a := runInfo(t, st, leaseRunID).Attempts[0]; a.Status != checkpoint.AttemptLost {
 		t.Errorf("dead owner's attempt = %+v; want lost", a)
+	}
+}
+
+func TestClaimShowsOwnerNameOnly(t *testing.T) {
+	st := checkpointtest.Open(t)
+	const owner = "node1:4242 boot=6f1c pidns=4026531836"
+	mustClaim(t, st, claimReq(leaseRunID, owner, claimNow))
+	_, err := st.Claim(context.Background(), claimReq(leaseRunID, "node2:1 boot=x pidns=2", claimNow.Add(time.Second)))
+	var held *checkpoint.LeaseHeldError
+	if !errors.As(err, &held) || held.Owner != owner || err.Error() != "run "+leaseRunID+" is held by node1:4242 until 2026-11-28T09:01:00Z" {
+		t.Fatalf("claim of a held run: %v; want the full owner in the error's data and node1:4242 in its message", err)
+	}
+	// A takeover names the new owner by name in the lost attempt.
+	c := mustClaim(t, st, claimReq(leaseRunID, "node2:1 boot=x pidns=2", claimNow.Add(time.Minute)))
+	if c.TookOverFrom != owner {
+		t.Errorf("TookOverFrom = %q, want the full owner %q", c.TookOverFrom, owner)
+	}
+	if a := runInfo(t, st, leaseRunID).Attempts[0]; !strings.HasSuffix(a.Error, "taken over by node2:1") {
+		t.Errorf("lost attempt's error = %q; want it to end with the new owner's name", a.Error)
+	}
+	if got := checkpoint.OwnerName("host:1"); got != "host:1" {
+		t.Errorf("OwnerName of an old-style owner = %q", got)
 	}
 }
 

@@ -47,9 +47,40 @@ ORDER BY finished_at`
 	sqlMarkPruned      = `UPDATE runs SET pruned_at = ?, updated_at = ? WHERE id = ?`
 )
 
+// OperateOption changes how a manual operation (Recover, Abandon,
+// ResetSteps, ResolveStep) judges the runner holding the run.
+type OperateOption func(*operateOptions)
+
+type operateOptions struct{ ownerGone func(owner string) bool }
+
+// WithOwnerGone gives a manual operation the dead-owner check a claim takes
+// (ClaimRequest.OwnerGone): a run whose lease has not expired but whose
+// owner fn reports gone is treated as stale, as a claim treats it, instead
+// of being refused as held.
+func WithOwnerGone(fn func(owner string) bool) OperateOption {
+	return func(o *operateOptions) { o.ownerGone = fn }
+}
+
+// held reports whether run is held by a live runner at now: running, with
+// an unexpired lease whose owner is not known to be gone.
+func (o operateOptions) held(run Run, now time.Time) bool {
+	if run.Status != RunRunning || !now.Before(run.LeaseUntil) {
+		return false
+	}
+	return o.ownerGone == nil || !o.ownerGone(run.LeaseOwner)
+}
+
+func newOperateOptions(opts []OperateOption) operateOptions {
+	var o operateOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
 // operate runs fn on the run in one write transaction and records the audit
-// row with it. It refuses a run held by a live runner.
-func (s *SQLite) operate(ctx context.Context, a Audit, now time.Time, allowLive bool, fn func(tx *sql.Tx, run Run) error) error {
+// row with it. Unless allowLive, it refuses a run held by a live runner.
+func (s *SQLite) operate(ctx context.Context, a Audit, now time.Time, o operateOptions, allowLive bool, fn func(tx *sql.Tx, run Run) error) error {
 	return s.tx(ctx, a.Command+" "+a.RunID, func(tx *sql.Tx) error {
 		run, err := scanRun(tx.QueryRowContext(ctx, sqlSelectRun, a.RunID))
 		if errors.Is(err, sql.ErrNoRows) {
@@ -58,7 +89,7 @@ func (s *SQLite) operate(ctx context.Context, a Audit, now time.Time, allowLive 
 		if err != nil {
 			return err
 		}
-		if !allowLive && run.Status == RunRunning && now.Before(run.LeaseUntil) {
+		if !allowLive && o.held(run, now) {
 			return &LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil}
 		}
 		if err := fn(tx, run); err != nil {
@@ -69,17 +100,18 @@ func (s *SQLite) operate(ctx context.Context, a Audit, now time.Time, allowLive 
 	})
 }
 
-// Recover marks a stale run (running, lease expired: its runner died) as
-// failed, so it is resumable and no longer listed as running. The fence
-// grows, so the old runner, should it wake, writes nothing. A run whose
-// lease is live is refused with ErrNotStale and a *LeaseHeldError naming its
-// runner, unless force.
-func (s *SQLite) Recover(ctx context.Context, a Audit, now time.Time, force bool) error {
-	return s.operate(ctx, a, now, true, func(tx *sql.Tx, run Run) error {
+// Recover marks a stale run (running, lease expired or owner gone: its
+// runner died) as failed, so it is resumable and no longer listed as
+// running. The fence grows, so the old runner, should it wake, writes
+// nothing. A run held by a live runner is refused with ErrNotStale unless
+// force.
+func (s *SQLite) Recover(ctx context.Context, a Audit, now time.Time, force bool, opts ...OperateOption) error {
+	o := newOperateOptions(opts)
+	return s.operate(ctx, a, now, o, true, func(tx *sql.Tx, run Run) error {
 		if run.Status != RunRunning {
 			return fmt.Errorf("%w: %s is %s, not running; nothing to recover", ErrNotStale, run.ID, run.Status)
 		}
-		if !run.Stale(now) && !force {
+		if o.held(run, now) && !force {
 			return fmt.Errorf("%w: %w", ErrNotStale, &LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil})
 		}
 		msg := "recovered by " + a.Operator + ": " + a.Reason
@@ -92,9 +124,9 @@ func (s *SQLite) Recover(ctx context.Context, a Audit, now time.Time, force bool
 }
 
 // Abandon marks a run abandoned: run and resume refuse it unless forced.
-// A run held by a live runner is refused.
-func (s *SQLite) Abandon(ctx context.Context, a Audit, now time.Time) error {
-	return s.operate(ctx, a, now, false, func(tx *sql.Tx, run Run) error {
+// A run held by a live runner is refused with a *LeaseHeldError.
+func (s *SQLite) Abandon(ctx context.Context, a Audit, now time.Time, opts ...OperateOption) error {
+	return s.operate(ctx, a, now, newOperateOptions(opts), false, func(tx *sql.Tx, run Run) error {
 		if run.Status == RunAbandoned {
 			return fmt.Errorf("%w: %s is already abandoned", ErrAbandoned, run.ID)
 		}
@@ -110,9 +142,9 @@ func (s *SQLite) Abandon(ctx context.Context, a Audit, now time.Time) error {
 // ResetSteps deletes the checkpoints (and batch items and chunk plans) of
 // the given steps so they run again, grows the fence, and reopens a
 // succeeded run as failed. It does not undo effects. A run held by a live
-// runner is refused.
-func (s *SQLite) ResetSteps(ctx context.Context, a Audit, now time.Time, stepIDs []string) error {
-	return s.operate(ctx, a, now, false, func(tx *sql.Tx, run Run) error {
+// runner is refused with a *LeaseHeldError.
+func (s *SQLite) ResetSteps(ctx context.Context, a Audit, now time.Time, stepIDs []string, opts ...OperateOption) error {
+	return s.operate(ctx, a, now, newOperateOptions(opts), false, func(tx *sql.Tx, run Run) error {
 		if !run.PrunedAt.IsZero() {
 			return fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so its steps cannot run again",
 				ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))
@@ -202,7 +234,7 @@ func (s *SQLite) Prune(ctx context.Context, a Audit, cutoff time.Time, dryRun bo
 		ra := a
 		ra.RunID = id
 		ra.Details = fmt.Sprintf("%d steps, %d items, %d bytes", steps, items, stepBytes+itemBytes)
-		err := s.operate(ctx, ra, ra.At, false, func(tx *sql.Tx, run Run) error {
+		err := s.operate(ctx, ra, ra.At, operateOptions{}, false, func(tx *sql.Tx, run Run) error {
 			// Re-checked inside the transaction: the run may have been
 			// rerun since it was listed.
 			if (run.Status != RunSucceeded && run.Status != RunAbandoned) || !run.PrunedAt.IsZero() ||
@@ -250,9 +282,9 @@ const (
 // ResolveStep settles an outside call whose outcome is unknown: done
 // records it as completed with output (JSON), otherwise it is marked failed
 // so the next run calls again. Only a step awaiting that decision can be
-// resolved; a run held by a live runner is refused.
-func (s *SQLite) ResolveStep(ctx context.Context, a Audit, now time.Time, stepID string, done bool, output []byte) error {
-	return s.operate(ctx, a, now, false, func(tx *sql.Tx, run Run) error {
+// resolved; a run held by a live runner is refused with a *LeaseHeldError.
+func (s *SQLite) ResolveStep(ctx context.Context, a Audit, now time.Time, stepID string, done bool, output []byte, opts ...OperateOption) error {
+	return s.operate(ctx, a, now, newOperateOptions(opts), false, func(tx *sql.Tx, run Run) error {
 		var status string
 		err := tx.QueryRowContext(ctx, sqlStepStatus, run.ID, stepID).Scan(&status)
 		if errors.Is(err, sql.ErrNoRows) {

@@ -509,3 +509,74 @@ func TestResetStepsRefusesPrunedRun(t *testing.T) {
 	}
 	opWantAudit(t, st, leaseRunID, "prune")
 }
+
+// TestOperationsTakeTheDeadOwnerCheck checks that every manual operation
+// refused on a live lease takes the claim's dead-owner check: an owner it
+// reports gone holds nothing (as Claim treats it), any other owner keeps
+// the run until its lease expires. The full owner string is what the
+// check is asked about; the refusal shows only its name.
+func TestOperationsTakeTheDeadOwnerCheck(t *testing.T) {
+	ctx := context.Background()
+	const owner = "node1:4242 boot=b pidns=1"
+	live := claimNow.Add(10 * time.Second) // inside the one-minute lease
+	var asked []string
+	gone := func(dead bool) checkpoint.OperateOption {
+		return checkpoint.WithOwnerGone(func(o string) bool { asked = append(asked, o); return dead })
+	}
+	ops := []struct {
+		name string
+		do   func(st *checkpoint.SQLite, opt checkpoint.OperateOption) error
+		want string // the run's status afterwards, when allowed
+	}{
+		{"recover", func(st *checkpoint.SQLite, opt checkpoint.OperateOption) error {
+			return st.Recover(ctx, opAudit(leaseRunID, "recover", "r", live), live, false, opt)
+		}, checkpoint.RunFailed},
+		{"abandon", func(st *checkpoint.SQLite, opt checkpoint.OperateOption) error {
+			return st.Abandon(ctx, opAudit(leaseRunID, "abandon", "r", live), live, opt)
+		}, checkpoint.RunAbandoned},
+		{"reset", func(st *checkpoint.SQLite, opt checkpoint.OperateOption) error {
+			return st.ResetSteps(ctx, opAudit(leaseRunID, "reset", "r", live), live, []string{"pay"}, opt)
+		}, checkpoint.RunRunning},
+		{"resolve", func(st *checkpoint.SQLite, opt checkpoint.OperateOption) error {
+			return st.ResolveStep(ctx, opAudit(leaseRunID, "resolve", "r", live), live, "pay", true, []byte(`"r"`), opt)
+		}, checkpoint.RunRunning},
+	}
+	for _, op := range ops {
+		t.Run(op.name, func(t *testing.T) {
+			st := checkpointtest.Open(t)
+			l := mustClaim(t, st, claimReq(leaseRunID, owner, claimNow)).Lease
+			opMustPut(t, st, l, checkpoint.Step{ID: "pay", Status: checkpoint.StepCalling, Tries: 1, StartedAt: claimNow, FinishedAt: claimNow})
+
+			asked = nil
+			err := op.do(st, gone(false))
+			var held *checkpoint.LeaseHeldError
+			if op.name == "recover" {
+				if !errors.Is(err, checkpoint.ErrNotStale) || !strings.Contains(err.Error(), "held by node1:4242 until") {
+					t.Fatalf("%s of a live owner's run: %v; want ErrNotStale naming node1:4242", op.name, err)
+				}
+			} else if !errors.As(err, &held) || held.Owner != owner || !strings.Contains(err.Error(), "held by node1:4242 until") {
+				t.Fatalf("%s of a live owner's run: %v; want a LeaseHeldError showing node1:4242", op.name, err)
+			}
+			if len(asked) == 0 || asked[0] != owner {
+				t.Errorf("the dead-owner check was asked about %q; want %q", asked, owner)
+			}
+			opWantAudit(t, st, leaseRunID)
+
+			if err := op.do(st, gone(true)); err != nil {
+				t.Fatalf("%s once the owner is gone: %v; want it done at once, the lease notwithstanding", op.name, err)
+			}
+			if r := runInfo(t, st, leaseRunID).Run; r.Status != op.want {
+				t.Errorf("after %s: status %s, want %s", op.name, r.Status, op.want)
+			}
+			opWantAudit(t, st, leaseRunID, op.name)
+		})
+	}
+
+	// Without the check (nil), a live lease is never treated as gone.
+	st := checkpointtest.Open(t)
+	mustClaim(t, st, claimReq(leaseRunID, owner, claimNow))
+	var held *checkpoint.LeaseHeldError
+	if err := st.Abandon(ctx, opAudit(leaseRunID, "abandon", "r", live), live); !errors.As(err, &held) {
+		t.Fatalf("abandon without a dead-owner check: %v; want LeaseHeldError", err)
+	}
+}

@@ -92,7 +92,7 @@ type ScheduleHeldError struct {
 }
 
 func (e *ScheduleHeldError) Error() string {
-	return fmt.Sprintf("schedule %s is fired by %s until %s", e.Name, e.Owner, e.Until.UTC().Format(time.RFC3339))
+	return fmt.Sprintf("schedule %s is fired by %s until %s", e.Name, OwnerName(e.Owner), e.Until.UTC().Format(time.RFC3339))
 }
 
 const (

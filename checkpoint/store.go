@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"database/sql"
+	"strings"
 	"time"
 )
 
@@ -135,15 +136,24 @@ type ClaimRequest struct {
 	RunKey     string
 	Params     []byte // canonical JSON
 	ParamsHash string
-	Owner      string // host:pid of the claiming runner
+	Owner      string // the claiming runner, "HOST:PID" plus details (see OwnerName)
 	Now        time.Time
 	LeaseFor   time.Duration
 	// Force claims a succeeded or abandoned run again.
 	Force bool
 	// OwnerGone reports whether the runner named by a lease owner is known
-	// to be dead (same host, process gone); its lease is then taken over at
-	// once instead of waiting for it to expire. Nil means never.
+	// to be dead (its process is surely gone); its lease is then taken over
+	// at once instead of waiting for it to expire. Nil means never.
 	OwnerGone func(owner string) bool
+}
+
+// OwnerName is the part of an owner string shown to operators: owners are
+// "NAME" or "NAME DETAILS" (a runner records "HOST:PID" and then the
+// kernel boot and PID namespace its PID belongs to), and messages name
+// only NAME.
+func OwnerName(owner string) string {
+	name, _, _ := strings.Cut(owner, " ")
+	return name
 }
 
 // Claim is the result of a successful Store.Claim.
@@ -158,6 +168,12 @@ type Claim struct {
 	// TookOverFrom names the owner whose unfinished attempt this claim
 	// replaced (a crashed or stale runner), if any.
 	TookOverFrom string
+	// PreviousLeaseUntil is when the lease this claim took over would have
+	// expired (zero when it took over none). It is in the future when the
+	// old owner was found gone: an outside call that owner sent may still
+	// land until then, so a call it left in flight is reconciled only
+	// after it.
+	PreviousLeaseUntil time.Time
 }
 
 // Lease identifies one attempt's right to write to a run. Writes carrying an

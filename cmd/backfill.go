@@ -174,7 +174,7 @@ func backfillAction(run checkpoint.Run, reprocess string, now time.Time) (action
 	switch {
 	case !run.PrunedAt.IsZero():
 		return "skip (pruned)", false
-	case run.Status == checkpoint.RunRunning && !run.Stale(now):
+	case run.Status == checkpoint.RunRunning && !stale(run, now):
 		return "skip (running)", false
 	case run.Status == checkpoint.RunSucceeded || run.Status == checkpoint.RunAbandoned:
 		if reprocess == "all" {

@@ -313,7 +313,7 @@ func TestKilledLeaseHolderIsTakenOver(t *testing.T) {
 
 		before := readRun(t, db, "crashy/k")
 		owner := fmt.Sprintf("%s:%d", hostname(t), c.cmd.Process.Pid)
-		if r := before.info.Run; r.Status != checkpoint.RunRunning || r.LeaseOwner != owner || !time.Now().Before(r.LeaseUntil) {
+		if r := before.info.Run; r.Status != checkpoint.RunRunning || checkpoint.OwnerName(r.LeaseOwner) != owner || !time.Now().Before(r.LeaseUntil) {
 			t.Fatalf("after the kill: status %q, lease %q until %s; want running, held by %s, unexpired (30s lease)",
 				r.Status, r.LeaseOwner, r.LeaseUntil, owner)
 		}
@@ -329,7 +329,7 @@ func TestKilledLeaseHolderIsTakenOver(t *testing.T) {
 		if got := after.attemptStatuses(); !slices.Equal(got, []string{checkpoint.AttemptLost, checkpoint.RunSucceeded}) {
 			t.Fatalf("attempts = %v, want [lost succeeded]", got)
 		}
-		if a := after.info.Attempts[0]; a.Owner != owner || !strings.Contains(a.Error, "taken over by") {
+		if a := after.info.Attempts[0]; checkpoint.OwnerName(a.Owner) != owner || !strings.Contains(a.Error, "taken over by") {
 			t.Errorf("lost attempt: owner %q, error %q; want %s and who took over", a.Owner, a.Error, owner)
 		}
 		checkRan(t, readSide(t, side), 3, map[string]int{"step/1": 1, "step/2": 2, "step/3": 1})

@@ -2,6 +2,7 @@ package cmd
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -91,4 +92,21 @@ func hint(err error) string {
 		return "wait for its runner to finish, or use recover --force if that runner is surely gone"
 	}
 	return ""
+}
+
+// errorText is how the command prints err: its message, then what the
+// operator can do about it where the library error carries only data. For
+// an outside call of unknown outcome (*steps.OutcomeUnknownError) that is
+// a rerun when the step reconciles by itself, else the resolve command.
+func errorText(err error, name string) string {
+	var unknown *steps.OutcomeUnknownError
+	if !errors.As(err, &unknown) {
+		return err.Error()
+	}
+	resolve := fmt.Sprintf("`%s resolve %s --step %s --as done|retry --reason \"...\"`", name, unknown.RunID, unknown.Step)
+	if unknown.Reconcilable {
+		return fmt.Sprintf("%v\nrerun it (`%s resume %s`) to reconcile it automatically; settle it by hand with %s "+
+			"only after checking the outside system for key %s yourself", err, name, unknown.RunID, resolve, unknown.Key)
+	}
+	return fmt.Sprintf("%v\nonce checked, settle it with %s (done: it happened; retry: it did not, call again)", err, resolve)
 }

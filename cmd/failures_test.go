@@ -564,14 +564,23 @@ func TestOutcomeUnknownAfterKill(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			db, outside := testFiles(t)
-			args := []string{"--db", db, "run", "pay", "-p", "key=k", "-p", "outside=" + outside, "-p", "reconcile=true"}
+			// A short lease: the rerun takes over at once (the runner is
+			// gone) but reconciles only once the dead runner's lease is out.
+			args := []string{"--db", db, "run", "pay", "-p", "key=k", "-p", "outside=" + outside, "-p", "reconcile=true", "--lease", "1s"}
 			c, got := runChild(t, []string{steps.CrashEnv + "=" + tc.point}, args...)
 			c.wantExit(got, sigkilled)
 			if got := linesOf(t, outside); len(got) != tc.called {
 				t.Fatalf("outside calls before the kill = %q, want %d", got, tc.called)
 			}
+			until := readRun(t, db, runID).info.Run.LeaseUntil
 			c, got = runChild(t, nil, args...)
 			c.wantExit(got, exited0)
+			if !strings.Contains(c.stderr.String(), "waiting out the previous runner's lease before reconciling") {
+				t.Errorf("stderr does not log waiting out the dead runner's lease:\n%s", c.stderr.String())
+			}
+			if at := readRun(t, db, runID).steps["pay"].FinishedAt; at.Before(until) {
+				t.Errorf("the call was settled at %s, before the dead runner's lease ended at %s", at, until)
+			}
 			if !strings.Contains(c.stderr.String(), "reconciled an outside call of unknown outcome") {
 				t.Errorf("stderr does not log the reconcile:\n%s", c.stderr.String())
 			}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/runner"
 )
 
 // JobsCmd lists registered jobs.
@@ -87,7 +88,7 @@ type runView struct {
 
 func viewRun(r checkpoint.Run, now time.Time) runView {
 	return runView{
-		ID: r.ID, Job: r.Job, RunKey: r.RunKey, Status: r.Status, Stale: r.Stale(now), Params: r.Params,
+		ID: r.ID, Job: r.Job, RunKey: r.RunKey, Status: r.Status, Stale: stale(r, now), Params: r.Params,
 		Fence: r.Fence, LeaseOwner: r.LeaseOwner, LeaseUntil: optTime(r.LeaseUntil), Error: r.Error,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, FinishedAt: optTime(r.FinishedAt),
 	}
@@ -100,10 +101,20 @@ func optTime(t time.Time) *time.Time {
 	return &t
 }
 
+// stale reports whether a run is left running by a runner that is gone:
+// its lease expired, or its owner's process surely exited (then run and
+// resume take it over at once).
+func stale(r checkpoint.Run, now time.Time) bool {
+	return r.Stale(now) || (r.Status == checkpoint.RunRunning && runner.OwnerGone(r.LeaseOwner))
+}
+
 // statusText is a run's status for tables, with staleness spelled out.
 func statusText(r checkpoint.Run, now time.Time) string {
-	if r.Stale(now) {
-		return fmt.Sprintf("stale (runner %s silent since %s)", r.LeaseOwner, ago(r.LeaseUntil, now))
+	switch {
+	case r.Stale(now):
+		return fmt.Sprintf("stale (runner %s silent since %s)", checkpoint.OwnerName(r.LeaseOwner), ago(r.LeaseUntil, now))
+	case stale(r, now):
+		return fmt.Sprintf("stale (runner %s is gone: its process exited)", checkpoint.OwnerName(r.LeaseOwner))
 	}
 	return r.Status
 }
@@ -217,7 +228,7 @@ func (p palette) status(r checkpoint.Run, text string, now time.Time) string {
 	}
 	code := ""
 	switch {
-	case r.Stale(now), r.Status == checkpoint.RunInterrupted:
+	case stale(r, now), r.Status == checkpoint.RunInterrupted:
 		code = "33"
 	case r.Status == checkpoint.RunSucceeded:
 		code = "32"

@@ -184,7 +184,7 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 			return code // the command's output already said it
 		}
 		if code != ExitOK {
-			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			fmt.Fprintf(stderr, "%s: %s\n", name, errorText(err, name))
 			if h := hint(err); h != "" {
 				fmt.Fprintf(stderr, "%s: %s\n", name, h)
 			}

@@ -67,6 +67,7 @@ func testRegistry() *jobs.Registry {
 	var reg jobs.Registry
 	reg.MustRegister(crashyJob)
 	reg.MustRegister(failureJobs...) // failures_test.go
+	reg.MustRegister(callJobs...)    // calls_test.go
 	return &reg
 }
 
@@ -388,12 +389,20 @@ const childTimeout = 30 * time.Second
 // removed); files become the child's fds 3, 4, ...
 func startChild(t *testing.T, env []string, files []*os.File, args ...string) *child {
 	t.Helper()
+	return startWrappedChild(t, nil, env, files, args...)
+}
+
+// startWrappedChild is startChild with the CLI run by a wrapper command
+// (e.g. unshare): wrap, then the test binary and its arguments.
+func startWrappedChild(t *testing.T, wrap, env []string, files []*os.File, args ...string) *child {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatalf("find test binary: %v", err)
 	}
 	c := &child{t: t, done: make(chan struct{})}
-	c.cmd = exec.Command(exe, append([]string{"--"}, args...)...)
+	argv := append(append(slices.Clone(wrap), exe, "--"), args...)
+	c.cmd = exec.Command(argv[0], argv[1:]...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "STEPWISE_") {
 			c.cmd.Env = append(c.cmd.Env, kv)

@@ -19,6 +19,12 @@ import (
 // (--force, --reason) because of what it would do; exit 5.
 var ErrNeedsDecision = errors.New("needs an operator decision")
 
+// ownerGone lets the manual operations treat a run whose runner is surely
+// gone (same kernel boot and PID namespace, process exited) as stale at
+// once, as run and resume do, instead of refusing it as held until its
+// lease expires.
+var ownerGone = checkpoint.WithOwnerGone(runner.OwnerGone)
+
 // operatorFlags are the flags of every manual operation.
 type operatorFlags struct {
 	Operator string `env:"STEPWISE_OPERATOR" help:"Who performs the operation, for the audit log. Defaults to $USER."`
@@ -50,7 +56,7 @@ func (c *RecoverCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	if err := st.Recover(env.Ctx, c.audit(env, c.RunID, "recover", c.Reason, ""), env.now(), c.Force); err != nil {
+	if err := st.Recover(env.Ctx, c.audit(env, c.RunID, "recover", c.Reason, ""), env.now(), c.Force, ownerGone); err != nil {
 		// A live runner holds it: exit 4, like abandon and reset. A run
 		// that is not running has nothing to recover: refused, exit 5.
 		var held *checkpoint.LeaseHeldError
@@ -76,7 +82,7 @@ func (c *AbandonCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	if err := st.Abandon(env.Ctx, c.audit(env, c.RunID, "abandon", c.Reason, ""), env.now()); err != nil {
+	if err := st.Abandon(env.Ctx, c.audit(env, c.RunID, "abandon", c.Reason, ""), env.now(), ownerGone); err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "run %s abandoned: run and resume refuse it unless --force\n", c.RunID)
@@ -119,7 +125,7 @@ func (c *ResetCmd) Run(env *Env) error {
 	if applied.any() {
 		details = "effects kept: " + strings.Join(applied.lines, "; ")
 	}
-	if err := st.ResetSteps(env.Ctx, c.audit(env, c.RunID, "reset --step "+c.Step, c.Reason, details), env.now(), []string{c.Step}); err != nil {
+	if err := st.ResetSteps(env.Ctx, c.audit(env, c.RunID, "reset --step "+c.Step, c.Reason, details), env.now(), []string{c.Step}, ownerGone); err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "step %s of %s cleared; it runs again on `%s resume %s`\n", c.Step, c.RunID, env.Name, c.RunID)
@@ -203,7 +209,7 @@ func (c *RerunCmd) Run(env *Env) error {
 	if applied.any() {
 		details += "; effects kept: " + strings.Join(applied.lines, "; ")
 	}
-	if err := st.ResetSteps(env.Ctx, c.audit(env, c.RunID, "rerun --from-step "+c.FromStep, c.Reason, details), env.now(), checkpointIDs(cleared)); err != nil {
+	if err := st.ResetSteps(env.Ctx, c.audit(env, c.RunID, "rerun --from-step "+c.FromStep, c.Reason, details), env.now(), checkpointIDs(cleared), ownerGone); err != nil {
 		return err
 	}
 	return c.resume(env, c.Force)
@@ -436,7 +442,7 @@ func (c *ResolveCmd) Run(env *Env) error {
 		return err
 	}
 	a := c.audit(env, c.RunID, "resolve --step "+c.Step+" --as "+c.As, c.Reason, "output "+preview(c.Output, 200))
-	if err := st.ResolveStep(env.Ctx, a, env.now(), c.Step, c.As == "done", []byte(c.Output)); err != nil {
+	if err := st.ResolveStep(env.Ctx, a, env.now(), c.Step, c.As == "done", []byte(c.Output), ownerGone); err != nil {
 		if errors.Is(err, checkpoint.ErrNotUnknown) {
 			// Refused like every operation that does not apply: exit 5.
 			return fmt.Errorf("%w: %w", ErrNeedsDecision, err)

@@ -38,11 +38,11 @@ func TestOperatingRunsEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := info.Run; r.Status != checkpoint.RunRunning || r.LeaseOwner != owner {
+	if r := info.Run; r.Status != checkpoint.RunRunning || checkpoint.OwnerName(r.LeaseOwner) != owner {
 		t.Fatalf("after the kill: %s held by %q; want running, held by the dead %s", r.Status, r.LeaseOwner, owner)
 	}
 	time.Sleep(time.Until(info.Run.LeaseUntil))
-	if r := c.runsJSON()["crashy/a"]; r.Status != checkpoint.RunRunning || !r.Stale || r.LeaseOwner != owner {
+	if r := c.runsJSON()["crashy/a"]; r.Status != checkpoint.RunRunning || !r.Stale || checkpoint.OwnerName(r.LeaseOwner) != owner {
 		t.Errorf("runs --json: %+v; want running, stale, held by the dead %s", r, owner)
 	}
 	c.want(ExitOK, []string{"crashy/a", "stale (runner " + owner + " silent since"}, "runs")

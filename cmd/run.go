@@ -15,7 +15,7 @@ type runFlags struct {
 	Wait         bool          `help:"If another runner holds the run, or another process holds the database's write lock, wait for it instead of exiting 4."`
 	RetrySkipped bool          `name:"retry-skipped" help:"Process again the batch items an earlier attempt skipped under the step's skip policy."`
 	Progress     string        `default:"auto" enum:"auto,bar,log,none" help:"Batch progress: a live bar on a terminal and a log line every few seconds otherwise (auto), or forced."`
-	Lease        time.Duration `default:"30s" nonzero:"" help:"Lease length; the runner heartbeats every third of it. A crashed runner's run is taken over when it expires (at once if it ran on this host and its process is gone)."`
+	Lease        time.Duration `default:"30s" nonzero:"" help:"Lease length; the runner heartbeats every third of it. A crashed runner's run is taken over when it expires (at once if its process is surely gone: same machine boot and PID namespace, e.g. not another container). An outside call must finish within the lease less a fifth."`
 	Force        bool          `help:"Run a succeeded or abandoned run again; completed steps are still skipped."`
 	Deliver      string        `env:"STEPWISE_DELIVER" placeholder:"TARGET" help:"After the run, deliver queued notifications (at least once, with stable keys) to stdout, file:PATH or an http(s):// webhook URL."`
 }

@@ -266,7 +266,7 @@ func stoppedAs(s checkpoint.Step, info checkpoint.RunInfo, now time.Time) string
 	}
 	latest := len(info.Attempts) > 0 && info.Attempts[len(info.Attempts)-1].Number == s.Attempt
 	switch {
-	case latest && r.Status == checkpoint.RunRunning && !r.Stale(now):
+	case latest && r.Status == checkpoint.RunRunning && !stale(r, now):
 		return ""
 	case last.Status == "" || last.Status == checkpoint.RunRunning:
 		return "stale"
@@ -347,7 +347,7 @@ func (c *ShowCmd) print(env *Env, r checkpoint.Run, v showView, now time.Time) e
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nATTEMPT\tOWNER\tSTATUS\tSTARTED\tTOOK\tERROR")
 	for _, a := range v.Attempts {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", a.Number, a.Owner, a.Status, a.StartedAt.Format(time.RFC3339),
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", a.Number, checkpoint.OwnerName(a.Owner), a.Status, a.StartedAt.Format(time.RFC3339),
 			took(a.StartedAt, a.FinishedAt, time.Millisecond), preview(strings.SplitN(a.Error, "\n", 2)[0], 60))
 	}
 	for _, a := range v.Attempts {

@@ -30,12 +30,17 @@ type Config struct {
 	// Clock is the time source. Defaults to SystemClock.
 	Clock Clock
 	// Owner names this runner in leases and attempts. Defaults to
-	// DefaultOwner() ("host:pid").
+	// DefaultOwner() ("HOST:PID" with the kernel boot and PID namespace).
+	// A custom owner carries no identity, so its runs are never taken
+	// over before their lease expires (see OwnerGone).
 	Owner string
 	// Lease is how long a claim lasts without a heartbeat; the runner
 	// heartbeats every third of it. A crashed runner's run can be taken
-	// over once it expires (at once if the runner was on this host and its
-	// process is gone). Defaults to 30s.
+	// over once it expires (at once if the runner was of this kernel boot
+	// and PID namespace and its process is gone). An outside call
+	// (steps.Call) must also end within it: its context ends a fifth of
+	// the lease before the lease would, so give slow calls a longer lease.
+	// Defaults to 30s.
 	Lease time.Duration
 	// Wait makes a claim of a run held by another runner wait for it
 	// instead of failing with *checkpoint.LeaseHeldError, and a claim of a
@@ -198,7 +203,7 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	log := jobLog.With().Str(steps.FieldRunID, runID).Logger()
 	claim, err := r.claim(ctx, checkpoint.ClaimRequest{
 		RunID: runID, Job: job.Name(), RunKey: dec.RunKey, Params: dec.JSON, ParamsHash: dec.Hash,
-		Owner: r.cfg.Owner, LeaseFor: r.cfg.Lease, Force: req.Force, OwnerGone: ownerGone(r.cfg.Owner),
+		Owner: r.cfg.Owner, LeaseFor: r.cfg.Lease, Force: req.Force, OwnerGone: OwnerGone,
 	}, log)
 	if err != nil {
 		return Result{RunID: runID}, err
@@ -219,7 +224,7 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	defer cancel(nil)
 	stopBeat := r.heartbeat(runCtx, lease, cancel, log)
 
-	jobErr := r.drive(runCtx, job, lease, dec, req, &res, jobLog)
+	pastDeadline, jobErr := r.drive(runCtx, job, claim, dec, req, &res, jobLog)
 	stopBeat()
 
 	end := checkpoint.Ending{Status: checkpoint.RunSucceeded, At: r.cfg.Clock.Now()}
@@ -233,8 +238,9 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	case ctx.Err() != nil:
 		end.Status, end.Error = checkpoint.RunInterrupted, "interrupted: "+context.Cause(ctx).Error()
 		outErr = fmt.Errorf("run %s: %w (resumable: run or resume it again)", runID, ErrInterrupted)
-	case errors.Is(jobErr, ErrInterrupted) || errors.Is(jobErr, context.DeadlineExceeded):
-		// The job's own deadline passed (the caller's context is fine).
+	case pastDeadline:
+		// The job's own deadline passed (the caller's context is fine). A
+		// step's own timeout is not it: that is the step's error.
 		end.Status = checkpoint.RunFailed
 		end.Error = fmt.Sprintf("deadline of %s passed: %v", job.Settings().Deadline, jobErr)
 		outErr = fmt.Errorf("run %s failed: %s (rerun to resume)", runID, end.Error)
@@ -289,28 +295,35 @@ func (r *Runner) dispatch(ctx context.Context, log zerolog.Logger) {
 	}
 }
 
-// drive runs the job function on an attempt's steps.Run.
-func (r *Runner) drive(ctx context.Context, job jobs.Job, lease checkpoint.Lease, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) error {
+// drive runs the job function on an attempt's steps.Run. pastDeadline
+// reports that the job failed because its own deadline passed.
+func (r *Runner) drive(ctx context.Context, job jobs.Job, claim checkpoint.Claim, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) (pastDeadline bool, err error) {
+	lease, prevUntil := claim.Lease, claim.PreviousLeaseUntil
 	cfg := steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
-		RetrySkipped: req.RetrySkipped, AcceptChanged: req.AcceptChanged, OnProgress: r.progressHook(lease, log), Retry: job.Settings().Retry}
+		RetrySkipped: req.RetrySkipped, AcceptChanged: req.AcceptChanged, OnProgress: r.progressHook(lease, log), Retry: job.Settings().Retry,
+		LeaseFor: r.cfg.Lease, PreviousLeaseUntil: prevUntil}
 	if s, ok := r.cfg.Clock.(Sleeper); ok {
 		cfg.Sleep = s.Sleep
 	}
+	parent := ctx
 	if d := job.Settings().Deadline; d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
+		defer func() {
+			pastDeadline = err != nil && parent.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded)
+		}()
 	}
 	run, err := steps.Begin(ctx, cfg)
 	if err != nil {
-		return err
+		return false, err
 	}
 	err = callJob(ctx, job, run, dec.JSON)
 	res.Stats = run.Stats()
 	if cerr := run.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	return err
+	return false, err
 }
 
 // claim claims the run, waiting for a held lease when configured to.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -513,5 +514,41 @@ func TestNewValidatesConfig(t *testing.T) {
 	}
 	if _, err := runner.New(runner.Config{Store: st, Jobs: reg}); err != nil {
 		t.Errorf("New with defaults: %v", err)
+	}
+}
+
+// TestStepTimeoutIsNotTheJobDeadline checks that a run is reported as past
+// its deadline only when the job's own deadline passed, not when a step's
+// timeout ended the step (an outside call's, say).
+func TestStepTimeoutIsNotTheJobDeadline(t *testing.T) {
+	blocked := func(ctx context.Context, run *steps.Run, _ jobParams) error {
+		_, err := steps.Do(ctx, run, "slow", func(ctx context.Context) (int, error) {
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}, steps.Timeout(time.Millisecond))
+		return err
+	}
+	h := newHarness(t)
+	h.body = blocked
+	_, err := h.runner(nil).Run(context.Background(), runner.Request{Job: "job", Values: testValues})
+	if err == nil || strings.Contains(err.Error(), "deadline of") || h.info().Run.Status != checkpoint.RunFailed {
+		t.Errorf("a step's timeout: %v (run %s); want the run failed with the step's error, not a job deadline", err, h.info().Run.Status)
+	}
+
+	reg := &jobs.Registry{}
+	reg.MustRegister(jobs.Define("job", func(ctx context.Context, run *steps.Run, p jobParams) error {
+		_, err := steps.Do(ctx, run, "slow", func(ctx context.Context) (int, error) {
+			<-ctx.Done()
+			return 0, ctx.Err()
+		})
+		return err
+	}, jobs.Deadline(20*time.Millisecond)))
+	r, err := runner.New(runner.Config{Store: checkpointtest.Open(t), Jobs: reg, Owner: "test:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.Run(context.Background(), runner.Request{Job: "job", Values: testValues})
+	if err == nil || !strings.Contains(err.Error(), "deadline of 20ms passed") {
+		t.Errorf("the job's deadline: %v; want it named", err)
 	}
 }

@@ -444,7 +444,7 @@ func (l *loop) claim(sc *scheduled, now time.Time) {
 	s := l.s
 	lease := s.cfg.Lease
 	c, err := s.store.ClaimSchedule(l.ctx, checkpoint.ScheduleClaimRequest{
-		Name: sc.Name, Owner: s.owner, Now: now, LeaseFor: lease, OwnerGone: ownerGone(s.owner),
+		Name: sc.Name, Owner: s.owner, Now: now, LeaseFor: lease, OwnerGone: OwnerGone,
 	})
 	var held *checkpoint.ScheduleHeldError
 	switch {

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
@@ -29,14 +31,26 @@ func withStep(ctx context.Context, r *Run, id string) context.Context {
 	return context.WithValue(ctx, stepKey{}, stepInfo{runID: r.lease.RunID, stepID: id})
 }
 
-// OutcomeUnknownError is returned by Call when a call to an outside system
-// may or may not have happened (the runner crashed, or the call timed out,
-// after the intent was recorded) and the step has no Reconcile function:
-// calling again could act twice, so the run stops for an operator.
+// OutcomeUnknownError is returned by Call when an outside call may or may
+// not have happened (the runner died, or the call timed out or was cut
+// off, after its intent was recorded) and nothing in this attempt could
+// settle it: calling again could act twice, so the step stops. It carries
+// data only; what settles it depends on Reconcilable.
 type OutcomeUnknownError struct {
 	RunID string
 	Step  string
+	// Key is the call's idempotency key, to look it up by in the outside
+	// system.
+	Key string
+	// Cause is why the outcome is unknown: the call's error, or what an
+	// earlier attempt left.
 	Cause string
+	// Reconcilable is true when the step has a Reconcile function: a rerun
+	// runs it again and settles the call by itself. Without one only an
+	// operator who checked the outside system can settle it.
+	Reconcilable bool
+	// ReconcileErr is why the Reconcile function failed, when it ran.
+	ReconcileErr string
 }
 
 func (e *OutcomeUnknownError) Error() string {
@@ -44,9 +58,15 @@ func (e *OutcomeUnknownError) Error() string {
 	if e.Cause != "" {
 		cause = " (" + e.Cause + ")"
 	}
-	return fmt.Sprintf("the outcome of outside call %s of run %s is unknown%s: check the outside system, then settle it with "+
-		"`stepwise resolve %s --step %s --as done|retry --reason \"...\"` (done: it happened; retry: it did not, call again)",
-		e.Step, e.RunID, cause, e.RunID, e.Step)
+	msg := fmt.Sprintf("the outcome of outside call %s of run %s is unknown%s: it may or may not have happened", e.Step, e.RunID, cause)
+	switch {
+	case !e.Reconcilable:
+		return msg + fmt.Sprintf("; the step has no reconcile function, so it is not called again until someone checks "+
+			"the outside system for idempotency key %s and settles it", e.Key)
+	case e.ReconcileErr != "":
+		return msg + "; its reconcile check failed: " + e.ReconcileErr + "; a rerun runs the check again"
+	}
+	return msg + "; a rerun reconciles it"
 }
 
 type unknownOutcome struct{ err error }
@@ -56,8 +76,8 @@ func (u *unknownOutcome) Unwrap() error { return u.err }
 
 // OutcomeUnknown marks an error of an outside call after which the call may
 // have happened (a timeout after sending, a dropped connection): the step
-// is left "outcome unknown" instead of failed. Timeouts are treated so
-// without marking.
+// is left "outcome unknown" instead of failed, and never retried blindly.
+// Timeouts are treated so without marking.
 func OutcomeUnknown(err error) error {
 	if err == nil {
 		return nil
@@ -65,9 +85,11 @@ func OutcomeUnknown(err error) error {
 	return &unknownOutcome{err: err}
 }
 
-// ReconcileFunc looks up an outside call by its idempotency key after a
-// crash left its outcome unknown: found reports whether it happened, and
-// output is its result (recorded as the step's output).
+// ReconcileFunc looks up an outside call by its idempotency key when its
+// outcome is unknown: found reports whether it happened, and output is its
+// result (recorded as the step's output). A call the outside system has
+// received but not finished must count as found: not found means calling
+// again is safe.
 type ReconcileFunc func(ctx context.Context, key string) (output any, found bool, err error)
 
 // Reconcile gives Call a way to settle an unknown outcome by itself (e.g.
@@ -76,14 +98,32 @@ func Reconcile(fn ReconcileFunc) Option { return func(o *doOptions) { o.reconcil
 
 // Call runs a step that calls an outside system which is not an effect (a
 // payment provider, a bank file upload, an e-mail), once per run. fn gets
-// the step's stable idempotency key to send along. Before calling, the step
-// records its intent; after, its result. A crash in between leaves the step
-// "outcome unknown": a rerun does not call again blindly but runs the
-// step's Reconcile function, or stops with an *OutcomeUnknownError (exit 5)
-// naming the `stepwise resolve` command that settles it.
+// the step's stable idempotency key to send along, the same on every try
+// and every rerun.
 //
-// An error from fn means the call did not happen (recorded as failed; a
-// rerun calls again) unless it is a timeout or marked with OutcomeUnknown.
+// Before each try the step records its intent, then renews the run's lease,
+// which checks that this attempt still holds the run: a runner that lost
+// its lease (paused, partitioned) never starts a call. fn's context ends
+// Config.CallMargin before the renewed lease would (and after Timeout, if
+// shorter), so a call never outlives the lease it was started under; give
+// slow calls a longer lease. After the call, the step records its result.
+//
+// An error from fn means the call did not happen: it is recorded as failed
+// (a rerun calls again), and one marked with Transient is retried in this
+// attempt under the step's RetryPolicy (Retry, or the job's), with its
+// backoff and each try counted in the checkpoint. Unmarked errors are not
+// retried in the attempt (the policy's Default does not apply to calls);
+// Reject pins a business refusal as for Do.
+//
+// A timeout, an interruption, or an error marked with OutcomeUnknown means
+// the call may have happened: it is never retried blindly. With a Reconcile
+// function the step waits CallMargin and reconciles in the same attempt:
+// found completes the step with the function's output, not found counts as
+// a transient failure (retried under the policy). A crash leaves the step
+// "outcome unknown" for the next attempt, which reconciles it the same way,
+// after waiting out the crashed runner's lease. When reconciling fails, or
+// there is no Reconcile function, the step stops with an
+// *OutcomeUnknownError.
 func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Context, key string) (T, error), opts ...Option) (T, error) {
 	var zero T
 	cp, out, done, err := start[T](ctx, r, id, opts)
@@ -96,51 +136,183 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 		// A dry run neither calls outside systems nor reconciles them.
 		return zero, fmt.Errorf("steps: dry run stops before outside call %s", id)
 	}
+	unknown := func(cause, reconcileErr string) error {
+		return &OutcomeUnknownError{RunID: r.lease.RunID, Step: id, Key: key, Cause: cause,
+			Reconcilable: o.reconcile != nil, ReconcileErr: reconcileErr}
+	}
 	if cp.Status == checkpoint.StepCalling {
+		// An earlier attempt recorded the intent and not the result.
+		cause := cp.Error
+		if cause == "" {
+			cause = "an earlier attempt stopped between recording the call's intent and its result"
+		}
 		if o.reconcile == nil {
-			return zero, &OutcomeUnknownError{RunID: r.lease.RunID, Step: id, Cause: cp.Error}
+			return zero, unknown(cause, "")
+		}
+		if err := r.waitOutPreviousLease(ctx, id); err != nil {
+			return zero, fmt.Errorf("%w while waiting to reconcile outside call %s: %w", ErrInterrupted, id, err)
 		}
 		res, found, err := o.reconcile(withStep(ctx, r, id), key)
 		if err != nil {
-			return zero, fmt.Errorf("steps: reconcile outside call %s: %w", id, err)
+			return zero, unknown(cause, err.Error())
 		}
 		r.log.Info().Str(FieldStepID, id).Bool("found", found).Msg("reconciled an outside call of unknown outcome")
 		if found {
-			if cp.Output, err = json.Marshal(res); err != nil {
-				return zero, fmt.Errorf("steps: step %s: encode reconciled output: %w", id, err)
-			}
-			return completeStep[T](ctx, r, cp)
+			return completeReconciled[T](ctx, r, cp, res)
 		}
-		// It never happened: call again.
+		// It never happened: call again, as this attempt's first try.
 		cp.Tries++
+		cp.StartedAt = r.now()
 	}
-	intent := cp
-	intent.Status, intent.FinishedAt = checkpoint.StepCalling, r.now()
-	if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
-		return zero, fmt.Errorf("steps: record intent of outside call %s: %w", id, err)
-	}
-	crashStep(id, "after-intent")
-	result, fnErr := callOnce(ctx, r, id, o.timeout, func(ctx context.Context) (T, error) { return fn(ctx, key) })
-	interrupted := ctx.Err() != nil
-	ctx = context.WithoutCancel(ctx)
-	if fnErr != nil {
-		// A call cut short by a timeout or an interruption may have reached
-		// the outside system: its outcome is unknown, not a failure.
+	policy := r.policy(o)
+	for try := 1; ; try++ {
+		intent := cp
+		intent.Status, intent.Error, intent.FinishedAt = checkpoint.StepCalling, "", r.now()
+		if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
+			return zero, fmt.Errorf("steps: record intent of outside call %s: %w", id, err)
+		}
+		crashStep(id, "after-intent")
+		var window time.Duration
+		err := ctx.Err()
+		if err != nil {
+			err = fmt.Errorf("%w before outside call %s: %w", ErrInterrupted, id, context.Cause(ctx))
+		} else if window, err = r.callWindow(ctx, id); errors.Is(err, checkpoint.ErrFenced) {
+			// Another runner holds the run: it finds the intent and settles
+			// it. Nothing was called.
+			return zero, err
+		}
+		if err != nil {
+			// Not called: record so, and a rerun calls.
+			r.recordFailure(context.WithoutCancel(ctx), cp, err)
+			return zero, err
+		}
+		timeout := o.timeout
+		if window > 0 && (timeout <= 0 || window < timeout) {
+			timeout = window
+		}
+		result, fnErr := callOnce(ctx, r, id, timeout, func(ctx context.Context) (T, error) { return fn(ctx, key) })
+		interrupted := ctx.Err() != nil
+		wctx := context.WithoutCancel(ctx)
+		if fnErr == nil {
+			if cp.Output, err = json.Marshal(result); err != nil {
+				return zero, fmt.Errorf("steps: step %s: encode output %T as JSON: %w", id, result, err)
+			}
+			crashStep(id, "before-result")
+			return completeStep[T](wctx, r, cp)
+		}
 		var unk *unknownOutcome
 		if errors.As(fnErr, &unk) || errors.Is(fnErr, context.DeadlineExceeded) ||
 			(interrupted && errors.Is(fnErr, context.Canceled)) {
-			intent.Error = fnErr.Error()
-			if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
+			// A call cut short by a timeout or an interruption may have
+			// reached the outside system: its outcome is unknown, not a
+			// failure.
+			cause := fnErr.Error()
+			if errors.Is(fnErr, context.DeadlineExceeded) && timeout == window && window > 0 {
+				cause += fmt.Sprintf(" (a call may take %s: its lease less a %s margin)", window.Round(time.Millisecond), r.callMargin)
+			}
+			intent.Error = cause
+			if err := r.store.InTx(wctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
 				r.log.Warn().Str(FieldStepID, id).Err(err).Msg("could not record the unknown outcome")
 			}
-			return zero, &OutcomeUnknownError{RunID: r.lease.RunID, Step: id, Cause: fnErr.Error()}
+			if o.reconcile == nil {
+				return zero, unknown(cause, "")
+			}
+			if interrupted {
+				return zero, unknown(cause, "")
+			}
+			// Give a request on its way time to land, then look.
+			r.log.Warn().Str(FieldStepID, id).Err(fnErr).Dur("reconcile_in", r.callMargin).
+				Msg("outside call of unknown outcome; reconciling")
+			if r.callMargin > 0 {
+				if err := r.sleep(ctx, r.callMargin); err != nil {
+					return zero, unknown(cause, "")
+				}
+			}
+			res, found, err := o.reconcile(withStep(ctx, r, id), key)
+			if err != nil {
+				return zero, unknown(cause, err.Error())
+			}
+			r.log.Info().Str(FieldStepID, id).Bool("found", found).Msg("reconciled an outside call of unknown outcome")
+			if found {
+				return completeReconciled[T](wctx, r, cp, res)
+			}
+			fnErr = Transient(fmt.Errorf("%w; reconciled: the call did not happen", fnErr))
 		}
-		return zero, r.recordFailure(ctx, cp, fnErr)
+		class := Classify(fnErr, ClassPermanent)
+		if class != ClassTransient || try >= policy.MaxTries || interrupted {
+			if class == ClassTransient && policy.MaxTries > 1 {
+				fnErr = fmt.Errorf("%w (gave up after %d tries)", fnErr, try)
+			}
+			return zero, r.recordFailure(wctx, cp, fnErr)
+		}
+		delay := policy.Backoff(try, rand.Float64())
+		r.recordTry(ctx, &cp, fnErr)
+		r.log.Warn().Str(FieldStepID, id).Int("try", try).Int("tries_total", cp.Tries).Dur("retry_in", delay).Err(fnErr).
+			Msg("outside call failed; retrying with the same idempotency key")
+		cp.Tries++
+		if err := r.sleep(ctx, delay); err != nil {
+			return zero, fmt.Errorf("%w while waiting to retry outside call %s: %w", ErrInterrupted, id, err)
+		}
+		cp.StartedAt = r.now()
 	}
-	if cp.Output, err = json.Marshal(result); err != nil {
-		return zero, fmt.Errorf("steps: step %s: encode output %T as JSON: %w", id, result, err)
+}
+
+// callWindow checks, right before an outside call, that this attempt still
+// holds the run, and returns how long the call may take. It renews the
+// lease (a write checked against the fence): the lease then runs until at
+// least LeaseFor after the renewal began, and the call may take until
+// CallMargin before that. Without LeaseFor it checks the fence only, and
+// the call is not bounded (0).
+func (r *Run) callWindow(ctx context.Context, id string) (time.Duration, error) {
+	if r.leaseFor <= 0 {
+		fence, err := r.store.Fence(ctx, r.lease.RunID)
+		if err != nil {
+			return 0, fmt.Errorf("steps: check the lease before outside call %s: %w", id, err)
+		}
+		if fence != r.lease.Fence {
+			return 0, fmt.Errorf("steps: outside call %s not made: %w: run %s is at fence %d, this attempt holds %d",
+				id, checkpoint.ErrFenced, r.lease.RunID, fence, r.lease.Fence)
+		}
+		return 0, nil
 	}
-	crashStep(id, "before-result")
+	begun := r.now()
+	if err := r.store.Heartbeat(ctx, r.lease, begun, begun.Add(r.leaseFor)); err != nil {
+		if errors.Is(err, checkpoint.ErrFenced) {
+			return 0, fmt.Errorf("steps: outside call %s not made: %w", id, err)
+		}
+		return 0, fmt.Errorf("steps: renew the lease before outside call %s: %w", id, err)
+	}
+	window := r.leaseFor - r.callMargin - r.now().Sub(begun)
+	if window <= 0 {
+		return 0, fmt.Errorf("steps: outside call %s not made: renewing the %s lease took %s, leaving no time before its %s margin",
+			id, r.leaseFor, r.now().Sub(begun), r.callMargin)
+	}
+	return window, nil
+}
+
+// waitOutPreviousLease waits until the lease of the attempt this one took
+// over has run out, so that an outside call that attempt sent has landed
+// (or never will) before it is reconciled.
+func (r *Run) waitOutPreviousLease(ctx context.Context, id string) error {
+	if r.prevUntil.IsZero() {
+		return nil
+	}
+	d := r.prevUntil.Sub(r.now())
+	if d <= 0 {
+		return nil
+	}
+	r.log.Info().Str(FieldStepID, id).Dur("wait", d).Time("until", r.prevUntil).
+		Msg("waiting out the previous runner's lease before reconciling its outside call: a request it sent may still land")
+	return r.sleep(ctx, d)
+}
+
+// completeReconciled records a reconciled call's output as the step's.
+func completeReconciled[T any](ctx context.Context, r *Run, cp checkpoint.Step, res any) (T, error) {
+	var zero T
+	var err error
+	if cp.Output, err = json.Marshal(res); err != nil {
+		return zero, fmt.Errorf("steps: step %s: encode reconciled output: %w", cp.ID, err)
+	}
 	return completeStep[T](ctx, r, cp)
 }
 

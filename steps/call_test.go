@@ -26,8 +26,14 @@ func TestCallOutcomeUnknown(t *testing.T) {
 		return "", steps.OutcomeUnknown(errors.New("connection dropped after sending"))
 	})
 	var unk *steps.OutcomeUnknownError
-	if !errors.As(err, &unk) || !strings.Contains(err.Error(), "stepwise resolve pay/2026-11-28 --step pay/T-1 --as done|retry") {
-		t.Fatalf("err = %v, want an OutcomeUnknownError naming the resolve command", err)
+	if !errors.As(err, &unk) || unk.RunID != "pay/2026-11-28" || unk.Step != "pay/T-1" || unk.Key != "pay/2026-11-28/pay/T-1" ||
+		unk.Reconcilable || !strings.Contains(unk.Cause, "connection dropped after sending") {
+		t.Fatalf("err = %#v, want an OutcomeUnknownError with the run, step, key and cause, not reconcilable", err)
+	}
+	// A library error says what is true and names no command.
+	if msg := err.Error(); !strings.Contains(msg, "has no reconcile function") || !strings.Contains(msg, "pay/2026-11-28/pay/T-1") ||
+		strings.Contains(msg, "stepwise") {
+		t.Errorf("message %q: want it to say there is no reconcile function, name the key, and name no command", msg)
 	}
 	// A rerun without a reconcile function stops again without calling.
 	run2 := beginEffects(t, st, "pay/2026-11-28")

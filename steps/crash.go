@@ -21,10 +21,24 @@ import (
 // Unset, it costs one string comparison.
 const CrashEnv = "STEPWISE_CRASH_AT"
 
-var crashAt = os.Getenv(CrashEnv)
+// PauseEnv names the environment variable that selects a pause point: at
+// the point it names (one of CrashEnv's), the process stops itself with
+// SIGSTOP, and goes on where it stopped when sent SIGCONT. Tests use it to
+// freeze a runner past its lease (a long GC pause, a suspended VM) and
+// check what it does when it wakes.
+const PauseEnv = "STEPWISE_PAUSE_AT"
 
-// Crash kills the process with SIGKILL if point is the selected crash point.
+var (
+	crashAt = os.Getenv(CrashEnv)
+	pauseAt = os.Getenv(PauseEnv)
+)
+
+// Crash kills the process with SIGKILL if point is the selected crash
+// point, or stops it with SIGSTOP if point is the selected pause point.
 func Crash(point string) {
+	if pauseAt != "" && pauseAt == point {
+		pause()
+	}
 	if crashAt == "" || crashAt != point {
 		return
 	}
@@ -33,9 +47,9 @@ func Crash(point string) {
 }
 
 // crashStep is Crash for a step boundary, building the point's name only
-// when a crash point is set.
+// when a crash or pause point is set.
 func crashStep(id, where string) {
-	if crashAt != "" {
+	if crashAt != "" || pauseAt != "" {
 		Crash("step:" + id + ":" + where)
 	}
 }

@@ -175,11 +175,7 @@ func Timeout(d time.Duration) Option { return func(o *doOptions) { o.timeout = d
 // run out. Each failed try is recorded in the step's checkpoint (its try
 // count survives a crash) and logged with the delay before the next.
 func callWithPolicy[T any](ctx context.Context, r *Run, cp *checkpoint.Step, o doOptions, fn func(ctx context.Context) (T, error)) (T, error) {
-	policy := r.retry
-	if o.retry != nil {
-		policy = *o.retry
-	}
-	policy = policy.withDefaults()
+	policy := r.policy(o)
 	for try := 1; ; try++ {
 		out, err := callOnce(ctx, r, cp.ID, o.timeout, fn)
 		if err == nil {
@@ -202,6 +198,16 @@ func callWithPolicy[T any](ctx context.Context, r *Run, cp *checkpoint.Step, o d
 		}
 		cp.StartedAt = r.now()
 	}
+}
+
+// policy is the retry policy of a step with options o: its own, else the
+// job's, with defaults filled in.
+func (r *Run) policy(o doOptions) RetryPolicy {
+	p := r.retry
+	if o.retry != nil {
+		p = *o.retry
+	}
+	return p.withDefaults()
 }
 
 // callOnce calls fn once, with the step's timeout on its context. A

@@ -45,6 +45,23 @@ type Config struct {
 	// Sleep waits between retries. Defaults to a real timer; tests inject
 	// their clock's.
 	Sleep func(ctx context.Context, d time.Duration) error
+	// LeaseFor is the lease's length: how long a heartbeat extends it. An
+	// outside call (Call) renews the lease right before calling, which
+	// also checks the fence, and its context ends CallMargin before the
+	// renewed lease would. Zero (a caller without heartbeats) checks the
+	// fence before each call but does not bound it. The runner sets it.
+	LeaseFor time.Duration
+	// CallMargin is how long before the lease's end an outside call's
+	// context ends, and how long Call waits after a call whose outcome is
+	// unknown before reconciling it: it covers clock skew between runners
+	// and a request still on its way. Defaults to a fifth of LeaseFor.
+	CallMargin time.Duration
+	// PreviousLeaseUntil is when the lease of the attempt this one took
+	// over would have expired (checkpoint.Claim.PreviousLeaseUntil). An
+	// outside call that attempt left in flight is reconciled only after
+	// it, so a request it sent has landed, or never will, before anyone
+	// looks.
+	PreviousLeaseUntil time.Time
 }
 
 // Run is one attempt's view of a run, passed to job code. It is safe for use
@@ -66,6 +83,10 @@ type Run struct {
 	progress     func(Progress)
 	retry        RetryPolicy
 	sleepFn      func(context.Context, time.Duration) error
+
+	leaseFor   time.Duration
+	callMargin time.Duration
+	prevUntil  time.Time
 
 	dryRun   bool
 	dryState map[string]checkpoint.State // values planned by earlier dry-run steps
@@ -114,6 +135,19 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 		sleepFn:      cfg.Sleep,
 		progress:     cfg.OnProgress,
 		dryState:     make(map[string]checkpoint.State),
+		leaseFor:     cfg.LeaseFor,
+		callMargin:   cfg.CallMargin,
+		prevUntil:    cfg.PreviousLeaseUntil,
+	}
+	if cfg.LeaseFor < 0 || cfg.CallMargin < 0 {
+		return nil, fmt.Errorf("steps: Config.LeaseFor (%s) and Config.CallMargin (%s) cannot be negative", cfg.LeaseFor, cfg.CallMargin)
+	}
+	if r.callMargin == 0 {
+		r.callMargin = cfg.LeaseFor / 5
+	}
+	if cfg.LeaseFor > 0 && r.callMargin >= cfg.LeaseFor {
+		return nil, fmt.Errorf("steps: Config.CallMargin (%s) leaves no time for an outside call in a %s lease; make it shorter than LeaseFor",
+			cfg.CallMargin, cfg.LeaseFor)
 	}
 	if cfg.Logger != nil {
 		r.log = cfg.Logger.With().Str(FieldRunID, cfg.Lease.RunID).Int(FieldAttempt, cfg.Lease.Attempt).Logger()
