@@ -102,7 +102,7 @@ func claimTx(ctx context.Context, tx *sql.Tx, req ClaimRequest) (Claim, error) {
 	switch run.Status {
 	case RunSucceeded:
 		if !req.Force {
-			return Claim{}, fmt.Errorf("%w: %s finished at %s; nothing to do (--force runs it again, still skipping completed steps)",
+			return Claim{}, fmt.Errorf("%w: %s finished at %s; nothing to do (a forced claim runs it again, still skipping completed steps)",
 				ErrAlreadySucceeded, run.ID, run.FinishedAt.Format(time.RFC3339))
 		}
 	case RunAbandoned:

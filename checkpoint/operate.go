@@ -84,7 +84,7 @@ func (s *SQLite) operate(ctx context.Context, a Audit, now time.Time, o operateO
 	return s.tx(ctx, a.Command+" "+a.RunID, func(tx *sql.Tx) error {
 		run, err := scanRun(tx.QueryRowContext(ctx, sqlSelectRun, a.RunID))
 		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("%w: no run %q in %s; list runs with `stepwise runs`", ErrNotFound, a.RunID, s.path)
+			return fmt.Errorf("%w: no run %q in %s", ErrNotFound, a.RunID, s.path)
 		}
 		if err != nil {
 			return err

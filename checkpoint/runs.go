@@ -44,7 +44,7 @@ func (s *SQLite) Runs(ctx context.Context, f RunFilter) ([]Run, error) {
 func (s *SQLite) Run(ctx context.Context, runID string) (RunInfo, error) {
 	run, err := scanRun(s.rdb.QueryRowContext(ctx, sqlSelectRun, runID))
 	if errors.Is(err, sql.ErrNoRows) {
-		return RunInfo{}, fmt.Errorf("%w: no run %q in %s; list runs with `stepwise runs`", ErrNotFound, runID, s.path)
+		return RunInfo{}, fmt.Errorf("%w: no run %q in %s", ErrNotFound, runID, s.path)
 	}
 	if err != nil {
 		return RunInfo{}, s.wrap("read run "+runID, err)

@@ -281,7 +281,7 @@ func wrapSQLiteError(path string, busy time.Duration, op string, err error) erro
 	if errors.As(err, &se) {
 		switch se.Code() & 0xff {
 		case sqlite3.SQLITE_NOTADB:
-			return fmt.Errorf("%w: %s (%s); check --db names a Stepwise database, or move the file away", ErrNotDatabase, path, op)
+			return fmt.Errorf("%w: %s (%s): the file is not a Stepwise checkpoint database", ErrNotDatabase, path, op)
 		case sqlite3.SQLITE_READONLY:
 			return fmt.Errorf("%w: %s (%s): %v; make the file and its directory writable", ErrReadOnly, path, op, err)
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:

@@ -74,7 +74,8 @@ func ExitCode(err error) int {
 	case errors.As(err, &usage), errors.As(err, &mismatch), errors.Is(err, jobs.ErrBadParams),
 		errors.Is(err, jobs.ErrUnknownJob), errors.Is(err, checkpoint.ErrNotFound),
 		errors.Is(err, checkpoint.ErrNoDirectory), errors.Is(err, checkpoint.ErrNotDatabase),
-		errors.Is(err, checkpoint.ErrReadOnly), errors.Is(err, checkpoint.ErrTooNew):
+		errors.Is(err, checkpoint.ErrReadOnly), errors.Is(err, checkpoint.ErrTooNew),
+		errors.Is(err, checkpoint.ErrNoDatabase):
 		return ExitUsage
 	}
 	return ExitFailed
@@ -82,9 +83,17 @@ func ExitCode(err error) int {
 
 // hint is what the user can do about err, beyond what the error says:
 // library errors carry data, the command line names its own flags.
-func hint(err error) string {
+func hint(err error, name string) string {
 	var held *checkpoint.LeaseHeldError
 	switch {
+	case errors.Is(err, checkpoint.ErrAlreadySucceeded):
+		return "--force runs it again, still skipping completed steps"
+	case errors.Is(err, checkpoint.ErrNotFound):
+		return "`" + name + " runs` lists the runs"
+	case errors.Is(err, jobs.ErrUnknownJob):
+		return "`" + name + " jobs` lists the jobs and their parameters"
+	case errors.Is(err, checkpoint.ErrNotDatabase):
+		return "check that --db (or $STEPWISE_DB) names a Stepwise database, or move the file away"
 	case errors.Is(err, checkpoint.ErrLocked):
 		return "another process holds the database's write lock: run again when it is done, " +
 			"add --wait (run, resume, rerun) to wait for it, or raise --busy-timeout"

@@ -185,11 +185,14 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 		}
 		if code != ExitOK {
 			fmt.Fprintf(stderr, "%s: %s\n", name, errorText(err, name))
-			if h := hint(err); h != "" {
+			if h := hint(err, name); h != "" {
 				fmt.Fprintf(stderr, "%s: %s\n", name, h)
 			}
 		} else {
 			fmt.Fprintln(stdout, err)
+			if h := hint(err, name); h != "" {
+				fmt.Fprintln(stdout, h)
+			}
 		}
 		return code
 	}

@@ -167,7 +167,7 @@ func (r *Registry) Lookup(name string) (Job, error) {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	return nil, fmt.Errorf("%w: %q (registered: %v); list them with `stepwise jobs`", ErrUnknownJob, name, names)
+	return nil, fmt.Errorf("%w: %q (registered: %v)", ErrUnknownJob, name, names)
 }
 
 // Jobs returns the registered jobs sorted by name.
