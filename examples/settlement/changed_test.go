@@ -344,10 +344,22 @@ func TestChangedSourceBetweenAttempts(t *testing.T) {
 						t.Fatalf("balances disagree with the transfers posted:\n%s", strings.Join(wrong, "\n"))
 					}
 					items := c.s.items(t, testDate)
-					for tid := range readTransfers(t, s.ledgerPath()) {
-						if st := items[tid]; st != checkpoint.StepCompleted && st != checkpoint.StepRejected {
+					now := readTransfers(t, s.ledgerPath())
+					var posted, postedAmount int64
+					for tid, tr := range now {
+						switch st := items[tid]; st {
+						case checkpoint.StepCompleted:
+							posted++
+							postedAmount += tr.Amount
+						case checkpoint.StepRejected:
+						default:
 							t.Errorf("transfer %s is %q, want posted or rejected", tid, st)
 						}
+					}
+					// The summary is of what was posted, as the ledger holds it.
+					if sum := c.s.summary(t, testDate); sum.Transfers != int64(len(now)) || sum.Posted != posted || sum.PostedAmount != postedAmount {
+						t.Errorf("summary says %d transfers, %d posted for %d; the ledger has %d transfers, %d posted for %d",
+							sum.Transfers, sum.Posted, sum.PostedAmount, len(now), posted, postedAmount)
 					}
 					audits := strings.Join(c.audits(t), "\n")
 					if cc.accepted {

@@ -151,27 +151,37 @@ WHERE business_date = ? AND id > ? ORDER BY id LIMIT ?`, p.Date, after, limit)
 // rejected items of post (few) and the count step's totals, with checked
 // sums.
 func summarize(ctx context.Context, r *steps.Run, db *sql.DB, date string, day Day) (Summary, error) {
-	s := Summary{Date: date, Transfers: day.Transfers, RejectedIDs: []string{}}
+	// Counted from the recorded items, not from the count step: a
+	// transfer altered before it was posted, or one accepted beyond the
+	// declared total, is summarised as it was posted.
+	s := Summary{Date: date, RejectedIDs: []string{}}
 	rejected := sum{what: "the rejected amount of " + date}
 	posted := sum{what: "the posted amount of " + date}
-	posted.add(day.Amount)
-	err := r.Items(ctx, "post", "rejected", func(it steps.ItemResult) error {
+	err := r.Items(ctx, "post", "", func(it steps.ItemResult) error {
 		var amount int64
-		if it.Output != nil {
-			// An overdraft: post's output, kept with its rejection.
+		switch {
+		case it.Output != nil:
+			// post's output: the amount, kept with an overdraft's rejection.
 			if err := json.Unmarshal(it.Output, &amount); err != nil {
-				return fmt.Errorf("rejected transfer %s: decode its amount: %w", it.Key, err)
+				return fmt.Errorf("transfer %s: decode its amount: %w", it.Key, err)
 			}
-		} else {
+		case it.Status == "rejected":
 			// post itself rejected it (a bad amount): read the amount.
 			if err := db.QueryRowContext(ctx, `SELECT amount FROM transfers WHERE id = ?`, it.Key).Scan(&amount); err != nil {
 				return fmt.Errorf("rejected transfer %s: read its amount: %w", it.Key, err)
 			}
 			s.BadAmount++
+		default:
+			return fmt.Errorf("transfer %s is %s with no recorded amount", it.Key, it.Status)
+		}
+		s.Transfers++
+		if it.Status != "rejected" {
+			s.Posted++
+			posted.add(amount)
+			return nil
 		}
 		s.Rejected++
 		rejected.add(amount)
-		posted.sub(amount)
 		if len(s.RejectedIDs) < MaxListed {
 			s.RejectedIDs = append(s.RejectedIDs, it.Key)
 		}
@@ -180,12 +190,15 @@ func summarize(ctx context.Context, r *steps.Run, db *sql.DB, date string, day D
 	if err != nil {
 		return s, err
 	}
-	s.Posted = s.Transfers - s.Rejected
 	var errR, errP error
 	s.RejectedAmount, errR = rejected.value()
 	s.PostedAmount, errP = posted.value()
 	if err := errors.Join(errR, errP); err != nil {
 		return s, err
+	}
+	if s.Transfers != day.Transfers {
+		r.Logger().Warn().Int64("counted", day.Transfers).Int64("posted_or_rejected", s.Transfers).
+			Msg("the day's transfers changed since they were counted; the summary is of what was posted")
 	}
 	r.Logger().Info().Int64("posted", s.Posted).Int64("rejected", s.Rejected).Int64("posted_amount", s.PostedAmount).
 		Msg("settlement summary")
