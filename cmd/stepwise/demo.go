@@ -53,7 +53,7 @@ func (c *demoCmd) Run(env *cmd.Env) error {
 	if err := printSummary(ctx, env, runID); err != nil {
 		return err
 	}
-	self := invokedAs()
+	self := env.Name
 	next := c.nextDate()
 	fmt.Fprintf(env.Stdout, `
 Try next:
@@ -116,10 +116,12 @@ func money(minor int64) string {
 	return fmt.Sprintf("%s%d.%02d", sign, u/100, u%100)
 }
 
-// invokedAs is how the user started this program, for printed hints.
+// invokedAs is "go run ./cmd/stepwise" when this program runs under
+// `go run` (a binary in the build cache), else "": then the program names
+// itself after its os.Args[0] like any program built on cmd.Main.
 func invokedAs() string {
 	if strings.Contains(os.Args[0], "go-build") {
 		return "go run ./cmd/stepwise"
 	}
-	return os.Args[0]
+	return ""
 }

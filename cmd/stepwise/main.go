@@ -29,5 +29,11 @@ func extraCommands() []cmd.Option {
 }
 
 func main() {
-	cmd.Main(registry(), extraCommands()...)
+	opts := extraCommands()
+	if self := invokedAs(); self != "" {
+		// Under `go run` the binary is a temporary file: its hints name the
+		// command that starts it again, so they can be pasted as printed.
+		opts = append(opts, cmd.Name(self))
+	}
+	cmd.Main(registry(), opts...)
 }

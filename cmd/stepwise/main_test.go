@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -168,4 +169,19 @@ func TestLedgerSeedBadInput(t *testing.T) {
 	wantContains(t, "seed error", errOut, "--date")
 	_, errOut = mustRun(t, cmd.ExitUsage, "--db", filepath.Join(dir, "missing", "x.db"), "ledger", "seed", "--date", "2026-11-28")
 	wantContains(t, "seed error", errOut, filepath.Join(dir, "missing"))
+}
+
+// Under `go run` the hints name `go run ./cmd/stepwise`, which starts the
+// program again; a built binary names itself after its os.Args[0].
+func TestInvokedAs(t *testing.T) {
+	saved := os.Args[0]
+	t.Cleanup(func() { os.Args[0] = saved })
+	os.Args[0] = "/tmp/go-build1234/b001/exe/stepwise"
+	if got := invokedAs(); got != "go run ./cmd/stepwise" {
+		t.Errorf("under go run: %q", got)
+	}
+	os.Args[0] = "/usr/local/bin/stepwise"
+	if got := invokedAs(); got != "" {
+		t.Errorf("a built binary: %q, want \"\" (cmd.Main names it)", got)
+	}
 }
