@@ -32,11 +32,11 @@ const exitCodesHelp = `Exit codes (each means one thing):
      runner lost its lease mid-run, or the database is locked (another process held
      SQLite's write lock longer than --busy-timeout; --wait waits for it).
   5  refused, needs an operator decision: a changed step; a batch item whose source
-     changed since it was processed; an outside call of unknown
-     outcome; an abandoned or pruned run; rerun of a succeeded run without --force;
-     reset or rerun --from-step of steps whose effects applied, without --force;
-     recover of a run that is not running; resolve of a step awaiting no decision;
-     abandon of an abandoned run.
+     changed since it was processed; an outside call of unknown outcome; an
+     abandoned or pruned run; rerun of a succeeded run without --force; reset or
+     rerun --from-step of steps whose effects applied, without --force; recover of
+     a run that is not running; resolve of a step awaiting no decision; abandon of
+     an abandoned run.
 
 SIGINT/SIGTERM: the current step or chunk finishes or rolls back within $STEPWISE_GRACE (30s),
 the attempt is recorded as interrupted and the process exits 3; a second signal ends it at once
