@@ -187,6 +187,18 @@ func (c *Child) Wait() Exit {
 	return Exit{Code: ws.ExitStatus()}
 }
 
+// WaitWithin waits up to d for the child to end and returns how it ended;
+// ok is false if it is still running.
+func (c *Child) WaitWithin(d time.Duration) (e Exit, ok bool) {
+	c.t.Helper()
+	select {
+	case <-c.done:
+		return c.Wait(), true
+	case <-time.After(d):
+		return Exit{}, false
+	}
+}
+
 // WantExit fails the test unless got, the child's end, is want, showing
 // the child's output.
 func (c *Child) WantExit(got, want Exit) {
@@ -234,26 +246,31 @@ func (c *Child) Exited() bool {
 // the timeout.
 func (c *Child) Until(cond func() bool) bool {
 	c.t.Helper()
-	deadline := time.Now().Add(c.timeout)
-	for !cond() {
-		if c.Exited() {
-			return cond()
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("child %q: condition not reached within %s\n%s", c.args, c.timeout, c.Output())
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return true
+	return c.until("the condition", cond)
 }
 
 // WaitFor polls cond until it holds; it fails the test, naming what, if
 // the child ends first or it takes longer than the timeout.
 func (c *Child) WaitFor(what string, cond func() bool) {
 	c.t.Helper()
-	if !c.Until(cond) {
+	if !c.until(what, cond) {
 		c.t.Fatalf("child %q ended (%s) before %s\n%s", c.args, c.Wait(), what, c.Output())
 	}
+}
+
+func (c *Child) until(what string, cond func() bool) bool {
+	c.t.Helper()
+	deadline := time.Now().Add(c.timeout)
+	for !cond() {
+		if c.Exited() {
+			return cond()
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("child %q did not reach %s within %s\n%s", c.args, what, c.timeout, c.Output())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
 }
 
 // Stopped reports whether the child is stopped (SIGSTOP, as at a pause
@@ -277,6 +294,9 @@ func (c *Child) WaitStopped() {
 
 // Signal sends sig to the child.
 func (c *Child) Signal(sig os.Signal) error { return c.cmd.Process.Signal(sig) }
+
+// Kill kills the child with SIGKILL, as a crash or kill -9 would.
+func (c *Child) Kill() error { return c.cmd.Process.Kill() }
 
 // Pid is the child's process ID (of the wrapper, with Spec.Wrap).
 func (c *Child) Pid() int { return c.cmd.Process.Pid }
