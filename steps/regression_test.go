@@ -160,7 +160,12 @@ func TestReviewResumedChunkLeavesNoopItemsPlanned(t *testing.T) {
 		defer func() { recover() }()
 		steps.ForEach(context.Background(), run, "post", steps.Slice(items, func(s string) string { return s }), fn, steps.WithTarget(target))
 	}()
-	db.Exec(`UPDATE accounts SET balance = balance + 1, version = version + 1 WHERE id = 'A'`)
+	// Another writer moves A between the plan and its apply.
+	if res, err := db.Exec(`UPDATE accounts SET balance = balance + 1, version = version + 1 WHERE id = 'A'`); err != nil {
+		t.Fatal(err)
+	} else if n, err := res.RowsAffected(); err != nil || n != 1 {
+		t.Fatalf("the other writer's update moved %d rows (%v), want A's", n, err)
+	}
 
 	run2 := rvBegin(t, st, st)
 	sum, err := steps.ForEach(context.Background(), run2, "post", steps.Slice(items, func(s string) string { return s }), fn, steps.WithTarget(target))
@@ -245,7 +250,9 @@ func (s *rvFenceHook) Fence(ctx context.Context, runID string) (int64, error) {
 func TestReviewFenceWindowExactlyOnce(t *testing.T) {
 	st := checkpointtest.Open(t)
 	path, db := rvLedger(t)
-	db.Exec(`INSERT INTO accounts VALUES ('B', 0, 0)`)
+	if _, err := db.Exec(`INSERT INTO accounts VALUES ('B', 0, 0)`); err != nil {
+		t.Fatal(err)
+	}
 	target := steps.Target{Path: path, Table: accountsTable}
 	hook := &rvFenceHook{SQLite: st}
 	stale := rvBegin(t, st, hook)
