@@ -25,6 +25,7 @@ import (
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
 	"github.com/stepwise-run/stepwise/steps"
+	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
 
 // These tests hold outside calls and lease owners to their promise with
@@ -204,17 +205,6 @@ func providerArgs(db, url string, more ...string) []string {
 	return args
 }
 
-// stopped reports whether the process pid is stopped (SIGSTOP).
-func stopped(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// "pid (comm) S ...": the state follows the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	return i > 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't')
-}
-
 // TestPausedRunnerDoesNotCallAfterLosingItsLease is the issue's case (b):
 // runner A records its intent to pay and is paused (SIGSTOP) right before
 // calling, past its lease. Runner B takes over once the lease has run out,
@@ -228,18 +218,18 @@ func TestPausedRunnerDoesNotCallAfterLosingItsLease(t *testing.T) {
 	db, _ := testFiles(t)
 	args := providerArgs(db, prov.srv.URL, "deaf=true", "--lease=1s")
 
-	a := startChild(t, []string{steps.PauseEnv + "=step:pay:after-intent"}, nil, args...)
-	a.waitFor("runner A paused before its call", func() bool { return stopped(a.cmd.Process.Pid) })
+	a := startChild(t, []string{crashtest.PauseAt("step:pay:after-intent")}, nil, args...)
+	a.WaitFor("runner A paused before its call", a.Stopped)
 	if s := readRun(t, db, "provider/k").steps["pay"]; s.Status != checkpoint.StepCalling {
-		t.Fatalf("pay is %q while A is paused, want %q (its intent recorded)\nA's stderr:\n%s", s.Status, checkpoint.StepCalling, a.stderr.String())
+		t.Fatalf("pay is %q while A is paused, want %q (its intent recorded)\nA's stderr:\n%s", s.Status, checkpoint.StepCalling, a.Stderr())
 	}
 
 	// B is not let in while A's lease lasts (A's process is alive), then
 	// takes over, reconciles and pays.
 	b, got := runChild(t, nil, append(args, "--wait")...)
-	b.wantExit(got, exited0)
-	if !strings.Contains(b.stderr.String(), "took over") || !strings.Contains(b.stdout.String(), "run provider/k succeeded (attempt 2)") {
-		t.Errorf("runner B: stdout %q, stderr %q; want a takeover and success", b.stdout.String(), b.stderr.String())
+	b.WantExit(got, exited0)
+	if !strings.Contains(b.Stderr(), "took over") || !strings.Contains(b.Stdout(), "run provider/k succeeded (attempt 2)") {
+		t.Errorf("runner B: stdout %q, stderr %q; want a takeover and success", b.Stdout(), b.Stderr())
 	}
 	if n := prov.lookupCount(); n != 1 {
 		t.Errorf("B looked the payment up %d times, want once (reconciling A's intent)", n)
@@ -249,12 +239,12 @@ func TestPausedRunnerDoesNotCallAfterLosingItsLease(t *testing.T) {
 	}
 
 	// A wakes: it must not pay.
-	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := a.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	a.wantExit(a.wait(), exit{code: ExitHeld})
-	if !strings.Contains(a.stderr.String(), "lease lost") {
-		t.Errorf("runner A's stderr = %q, want it to say its lease was lost", a.stderr.String())
+	a.WantExit(a.Wait(), crashtest.Code(ExitHeld))
+	if !strings.Contains(a.Stderr(), "lease lost") {
+		t.Errorf("runner A's stderr = %q, want it to say its lease was lost", a.Stderr())
 	}
 	if got := prov.paid(); len(got) != 1 || got[0] != "provider/k/pay" {
 		t.Fatalf("payments = %q, want exactly one, with key provider/k/pay: the paused runner paid after losing its lease", got)
@@ -285,12 +275,12 @@ func TestRunnerInAnotherPIDNamespaceIsNotTakenOver(t *testing.T) {
 	wrap := []string{"unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c",
 		`echo "$0" > /proc/sys/kernel/ns_last_pid && "$@"`, strconv.Itoa(pid - 1)}
 	inner := startWrappedChild(t, wrap, nil, nil, args...)
-	inner.waitFor("the inner runner inside step/2", func() bool { return readSide(t, side).ran["step/2"] == 1 })
+	inner.WaitFor("the inner runner inside step/2", func() bool { return readSide(t, side).ran["step/2"] == 1 })
 
 	r := readRun(t, db, "crashy/k").info.Run
 	name := fmt.Sprintf("%s:%d", hostname(t), pid)
 	if checkpoint.OwnerName(r.LeaseOwner) != name {
-		t.Fatalf("the inner runner holds the run as %q; want %s (is ns_last_pid writable here?)\nstderr:\n%s", r.LeaseOwner, name, inner.stderr.String())
+		t.Fatalf("the inner runner holds the run as %q; want %s (is ns_last_pid writable here?)\nstderr:\n%s", r.LeaseOwner, name, inner.Stderr())
 	}
 	ourNS, err := os.Readlink("/proc/self/ns/pid")
 	if err != nil {
@@ -308,9 +298,9 @@ func TestRunnerInAnotherPIDNamespaceIsNotTakenOver(t *testing.T) {
 
 	// A runner here is refused, naming the holder, and runs nothing.
 	c, got := runChild(t, nil, args...)
-	c.wantExit(got, exit{code: ExitHeld})
-	if want := "held by " + name + " until"; !strings.Contains(c.stderr.String(), want) {
-		t.Errorf("refused runner's stderr = %q, want it to contain %q", c.stderr.String(), want)
+	c.WantExit(got, crashtest.Code(ExitHeld))
+	if want := "held by " + name + " until"; !strings.Contains(c.Stderr(), want) {
+		t.Errorf("refused runner's stderr = %q, want it to contain %q", c.Stderr(), want)
 	}
 	// The listing does not call it stale, and abandon refuses it.
 	cli := func(args ...string) (int, string, string) {
@@ -326,7 +316,7 @@ func TestRunnerInAnotherPIDNamespaceIsNotTakenOver(t *testing.T) {
 	}
 
 	touch(t, release)
-	inner.wantExit(inner.wait(), exited0)
+	inner.WantExit(inner.Wait(), exited0)
 	checkRan(t, readSide(t, side), 3, map[string]int{"step/1": 1, "step/2": 1, "step/3": 1})
 	if s := readRun(t, db, "crashy/k"); s.info.Run.Status != checkpoint.RunSucceeded || len(s.info.Attempts) != 1 {
 		t.Errorf("run %s with %d attempts; want succeeded by the inner runner alone", s.info.Run.Status, len(s.info.Attempts))
@@ -370,16 +360,16 @@ func TestOperatorsActAtOnceAfterKill9(t *testing.T) {
 		t.Helper()
 		s := filepath.Join(filepath.Dir(db), key+".log")
 		c := startChild(t, nil, nil, crashyArgs(db, key, s, "block="+filepath.Join(filepath.Dir(db), "never"), "block-at=2")...)
-		c.waitFor("step/2 started", func() bool { return readSide(t, s).ran["step/2"] == 1 })
-		if err := c.cmd.Process.Kill(); err != nil {
+		c.WaitFor("step/2 started", func() bool { return readSide(t, s).ran["step/2"] == 1 })
+		if err := c.Kill(); err != nil {
 			t.Fatal(err)
 		}
-		c.wantExit(c.wait(), sigkilled)
+		c.WantExit(c.Wait(), sigkilled)
 		r := readRun(t, db, jobs.RunID("crashy", key)).info.Run
 		if r.Status != checkpoint.RunRunning || !time.Now().Before(r.LeaseUntil) {
 			t.Fatalf("after the kill: %s until %s; want running with its 30s lease unexpired", r.Status, r.LeaseUntil)
 		}
-		return fmt.Sprintf("%s:%d", hostname(t), c.cmd.Process.Pid)
+		return fmt.Sprintf("%s:%d", hostname(t), c.Pid())
 	}
 
 	owner := kill("a")
@@ -406,8 +396,8 @@ func TestOperatorsActAtOnceAfterKill9(t *testing.T) {
 	// An outside call left in flight by a killed runner is resolved at once.
 	_, outside := testFiles(t)
 	pay := []string{"--db", db, "run", "pay", "-p", "key=k", "-p", "outside=" + outside}
-	c, got := runChild(t, []string{steps.CrashEnv + "=step:pay:after-intent"}, pay...)
-	c.wantExit(got, sigkilled)
+	c, got := runChild(t, []string{crashtest.CrashAt("step:pay:after-intent")}, pay...)
+	c.WantExit(got, sigkilled)
 	if code, out, errs := cli("resolve", "pay/k", "--step", "pay", "--as", "retry", "--reason", "not at the provider"); code != ExitOK ||
 		!strings.Contains(out, "resolved as retry") {
 		t.Errorf("resolve after kill -9: exit %d, %q %q; want it done at once", code, out, errs)
@@ -427,9 +417,9 @@ func TestCallTimeoutReconcilesInTheSameAttempt(t *testing.T) {
 		prov.set(func(p *provider) { p.hang = true })
 		db, _ := testFiles(t)
 		c, got := runChild(t, nil, providerArgs(db, prov.srv.URL, "timeout=100ms", "--lease=1s")...)
-		c.wantExit(got, exited0)
-		if !strings.Contains(c.stderr.String(), "outside call of unknown outcome; reconciling") {
-			t.Errorf("stderr does not log the reconcile:\n%s", c.stderr.String())
+		c.WantExit(got, exited0)
+		if !strings.Contains(c.Stderr(), "outside call of unknown outcome; reconciling") {
+			t.Errorf("stderr does not log the reconcile:\n%s", c.Stderr())
 		}
 		if got := prov.paid(); len(got) != 1 || prov.lookupCount() != 1 {
 			t.Errorf("payments %q, lookups %d; want one of each", got, prov.lookupCount())
@@ -445,8 +435,8 @@ func TestCallTimeoutReconcilesInTheSameAttempt(t *testing.T) {
 		db, _ := testFiles(t)
 		args := providerArgs(db, prov.srv.URL, "timeout=100ms", "--lease=1s")
 		c, got := runChild(t, nil, args...)
-		c.wantExit(got, exit{code: ExitOperator})
-		stderr := c.stderr.String()
+		c.WantExit(got, crashtest.Code(ExitOperator))
+		stderr := c.Stderr()
 		for _, want := range []string{"its reconcile check failed: lookup: 500", "a rerun runs the check again",
 			"rerun it (`stepwise resume provider/k`) to reconcile it automatically"} {
 			if !strings.Contains(stderr, want) {
@@ -458,7 +448,7 @@ func TestCallTimeoutReconcilesInTheSameAttempt(t *testing.T) {
 		}
 		prov.set(func(p *provider) { p.failLookups = false })
 		c, got = runChild(t, nil, "--db", db, "resume", "provider/k")
-		c.wantExit(got, exited0)
+		c.WantExit(got, exited0)
 		if got := prov.paid(); len(got) != 1 {
 			t.Errorf("payments = %q, want one", got)
 		}
@@ -469,9 +459,9 @@ func TestCallTimeoutReconcilesInTheSameAttempt(t *testing.T) {
 		prov.set(func(p *provider) { p.busy = 2 })
 		db, _ := testFiles(t)
 		c, got := runChild(t, nil, providerArgs(db, prov.srv.URL)...)
-		c.wantExit(got, exited0)
-		if n := strings.Count(c.stderr.String(), "outside call failed; retrying with the same idempotency key"); n != 2 {
-			t.Errorf("%d retry log lines, want 2\n%s", n, c.stderr.String())
+		c.WantExit(got, exited0)
+		if n := strings.Count(c.Stderr(), "outside call failed; retrying with the same idempotency key"); n != 2 {
+			t.Errorf("%d retry log lines, want 2\n%s", n, c.Stderr())
 		}
 		if got := prov.paid(); len(got) != 1 || got[0] != "provider/k/pay" {
 			t.Errorf("payments = %q, want one with key provider/k/pay", got)

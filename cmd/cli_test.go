@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime/debug"
 	"slices"
@@ -18,6 +17,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
 
 // These tests hold the command line's conventions, through Execute (and
@@ -308,11 +308,7 @@ func init() {
 	if os.Getenv(namedChildEnv) != "1" {
 		return
 	}
-	args := os.Args[1:]
-	if i := slices.Index(args, "--"); i >= 0 {
-		args = args[i+1:]
-	}
-	os.Args = append([]string{os.Args[0]}, args...)
+	os.Args = append([]string{os.Args[0]}, crashtest.ChildArgs()...)
 	Main(testRegistry())
 }
 
@@ -320,20 +316,11 @@ func TestMainNamesItselfAfterArgv0(t *testing.T) {
 	t.Parallel()
 	db := filepath.Join(t.TempDir(), "stepwise.db")
 	checkpointtest.OpenPath(t, db) // runs only reads: the database must exist
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := exec.Command(exe, "--", "--db", db, "runs")
-	c.Args[0] = "/opt/bin/mytool" // what the shell passes as argv[0]
-	c.Env = append(os.Environ(), namedChildEnv+"=1")
-	var out, errb bytes.Buffer
-	c.Stdout, c.Stderr = &out, &errb
-	if err := c.Run(); err != nil {
-		t.Fatalf("child: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errb.String())
-	}
-	if want := "start one with `mytool run JOB"; !strings.Contains(out.String(), want) {
-		t.Errorf("a program run as mytool printed %q, want %q", out.String(), want)
+	c, got := crashtest.Run(t, crashtest.Spec{Args: []string{"--db", db, "runs"}, Env: []string{namedChildEnv + "=1"},
+		Argv0: "/opt/bin/mytool"}) // what the shell passes as argv[0]
+	c.WantExit(got, crashtest.Code(0))
+	if want := "start one with `mytool run JOB"; !strings.Contains(c.Stdout(), want) {
+		t.Errorf("a program run as mytool printed %q, want %q", c.Stdout(), want)
 	}
 }
 

@@ -19,7 +19,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/jobs"
-	"github.com/stepwise-run/stepwise/steps"
+	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
 
 // These tests kill real runner processes (the test binary re-executed as the
@@ -29,8 +29,8 @@ import (
 // once, recorded outputs replay byte for byte, and the run ends succeeded.
 
 var (
-	sigkilled = exit{code: -1, signal: syscall.SIGKILL}
-	exited0   = exit{code: ExitOK}
+	sigkilled = crashtest.Killed
+	exited0   = crashtest.Code(ExitOK)
 )
 
 func hostname(t *testing.T) string {
@@ -66,8 +66,8 @@ func TestCrashPointThenRerun(t *testing.T) {
 			const runID = "crashy/k1"
 			args := crashyArgs(db, "k1", side, "steps="+strconv.Itoa(n))
 
-			c, got := runChild(t, []string{steps.CrashEnv + "=" + tc.point}, args...)
-			c.wantExit(got, sigkilled)
+			c, got := runChild(t, []string{crashtest.CrashAt(tc.point)}, args...)
+			c.WantExit(got, sigkilled)
 
 			before := readRun(t, db, runID)
 			if !before.found {
@@ -97,10 +97,10 @@ func TestCrashPointThenRerun(t *testing.T) {
 			checkRan(t, readSide(t, side), n, ranBefore)
 
 			c, got = runChild(t, nil, args...)
-			c.wantExit(got, exited0)
+			c.WantExit(got, exited0)
 			want := fmt.Sprintf("run %s succeeded (attempt 2): %d steps executed, %d skipped", runID, n-tc.committed, tc.committed)
-			if !strings.Contains(c.stdout.String(), want) {
-				t.Errorf("rerun stdout = %q, want it to contain %q", c.stdout.String(), want)
+			if !strings.Contains(c.Stdout(), want) {
+				t.Errorf("rerun stdout = %q, want it to contain %q", c.Stdout(), want)
 			}
 
 			after := readRun(t, db, runID)
@@ -166,7 +166,7 @@ func TestRandomKillThenRerun(t *testing.T) {
 		started := rng.IntN(n + 1)
 		jitter := time.Duration(rng.IntN(3000)) * time.Microsecond
 		c := startChild(t, nil, nil, args...)
-		c.waitFor(fmt.Sprintf("%d steps started", started), func() bool {
+		c.WaitFor(fmt.Sprintf("%d steps started", started), func() bool {
 			l := readSide(t, side)
 			total := 0
 			for _, k := range l.ran {
@@ -175,10 +175,10 @@ func TestRandomKillThenRerun(t *testing.T) {
 			return total >= started
 		})
 		time.Sleep(jitter)
-		c.cmd.Process.Kill() // fails harmlessly if the child just finished
-		got := c.wait()
+		c.Kill() // fails harmlessly if the child just finished
+		got := c.Wait()
 		if got != sigkilled && got != exited0 {
-			c.wantExit(got, sigkilled)
+			c.WantExit(got, sigkilled)
 		}
 
 		before := readRun(t, db, runID)
@@ -192,11 +192,11 @@ func TestRandomKillThenRerun(t *testing.T) {
 		}
 
 		c, got = runChild(t, nil, args...)
-		c.wantExit(got, exited0)
+		c.WantExit(got, exited0)
 		if len(done) < n {
 			want := fmt.Sprintf("%d steps executed, %d skipped", n-len(done), len(done))
-			if !strings.Contains(c.stdout.String(), want) {
-				t.Errorf("iteration %d: rerun stdout = %q, want it to contain %q", it, c.stdout.String(), want)
+			if !strings.Contains(c.Stdout(), want) {
+				t.Errorf("iteration %d: rerun stdout = %q, want it to contain %q", it, c.Stdout(), want)
 			}
 		}
 
@@ -243,13 +243,13 @@ func TestTwoRunnersOnOneRun(t *testing.T) {
 
 		// The winner blocks inside step/1 until released, so the loser
 		// meets a live lease however slowly it starts.
-		var winner, loser *child
+		var winner, loser *crashtest.Child
 		deadline := time.Now().Add(childTimeout)
 		for winner == nil {
 			switch {
-			case cs[0].exited():
+			case cs[0].Exited():
 				winner, loser = cs[1], cs[0]
-			case cs[1].exited():
+			case cs[1].Exited():
 				winner, loser = cs[0], cs[1]
 			case time.Now().After(deadline):
 				t.Fatal("neither runner ended; the second should have been refused at once")
@@ -257,14 +257,14 @@ func TestTwoRunnersOnOneRun(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 		}
-		loser.wantExit(loser.wait(), exit{code: ExitHeld})
-		held := fmt.Sprintf("held by %s:%d", hostname(t), winner.cmd.Process.Pid)
-		if !strings.Contains(loser.stderr.String(), held) {
-			t.Errorf("refused runner's stderr = %q, want it to contain %q", loser.stderr.String(), held)
+		loser.WantExit(loser.Wait(), crashtest.Code(ExitHeld))
+		held := fmt.Sprintf("held by %s:%d", hostname(t), winner.Pid())
+		if !strings.Contains(loser.Stderr(), held) {
+			t.Errorf("refused runner's stderr = %q, want it to contain %q", loser.Stderr(), held)
 		}
-		winner.waitFor("step/1 started", func() bool { return readSide(t, side).ran["step/1"] == 1 })
+		winner.WaitFor("step/1 started", func() bool { return readSide(t, side).ran["step/1"] == 1 })
 		touch(t, release)
-		winner.wantExit(winner.wait(), exited0)
+		winner.WantExit(winner.Wait(), exited0)
 
 		checkRan(t, readSide(t, side), 3, map[string]int{"step/1": 1, "step/2": 1, "step/3": 1})
 		s := readRun(t, db, "crashy/k")
@@ -278,18 +278,18 @@ func TestTwoRunnersOnOneRun(t *testing.T) {
 		release := filepath.Join(filepath.Dir(db), "release")
 		args := crashyArgs(db, "k", side, "block="+release, "block-at=1")
 		first := startChild(t, nil, nil, args...)
-		first.waitFor("step/1 started", func() bool { return readSide(t, side).ran["step/1"] == 1 })
+		first.WaitFor("step/1 started", func() bool { return readSide(t, side).ran["step/1"] == 1 })
 		second := startChild(t, nil, nil, append(args, "--wait")...)
-		second.waitFor("the second runner waiting", func() bool { return strings.Contains(second.stderr.String(), "waiting") })
+		second.WaitFor("the second runner waiting", func() bool { return strings.Contains(second.Stderr(), "waiting") })
 		touch(t, release)
 
-		first.wantExit(first.wait(), exited0)
-		second.wantExit(second.wait(), exited0)
-		if !strings.Contains(first.stdout.String(), "run crashy/k succeeded (attempt 1): 3 steps executed") {
-			t.Errorf("first runner's stdout = %q, want it to report the run succeeded", first.stdout.String())
+		first.WantExit(first.Wait(), exited0)
+		second.WantExit(second.Wait(), exited0)
+		if !strings.Contains(first.Stdout(), "run crashy/k succeeded (attempt 1): 3 steps executed") {
+			t.Errorf("first runner's stdout = %q, want it to report the run succeeded", first.Stdout())
 		}
-		if !strings.Contains(second.stdout.String(), "already succeeded") {
-			t.Errorf("waiting runner's stdout = %q, want it to find the run already succeeded", second.stdout.String())
+		if !strings.Contains(second.Stdout(), "already succeeded") {
+			t.Errorf("waiting runner's stdout = %q, want it to find the run already succeeded", second.Stdout())
 		}
 		checkRan(t, readSide(t, side), 3, map[string]int{"step/1": 1, "step/2": 1, "step/3": 1})
 		s := readRun(t, db, "crashy/k")
@@ -305,14 +305,14 @@ func TestKilledLeaseHolderIsTakenOver(t *testing.T) {
 		release := filepath.Join(filepath.Dir(db), "release")
 		args := crashyArgs(db, "k", side, "block="+release, "block-at=2")
 		c := startChild(t, nil, nil, args...)
-		c.waitFor("step/2 started", func() bool { return readSide(t, side).ran["step/2"] == 1 })
-		if err := c.cmd.Process.Kill(); err != nil {
+		c.WaitFor("step/2 started", func() bool { return readSide(t, side).ran["step/2"] == 1 })
+		if err := c.Kill(); err != nil {
 			t.Fatal(err)
 		}
-		c.wantExit(c.wait(), sigkilled)
+		c.WantExit(c.Wait(), sigkilled)
 
 		before := readRun(t, db, "crashy/k")
-		owner := fmt.Sprintf("%s:%d", hostname(t), c.cmd.Process.Pid)
+		owner := fmt.Sprintf("%s:%d", hostname(t), c.Pid())
 		if r := before.info.Run; r.Status != checkpoint.RunRunning || checkpoint.OwnerName(r.LeaseOwner) != owner || !time.Now().Before(r.LeaseUntil) {
 			t.Fatalf("after the kill: status %q, lease %q until %s; want running, held by %s, unexpired (30s lease)",
 				r.Status, r.LeaseOwner, r.LeaseUntil, owner)
@@ -321,9 +321,9 @@ func TestKilledLeaseHolderIsTakenOver(t *testing.T) {
 		// No --wait: only an immediate takeover can succeed.
 		touch(t, release)
 		c, got := runChild(t, nil, args...)
-		c.wantExit(got, exited0)
-		if !strings.Contains(c.stderr.String(), "took over") || !strings.Contains(c.stdout.String(), "succeeded (attempt 2)") {
-			t.Errorf("rerun: stdout %q, stderr %q; want a takeover and success", c.stdout.String(), c.stderr.String())
+		c.WantExit(got, exited0)
+		if !strings.Contains(c.Stderr(), "took over") || !strings.Contains(c.Stdout(), "succeeded (attempt 2)") {
+			t.Errorf("rerun: stdout %q, stderr %q; want a takeover and success", c.Stdout(), c.Stderr())
 		}
 		after := readRun(t, db, "crashy/k")
 		if got := after.attemptStatuses(); !slices.Equal(got, []string{checkpoint.AttemptLost, checkpoint.RunSucceeded}) {
@@ -425,14 +425,14 @@ func TestSIGTERMInterruptsResumably(t *testing.T) {
 	release := filepath.Join(filepath.Dir(db), "release")
 	args := crashyArgs(db, "k", side, "steps="+strconv.Itoa(n), "block="+release, "block-at=3")
 	c := startChild(t, nil, nil, args...)
-	c.waitFor("step/3 started", func() bool { return readSide(t, side).ran["step/3"] == 1 })
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	c.WaitFor("step/3 started", func() bool { return readSide(t, side).ran["step/3"] == 1 })
+	if err := c.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	c.wantExit(c.wait(), exit{code: ExitInterrupted})
+	c.WantExit(c.Wait(), crashtest.Code(ExitInterrupted))
 	for _, want := range []string{"run crashy/k interrupted (attempt 1): 2 steps executed", "resume it with: stepwise resume crashy/k"} {
-		if !strings.Contains(c.stdout.String(), want) {
-			t.Errorf("interrupted runner's stdout = %q, want it to contain %q", c.stdout.String(), want)
+		if !strings.Contains(c.Stdout(), want) {
+			t.Errorf("interrupted runner's stdout = %q, want it to contain %q", c.Stdout(), want)
 		}
 	}
 
@@ -455,9 +455,9 @@ func TestSIGTERMInterruptsResumably(t *testing.T) {
 
 	touch(t, release)
 	c, got := runChild(t, nil, "--db", db, "resume", "crashy/k")
-	c.wantExit(got, exited0)
-	if want := "run crashy/k succeeded (attempt 2): 3 steps executed, 2 skipped"; !strings.Contains(c.stdout.String(), want) {
-		t.Errorf("resume stdout = %q, want it to contain %q", c.stdout.String(), want)
+	c.WantExit(got, exited0)
+	if want := "run crashy/k succeeded (attempt 2): 3 steps executed, 2 skipped"; !strings.Contains(c.Stdout(), want) {
+		t.Errorf("resume stdout = %q, want it to contain %q", c.Stdout(), want)
 	}
 	after := readRun(t, db, "crashy/k")
 	if got := after.attemptStatuses(); !slices.Equal(got, []string{checkpoint.RunInterrupted, checkpoint.RunSucceeded}) {
@@ -491,21 +491,21 @@ func TestSIGTERMLetsTheCurrentStepFinish(t *testing.T) {
 	release := filepath.Join(filepath.Dir(db), "release")
 	args := crashyArgs(db, "k", side, "steps="+strconv.Itoa(n), "block="+release, "block-at=2", "stubborn=true")
 	c := startChild(t, nil, nil, args...)
-	c.waitFor("step/2 started", func() bool { return readSide(t, side).ran["step/2"] == 1 })
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	c.WaitFor("step/2 started", func() bool { return readSide(t, side).ran["step/2"] == 1 })
+	if err := c.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	c.waitFor("step/2 seeing the cancel", func() bool { return readSide(t, side).cancelled["step/2"] == 1 })
+	c.WaitFor("step/2 seeing the cancel", func() bool { return readSide(t, side).cancelled["step/2"] == 1 })
 	touch(t, release)
-	c.wantExit(c.wait(), exit{code: ExitInterrupted})
+	c.WantExit(c.Wait(), crashtest.Code(ExitInterrupted))
 
 	before := readRun(t, db, "crashy/k")
 	if got := before.completed(); !slices.Equal(got, ids[:2]) {
 		t.Fatalf("completed after SIGTERM = %v, want %v: the step running at the signal finished, so its checkpoint must be kept\nstderr:\n%s",
-			got, ids[:2], c.stderr.String())
+			got, ids[:2], c.Stderr())
 	}
 	c, got := runChild(t, nil, args...)
-	c.wantExit(got, exited0)
+	c.WantExit(got, exited0)
 	log := readSide(t, side)
 	checkRan(t, log, n, map[string]int{"step/1": 1, "step/2": 1, "step/3": 1, "step/4": 1})
 	checkSaw(t, log, readRun(t, db, "crashy/k"))
@@ -526,22 +526,22 @@ func TestConcurrentFirstOpen(t *testing.T) {
 		}
 		cs, start := gatedChildren(t, runners, all...)
 		start()
-		var running []*child
+		var running []*crashtest.Child
 		for _, c := range cs {
-			c.waitFor("a claim", func() bool {
-				return c.exited() || strings.Contains(c.stderr.String(), "run started")
+			c.WaitFor("a claim", func() bool {
+				return c.Exited() || strings.Contains(c.Stderr(), "run started")
 			})
-			if !c.exited() || strings.Contains(c.stderr.String(), "run started") {
+			if !c.Exited() || strings.Contains(c.Stderr(), "run started") {
 				running = append(running, c)
 				continue
 			}
-			c.wantExit(c.wait(), exit{code: ExitHeld})
+			c.WantExit(c.Wait(), crashtest.Code(ExitHeld))
 		}
 		if len(running) != 1 {
 			t.Fatalf("round %d: %d runners started the run, want exactly 1", round, len(running))
 		}
 		touch(t, release)
-		running[0].wantExit(running[0].wait(), exited0)
+		running[0].WantExit(running[0].Wait(), exited0)
 		checkRan(t, readSide(t, side), 3, map[string]int{"step/1": 1, "step/2": 1, "step/3": 1})
 	}
 }

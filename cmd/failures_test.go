@@ -22,6 +22,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
+	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
 
 // These tests drive failure handling inside a run through real stepwise
@@ -318,30 +319,19 @@ func counterArgs(db, side string, params ...string) []string {
 	return args
 }
 
-// waitWithin waits up to d for the child to end; ok is false if it is
-// still running.
-func (c *child) waitWithin(d time.Duration) (e exit, ok bool) {
-	select {
-	case <-c.done:
-		return c.wait(), true
-	case <-time.After(d):
-		return exit{}, false
-	}
-}
-
 func TestSIGTERMMidStepThenExactRerun(t *testing.T) {
 	t.Parallel()
 	db, side := testFiles(t)
 	release := filepath.Join(filepath.Dir(db), "release")
 	c := startChild(t, nil, nil, counterArgs(db, side, "block="+release, "block-at=3")...)
-	c.waitFor("add/3 started", func() bool { return countLine(t, side, "ran add/3") == 1 })
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	c.WaitFor("add/3 started", func() bool { return countLine(t, side, "ran add/3") == 1 })
+	if err := c.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	c.wantExit(c.wait(), exit{code: ExitInterrupted})
+	c.WantExit(c.Wait(), crashtest.Code(ExitInterrupted))
 	for _, want := range []string{"run counter/k interrupted (attempt 1): 2 steps executed", "resume it with: stepwise resume counter/k"} {
-		if !strings.Contains(c.stdout.String(), want) {
-			t.Errorf("stdout = %q, want it to contain %q", c.stdout.String(), want)
+		if !strings.Contains(c.Stdout(), want) {
+			t.Errorf("stdout = %q, want it to contain %q", c.Stdout(), want)
 		}
 	}
 	before := readRun(t, db, "counter/k")
@@ -366,9 +356,9 @@ func TestSIGTERMMidStepThenExactRerun(t *testing.T) {
 
 	touch(t, release)
 	c, got := runChild(t, nil, "--db", db, "resume", "counter/k")
-	c.wantExit(got, exited0)
-	if want := "run counter/k succeeded (attempt 2): 3 steps executed, 2 skipped"; !strings.Contains(c.stdout.String(), want) {
-		t.Errorf("resume stdout = %q, want it to contain %q", c.stdout.String(), want)
+	c.WantExit(got, exited0)
+	if want := "run counter/k succeeded (attempt 2): 3 steps executed, 2 skipped"; !strings.Contains(c.Stdout(), want) {
+		t.Errorf("resume stdout = %q, want it to contain %q", c.Stdout(), want)
 	}
 	checkCounted(t, db, "counter/k")
 	after := readRun(t, db, "counter/k")
@@ -392,23 +382,23 @@ func TestSecondSIGTERMExitsAtOnce(t *testing.T) {
 	args := counterArgs(db, side, "block="+release, "block-at=3", "stubborn=true")
 	// A long grace period: only the second signal can end the child soon.
 	c := startChild(t, []string{GraceEnv + "=1m"}, nil, args...)
-	c.waitFor("add/3 started", func() bool { return countLine(t, side, "ran add/3") == 1 })
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	c.WaitFor("add/3 started", func() bool { return countLine(t, side, "ran add/3") == 1 })
+	if err := c.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	// The step ignores its context: it notes the cancel and keeps waiting.
-	c.waitFor("add/3 seeing the cancel", func() bool { return countLine(t, side, "cancelled add/3") == 1 })
+	c.WaitFor("add/3 seeing the cancel", func() bool { return countLine(t, side, "cancelled add/3") == 1 })
 	sent := time.Now()
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := c.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	got, ok := c.waitWithin(2 * time.Second)
+	got, ok := c.WaitWithin(2 * time.Second)
 	if !ok {
-		t.Fatalf("the child still runs %s after a second SIGTERM; want it to end at once\nstderr:\n%s", time.Since(sent), c.stderr.String())
+		t.Fatalf("the child still runs %s after a second SIGTERM; want it to end at once\nstderr:\n%s", time.Since(sent), c.Stderr())
 	}
-	c.wantExit(got, exit{code: -1, signal: syscall.SIGTERM})
+	c.WantExit(got, crashtest.Exit{Code: -1, Signal: syscall.SIGTERM})
 	t.Logf("the last SIGTERM ended the child in %s", time.Since(sent))
-	if s := c.stderr.String(); strings.Contains(s, "grace period") {
+	if s := c.Stderr(); strings.Contains(s, "grace period") {
 		t.Errorf("stderr mentions the grace period; the second signal should have ended the child:\n%s", s)
 	}
 	before := readRun(t, db, "counter/k")
@@ -424,9 +414,9 @@ func TestSecondSIGTERMExitsAtOnce(t *testing.T) {
 
 	touch(t, release)
 	c, got = runChild(t, nil, args...)
-	c.wantExit(got, exited0)
-	if want := "run counter/k succeeded (attempt 2): 3 steps executed, 2 skipped"; !strings.Contains(c.stdout.String(), want) {
-		t.Errorf("rerun stdout = %q, want it to contain %q", c.stdout.String(), want)
+	c.WantExit(got, exited0)
+	if want := "run counter/k succeeded (attempt 2): 3 steps executed, 2 skipped"; !strings.Contains(c.Stdout(), want) {
+		t.Errorf("rerun stdout = %q, want it to contain %q", c.Stdout(), want)
 	}
 	checkCounted(t, db, "counter/k")
 }
@@ -438,21 +428,21 @@ func TestGracePeriodEndsAStubbornStep(t *testing.T) {
 	release := filepath.Join(filepath.Dir(db), "release")
 	args := counterArgs(db, side, "block="+release, "block-at=3", "stubborn=true")
 	c := startChild(t, []string{GraceEnv + "=" + grace.String()}, nil, args...)
-	c.waitFor("add/3 started", func() bool { return countLine(t, side, "ran add/3") == 1 })
+	c.WaitFor("add/3 started", func() bool { return countLine(t, side, "ran add/3") == 1 })
 	sent := time.Now()
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := c.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	got := c.wait()
+	got := c.Wait()
 	took := time.Since(sent)
-	c.wantExit(got, exit{code: ExitInterrupted})
+	c.WantExit(got, crashtest.Code(ExitInterrupted))
 	// The grace period ends the process: not before it, and soon after.
 	if took < grace || took > grace+10*time.Second {
 		t.Errorf("the child exited %s after SIGTERM, want about the %s grace period", took, grace)
 	}
 	t.Logf("exited %s after SIGTERM (grace %s)", took, grace)
-	if want := "did not finish within the 300ms grace period; exiting (resumable)"; !strings.Contains(c.stderr.String(), want) {
-		t.Errorf("stderr = %q, want it to contain %q", c.stderr.String(), want)
+	if want := "did not finish within the 300ms grace period; exiting (resumable)"; !strings.Contains(c.Stderr(), want) {
+		t.Errorf("stderr = %q, want it to contain %q", c.Stderr(), want)
 	}
 	if countLine(t, side, "cancelled add/3") != 1 {
 		t.Error("the step did not see its context cancelled during the grace period")
@@ -468,7 +458,7 @@ func TestGracePeriodEndsAStubbornStep(t *testing.T) {
 
 	touch(t, release)
 	c, got = runChild(t, nil, args...)
-	c.wantExit(got, exited0)
+	c.WantExit(got, exited0)
 	checkCounted(t, db, "counter/k")
 }
 
@@ -493,17 +483,17 @@ func TestOutcomeUnknownAfterKill(t *testing.T) {
 			t.Parallel()
 			db, outside := testFiles(t)
 			args := []string{"--db", db, "run", "pay", "-p", "key=k", "-p", "outside=" + outside}
-			c, got := runChild(t, []string{steps.CrashEnv + "=" + tc.point}, args...)
-			c.wantExit(got, sigkilled)
+			c, got := runChild(t, []string{crashtest.CrashAt(tc.point)}, args...)
+			c.WantExit(got, sigkilled)
 			if got := linesOf(t, outside); len(got) != tc.called {
 				t.Fatalf("outside calls before the kill = %q, want %d", got, tc.called)
 			}
 
 			// The rerun stops for an operator, without calling blindly.
 			c, got = runChild(t, nil, args...)
-			c.wantExit(got, exit{code: ExitOperator})
-			if want := "`stepwise resolve " + runID + " --step pay --as done|retry --reason"; !strings.Contains(c.stderr.String(), want) {
-				t.Errorf("stderr = %q, want it to name %s", c.stderr.String(), want)
+			c.WantExit(got, crashtest.Code(ExitOperator))
+			if want := "`stepwise resolve " + runID + " --step pay --as done|retry --reason"; !strings.Contains(c.Stderr(), want) {
+				t.Errorf("stderr = %q, want it to name %s", c.Stderr(), want)
 			}
 			if got := linesOf(t, outside); len(got) != tc.called {
 				t.Fatalf("outside calls after the stopped rerun = %q, want still %d: the rerun called again", got, tc.called)
@@ -522,13 +512,13 @@ func TestOutcomeUnknownAfterKill(t *testing.T) {
 				resolve = append(resolve, "--output", tc.output)
 			}
 			c, got = runChild(t, []string{"STEPWISE_OPERATOR=ops@example"}, resolve...)
-			c.wantExit(got, exited0)
-			if want := "step pay of " + runID + " resolved as " + tc.as; !strings.Contains(c.stdout.String(), want) {
-				t.Errorf("resolve stdout = %q, want %q", c.stdout.String(), want)
+			c.WantExit(got, exited0)
+			if want := "step pay of " + runID + " resolved as " + tc.as; !strings.Contains(c.Stdout(), want) {
+				t.Errorf("resolve stdout = %q, want %q", c.Stdout(), want)
 			}
 
 			c, got = runChild(t, nil, args...)
-			c.wantExit(got, exited0)
+			c.WantExit(got, exited0)
 			calls := linesOf(t, outside)
 			if len(calls) != tc.calls || calls[0] != key {
 				t.Errorf("outside calls in the end = %q, want %d with key %s", calls, tc.calls, key)
@@ -567,22 +557,22 @@ func TestOutcomeUnknownAfterKill(t *testing.T) {
 			// A short lease: the rerun takes over at once (the runner is
 			// gone) but reconciles only once the dead runner's lease is out.
 			args := []string{"--db", db, "run", "pay", "-p", "key=k", "-p", "outside=" + outside, "-p", "reconcile=true", "--lease", "1s"}
-			c, got := runChild(t, []string{steps.CrashEnv + "=" + tc.point}, args...)
-			c.wantExit(got, sigkilled)
+			c, got := runChild(t, []string{crashtest.CrashAt(tc.point)}, args...)
+			c.WantExit(got, sigkilled)
 			if got := linesOf(t, outside); len(got) != tc.called {
 				t.Fatalf("outside calls before the kill = %q, want %d", got, tc.called)
 			}
 			until := readRun(t, db, runID).info.Run.LeaseUntil
 			c, got = runChild(t, nil, args...)
-			c.wantExit(got, exited0)
-			if !strings.Contains(c.stderr.String(), "waiting out the previous runner's lease before reconciling") {
-				t.Errorf("stderr does not log waiting out the dead runner's lease:\n%s", c.stderr.String())
+			c.WantExit(got, exited0)
+			if !strings.Contains(c.Stderr(), "waiting out the previous runner's lease before reconciling") {
+				t.Errorf("stderr does not log waiting out the dead runner's lease:\n%s", c.Stderr())
 			}
 			if at := readRun(t, db, runID).steps["pay"].FinishedAt; at.Before(until) {
 				t.Errorf("the call was settled at %s, before the dead runner's lease ended at %s", at, until)
 			}
-			if !strings.Contains(c.stderr.String(), "reconciled an outside call of unknown outcome") {
-				t.Errorf("stderr does not log the reconcile:\n%s", c.stderr.String())
+			if !strings.Contains(c.Stderr(), "reconciled an outside call of unknown outcome") {
+				t.Errorf("stderr does not log the reconcile:\n%s", c.Stderr())
 			}
 			if got := linesOf(t, outside); len(got) != 1 || got[0] != key {
 				t.Errorf("outside calls = %q, want exactly one, with key %s", got, key)
@@ -642,7 +632,7 @@ func checkSent(t *testing.T, db, runID string, tries int) {
 
 func TestOutboxAcrossProcesses(t *testing.T) {
 	t.Parallel()
-	crashAfterCommit := []string{steps.CrashEnv + "=step:notify:after-checkpoint"}
+	crashAfterCommit := []string{crashtest.CrashAt("step:notify:after-checkpoint")}
 	runArgs := func(db, key string, more ...string) []string {
 		return append([]string{"--db", db, "run", "outbox", "-p", "key=" + key}, more...)
 	}
@@ -651,21 +641,21 @@ func TestOutboxAcrossProcesses(t *testing.T) {
 		t.Parallel()
 		db, to := testFiles(t)
 		c, got := runChild(t, crashAfterCommit, runArgs(db, "k1")...)
-		c.wantExit(got, sigkilled)
+		c.WantExit(got, sigkilled)
 		if ob := show(t, db, "outbox/k1").Outbox; len(ob) != 1 || ob[0].Status != checkpoint.MessageQueued {
 			t.Fatalf("outbox after the kill = %+v, want the message queued with its checkpoint", ob)
 		}
 		for pass, want := range []string{"dispatched: 1 sent, 0 failed", "dispatched: 0 sent, 0 failed"} {
 			c, got = runChild(t, nil, "--db", db, "dispatch", "--to", "file:"+to)
-			c.wantExit(got, exited0)
-			if !strings.Contains(c.stderr.String(), want) {
-				t.Errorf("dispatch pass %d: stderr %q, want %q", pass+1, c.stderr.String(), want)
+			c.WantExit(got, exited0)
+			if !strings.Contains(c.Stderr(), want) {
+				t.Errorf("dispatch pass %d: stderr %q, want %q", pass+1, c.Stderr(), want)
 			}
 		}
 		checkDeliveredOnce(t, to, "k1")
 		// Finishing the run queues nothing twice and delivers nothing again.
 		c, got = runChild(t, nil, runArgs(db, "k1", "--deliver", "file:"+to)...)
-		c.wantExit(got, exited0)
+		c.WantExit(got, exited0)
 		checkDeliveredOnce(t, to, "k1")
 		checkSent(t, db, "outbox/k1", 1)
 	})
@@ -674,11 +664,11 @@ func TestOutboxAcrossProcesses(t *testing.T) {
 		t.Parallel()
 		db, to := testFiles(t)
 		c, got := runChild(t, crashAfterCommit, runArgs(db, "k2")...)
-		c.wantExit(got, sigkilled)
+		c.WantExit(got, sigkilled)
 		c, got = runChild(t, nil, runArgs(db, "k2", "--deliver", "file:"+to)...)
-		c.wantExit(got, exited0)
-		if want := "run outbox/k2 succeeded (attempt 2): 0 steps executed, 2 skipped"; !strings.Contains(c.stdout.String(), want) {
-			t.Errorf("rerun stdout = %q, want %q: both steps were checkpointed before the kill", c.stdout.String(), want)
+		c.WantExit(got, exited0)
+		if want := "run outbox/k2 succeeded (attempt 2): 0 steps executed, 2 skipped"; !strings.Contains(c.Stdout(), want) {
+			t.Errorf("rerun stdout = %q, want %q: both steps were checkpointed before the kill", c.Stdout(), want)
 		}
 		checkDeliveredOnce(t, to, "k2")
 		checkSent(t, db, "outbox/k2", 1)
@@ -688,7 +678,7 @@ func TestOutboxAcrossProcesses(t *testing.T) {
 		t.Parallel()
 		db, to := testFiles(t)
 		c, got := runChild(t, nil, runArgs(db, "k3", "--deliver", "file:"+to)...)
-		c.wantExit(got, exited0)
+		c.WantExit(got, exited0)
 		checkDeliveredOnce(t, to, "k3")
 		checkSent(t, db, "outbox/k3", 1)
 	})
@@ -697,7 +687,7 @@ func TestOutboxAcrossProcesses(t *testing.T) {
 		t.Parallel()
 		db, _ := testFiles(t)
 		c, got := runChild(t, nil, runArgs(db, "k4")...)
-		c.wantExit(got, exited0)
+		c.WantExit(got, exited0)
 
 		type request struct {
 			path, key, topic string
@@ -707,7 +697,7 @@ func TestOutboxAcrossProcesses(t *testing.T) {
 			mu       sync.Mutex
 			requests []request
 		)
-		victim := make(chan *child, 1) // the dispatcher to kill mid-delivery
+		victim := make(chan *crashtest.Child, 1) // the dispatcher to kill mid-delivery
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			b, _ := io.ReadAll(r.Body)
 			req := request{path: r.URL.Path, key: r.Header.Get("Idempotency-Key"), topic: r.Header.Get("X-Stepwise-Topic")}
@@ -723,8 +713,8 @@ func TestOutboxAcrossProcesses(t *testing.T) {
 				// The message arrived, but its sender dies before it
 				// hears so and records the delivery.
 				v := <-victim
-				v.cmd.Process.Kill()
-				<-v.done
+				v.Kill()
+				<-v.Done()
 				return
 			}
 			w.WriteHeader(http.StatusNoContent)
@@ -737,15 +727,15 @@ func TestOutboxAcrossProcesses(t *testing.T) {
 
 		c = startChild(t, nil, nil, "--db", db, "dispatch", "--to", hook)
 		victim <- c
-		c.wantExit(c.wait(), sigkilled)
+		c.WantExit(c.Wait(), sigkilled)
 		if ob := show(t, db, "outbox/k4").Outbox; len(ob) != 1 || ob[0].Status != checkpoint.MessageQueued {
 			t.Fatalf("outbox after the dispatcher died = %+v, want the message still queued", ob)
 		}
 		for pass, want := range []string{"dispatched: 1 sent, 0 failed", "dispatched: 0 sent, 0 failed"} {
 			c, got = runChild(t, nil, "--db", db, "dispatch", "--to", hook)
-			c.wantExit(got, exited0)
-			if !strings.Contains(c.stderr.String(), want) {
-				t.Errorf("dispatch pass %d: stderr %q, want %q", pass+1, c.stderr.String(), want)
+			c.WantExit(got, exited0)
+			if !strings.Contains(c.Stderr(), want) {
+				t.Errorf("dispatch pass %d: stderr %q, want %q", pass+1, c.Stderr(), want)
 			}
 		}
 		mu.Lock()
@@ -787,15 +777,15 @@ func TestRetriesEndToEnd(t *testing.T) {
 				args = append(args, "-p", p)
 			}
 			c, got := runChild(t, nil, args...)
-			c.wantExit(got, exit{code: tc.code})
+			c.WantExit(got, crashtest.Code(tc.code))
 			if n := len(linesOf(t, side)); n != tc.tries {
 				t.Errorf("the step's function ran %d times, want %d", n, tc.tries)
 			}
-			if n := strings.Count(c.stderr.String(), "step failed; retrying"); n != tc.retrying {
-				t.Errorf("%d retry log lines, want %d\nstderr:\n%s", n, tc.retrying, c.stderr.String())
+			if n := strings.Count(c.Stderr(), "step failed; retrying"); n != tc.retrying {
+				t.Errorf("%d retry log lines, want %d\nstderr:\n%s", n, tc.retrying, c.Stderr())
 			}
-			if !strings.Contains(c.stderr.String(), tc.errorText) {
-				t.Errorf("stderr = %q, want it to contain %q", c.stderr.String(), tc.errorText)
+			if !strings.Contains(c.Stderr(), tc.errorText) {
+				t.Errorf("stderr = %q, want it to contain %q", c.Stderr(), tc.errorText)
 			}
 			st, ok := show(t, db, "flaky/k").step("fetch")
 			if !ok || st.Tries != tc.tries || st.Status != tc.status {
@@ -815,11 +805,11 @@ func TestSIGTERMDuringOutsideCall(t *testing.T) {
 	release := filepath.Join(filepath.Dir(db), "release")
 	args := []string{"--db", db, "run", "pay", "-p", "key=k", "-p", "outside=" + outside, "-p", "block=" + release}
 	c := startChild(t, nil, nil, args...)
-	c.waitFor("the outside system called", func() bool { return len(linesOf(t, outside)) == 1 })
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	c.WaitFor("the outside system called", func() bool { return len(linesOf(t, outside)) == 1 })
+	if err := c.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	c.wantExit(c.wait(), exit{code: ExitInterrupted})
+	c.WantExit(c.Wait(), crashtest.Code(ExitInterrupted))
 	if st, _ := show(t, db, "pay/k").step("pay"); st.Status != checkpoint.StepCalling {
 		t.Errorf("pay is %q after the interrupt, want %q", st.Status, checkpoint.StepCalling)
 	}
@@ -829,8 +819,8 @@ func TestSIGTERMDuringOutsideCall(t *testing.T) {
 	if calls := linesOf(t, outside); len(calls) != 1 {
 		t.Errorf("the outside system was called %d times, want once: a call cut off by SIGTERM has an unknown outcome", len(calls))
 	}
-	c.wantExit(got, exit{code: ExitOperator})
-	if want := "stepwise resolve pay/k --step pay --as done|retry"; !strings.Contains(c.stderr.String(), want) {
-		t.Errorf("stderr = %q, want it to name %s", c.stderr.String(), want)
+	c.WantExit(got, crashtest.Code(ExitOperator))
+	if want := "stepwise resolve pay/k --step pay --as done|retry"; !strings.Contains(c.Stderr(), want) {
+		t.Errorf("stderr = %q, want it to name %s", c.Stderr(), want)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
 	"github.com/stepwise-run/stepwise/steps"
+	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
 
 // The operators' log tests run the CLI in-process where they can and in
@@ -31,11 +31,7 @@ func init() {
 	if os.Getenv(logsChildEnv) != "1" {
 		return
 	}
-	args := os.Args[1:]
-	if i := slices.Index(args, "--"); i >= 0 {
-		args = args[i+1:]
-	}
-	os.Args = append([]string{os.Args[0]}, args...)
+	os.Args = append([]string{os.Args[0]}, crashtest.ChildArgs()...)
 	Main(logRegistry(), Schedules(logSchedules()...), Name("stepwise"))
 }
 
@@ -286,19 +282,19 @@ func TestServeSurvivesPanicsAndLogsProgress(t *testing.T) {
 		return len(runs)
 	}
 	var polled time.Time
-	c.waitFor("two panicked runs and two batch runs after them", func() bool {
+	c.WaitFor("two panicked runs and two batch runs after them", func() bool {
 		if time.Since(polled) < 50*time.Millisecond {
 			return false
 		}
 		polled = time.Now()
 		return count("panicky", checkpoint.RunFailed) >= 2 && count("batchy", checkpoint.RunSucceeded) >= 3
 	})
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := c.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	c.wantExit(c.wait(), exited0)
-	if !strings.Contains(c.stdout.String(), "stepwise serve: stopped") {
-		t.Errorf("serve did not stop cleanly:\n%s", c.stdout.String())
+	c.WantExit(c.Wait(), exited0)
+	if !strings.Contains(c.Stdout(), "stepwise serve: stopped") {
+		t.Errorf("serve did not stop cleanly:\n%s", c.Stdout())
 	}
 	panicked, err := st.Runs(context.Background(), checkpoint.RunFilter{Job: "panicky", Limit: 1000})
 	if err != nil {
@@ -313,7 +309,7 @@ func TestServeSurvivesPanicsAndLogsProgress(t *testing.T) {
 			t.Errorf("run %s: %s, attempts %+v; want failed once with the panic's stack", r.ID, r.Status, info.Attempts)
 		}
 	}
-	lines := jsonLines(t, c.stderr.String())
+	lines := jsonLines(t, c.Stderr())
 	var ids []string
 	runs, err := st.Runs(context.Background(), checkpoint.RunFilter{Job: "batchy", Status: checkpoint.RunSucceeded, Limit: 1000})
 	if err != nil {
@@ -333,15 +329,15 @@ func TestSIGINTIsOneLine(t *testing.T) {
 	db, side := testFiles(t)
 	c := startChild(t, []string{logsChildEnv + "=1"}, nil, "--db", db, "--log-format", "json",
 		"run", "batchy", "-p", "key=k", "-p", "items=4", "-p", "block-at=3", "-p", "side="+side, "--progress", "bar")
-	c.waitFor("item 3 blocked", func() bool {
+	c.WaitFor("item 3 blocked", func() bool {
 		b, _ := os.ReadFile(side)
 		return strings.Contains(string(b), "blocked\n")
 	})
-	if err := c.cmd.Process.Signal(syscall.SIGINT); err != nil {
+	if err := c.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	c.wantExit(c.wait(), exit{code: ExitInterrupted})
-	stdout, stderr := c.stdout.String(), c.stderr.String()
+	c.WantExit(c.Wait(), crashtest.Code(ExitInterrupted))
+	stdout, stderr := c.Stdout(), c.Stderr()
 	if n := strings.Count(stdout, "run batchy/k interrupted (attempt 1): 0 steps executed"); n != 1 {
 		t.Errorf("the outcome is printed %d times on stdout; want once:\n%s", n, stdout)
 	}
@@ -397,21 +393,21 @@ func TestSIGINTInAStepIsOneLine(t *testing.T) {
 	db, side := testFiles(t)
 	release := filepath.Join(filepath.Dir(db), "release") // never created
 	c := startChild(t, nil, nil, crashyArgs(db, "k", side, "steps=3", "block="+release, "block-at=2")...)
-	c.waitFor("step/2 started", func() bool { return readSide(t, side).ran["step/2"] == 1 })
-	if err := c.cmd.Process.Signal(syscall.SIGINT); err != nil {
+	c.WaitFor("step/2 started", func() bool { return readSide(t, side).ran["step/2"] == 1 })
+	if err := c.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	c.wantExit(c.wait(), exit{code: ExitInterrupted})
+	c.WantExit(c.Wait(), crashtest.Code(ExitInterrupted))
 	var loud []string
-	for _, l := range jsonLines(t, c.stderr.String()) {
+	for _, l := range jsonLines(t, c.Stderr()) {
 		if l.Level != "info" && l.Level != "debug" {
 			loud = append(loud, l.Level+": "+l.Message)
 		}
 	}
 	if len(loud) != 1 || !strings.HasPrefix(loud[0], "warn: run interrupted") {
-		t.Errorf("lines above info: %q; want only the run's interruption warning\nstderr:\n%s", loud, c.stderr.String())
+		t.Errorf("lines above info: %q; want only the run's interruption warning\nstderr:\n%s", loud, c.Stderr())
 	}
-	if strings.Contains(c.stderr.String(), "stepwise: ") {
-		t.Errorf("stderr repeats the outcome as an error:\n%s", c.stderr.String())
+	if strings.Contains(c.Stderr(), "stepwise: ") {
+		t.Errorf("stderr repeats the outcome as an error:\n%s", c.Stderr())
 	}
 }

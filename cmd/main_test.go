@@ -9,19 +9,18 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
+	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
 
 // The crash tests run the stepwise CLI in real processes: the test binary
@@ -45,10 +44,7 @@ func TestMain(m *testing.M) {
 }
 
 func childMain() {
-	args := os.Args[1:]
-	if i := slices.Index(args, "--"); i >= 0 {
-		args = args[i+1:]
-	}
+	args := crashtest.ChildArgs()
 	if os.Getenv(gateEnv) == "1" {
 		ready, gate := os.NewFile(3, "ready"), os.NewFile(4, "gate")
 		if _, err := ready.Write([]byte{1}); err != nil {
@@ -360,144 +356,34 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// child is a stepwise CLI process running the test registry.
-type child struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	stdout syncBuffer
-	stderr syncBuffer
-	done   chan struct{}
-}
-
-// exit is how a child ended: an exit code, or the signal that killed it.
-type exit struct {
-	code   int // -1 when killed by a signal
-	signal syscall.Signal
-}
-
-func (e exit) String() string {
-	if e.code < 0 {
-		return fmt.Sprintf("killed by signal %d (%v)", int(e.signal), e.signal)
-	}
-	return fmt.Sprintf("exit code %d", e.code)
-}
-
+// childTimeout bounds how long a test waits for a CLI child.
 const childTimeout = 30 * time.Second
 
-// startChild starts the CLI with args in a new process. env is added to the
-// environment (with every STEPWISE_ variable of the test's own environment
-// removed); files become the child's fds 3, 4, ...
-func startChild(t *testing.T, env []string, files []*os.File, args ...string) *child {
+// startChild starts the CLI with args in a new process (see crashtest.Start
+// for its environment). files become the child's fds 3, 4, ...
+func startChild(t *testing.T, env []string, files []*os.File, args ...string) *crashtest.Child {
 	t.Helper()
 	return startWrappedChild(t, nil, env, files, args...)
 }
 
 // startWrappedChild is startChild with the CLI run by a wrapper command
 // (e.g. unshare): wrap, then the test binary and its arguments.
-func startWrappedChild(t *testing.T, wrap, env []string, files []*os.File, args ...string) *child {
+func startWrappedChild(t *testing.T, wrap, env []string, files []*os.File, args ...string) *crashtest.Child {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatalf("find test binary: %v", err)
-	}
-	c := &child{t: t, done: make(chan struct{})}
-	argv := append(append(slices.Clone(wrap), exe, "--"), args...)
-	c.cmd = exec.Command(argv[0], argv[1:]...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "STEPWISE_") {
-			c.cmd.Env = append(c.cmd.Env, kv)
-		}
-	}
-	// The race detector sleeps a second before a process exits (to catch
-	// late reports); children report races as they happen, and still exit 66.
-	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
-	c.cmd.Env = append(c.cmd.Env, childEnv+"=1", "GORACE="+gorace)
-	c.cmd.Env = append(c.cmd.Env, env...)
-	c.cmd.Stdout, c.cmd.Stderr = &c.stdout, &c.stderr
-	c.cmd.ExtraFiles = files
-	if err := c.cmd.Start(); err != nil {
-		t.Fatalf("start child: %v", err)
-	}
-	go func() {
-		c.cmd.Wait() // the exit status is read from ProcessState
-		close(c.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-c.done:
-		default:
-			c.cmd.Process.Kill()
-			<-c.done
-		}
-	})
-	return c
-}
-
-// wait waits for the child to end and returns how it ended. The child is
-// reaped, so its PID is free.
-func (c *child) wait() exit {
-	c.t.Helper()
-	select {
-	case <-c.done:
-	case <-time.After(childTimeout):
-		c.cmd.Process.Kill()
-		<-c.done
-		c.t.Fatalf("child %v did not end within %s\nstdout:\n%s\nstderr:\n%s", c.cmd.Args[2:], childTimeout, c.stdout.String(), c.stderr.String())
-	}
-	ws := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if ws.Signaled() {
-		return exit{code: -1, signal: ws.Signal()}
-	}
-	return exit{code: ws.ExitStatus()}
-}
-
-// exited reports whether the child has ended.
-func (c *child) exited() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// waitFor polls cond until it holds; it fails the test if the child ends
-// first or it takes too long.
-func (c *child) waitFor(what string, cond func() bool) {
-	c.t.Helper()
-	deadline := time.Now().Add(childTimeout)
-	for !cond() {
-		if c.exited() {
-			if cond() {
-				return
-			}
-			c.t.Fatalf("child ended (%s) before %s\nstdout:\n%s\nstderr:\n%s", c.wait(), what, c.stdout.String(), c.stderr.String())
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("child did not reach %s within %s", what, childTimeout)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	return crashtest.Start(t, crashtest.Spec{Args: args, Env: append([]string{childEnv + "=1"}, env...),
+		Wrap: wrap, Files: files, Timeout: childTimeout})
 }
 
 // runChild runs the CLI in a new process to its end.
-func runChild(t *testing.T, env []string, args ...string) (*child, exit) {
+func runChild(t *testing.T, env []string, args ...string) (*crashtest.Child, crashtest.Exit) {
 	t.Helper()
 	c := startChild(t, env, nil, args...)
-	return c, c.wait()
-}
-
-// wantExit fails the test unless the child ended as want.
-func (c *child) wantExit(got, want exit) {
-	c.t.Helper()
-	if got != want {
-		c.t.Fatalf("child %v: got %s, want %s\nstdout:\n%s\nstderr:\n%s", c.cmd.Args[2:], got, want, c.stdout.String(), c.stderr.String())
-	}
+	return c, c.Wait()
 }
 
 // gatedChildren starts the CLI in n processes and returns once all of them
 // are ready to run, with release letting them all go at the same moment.
-func gatedChildren(t *testing.T, n int, args ...[]string) (cs []*child, release func()) {
+func gatedChildren(t *testing.T, n int, args ...[]string) (cs []*crashtest.Child, release func()) {
 	t.Helper()
 	readyR, readyW, err := os.Pipe()
 	if err != nil {

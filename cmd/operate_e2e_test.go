@@ -26,12 +26,12 @@ func TestOperatingRunsEndToEnd(t *testing.T) {
 	// as stale soon after.
 	args := append(crashyArgs(c.db, "a", c.side, "block="+release, "block-at=2"), "--lease", "300ms")
 	killed := startChild(t, nil, nil, args...)
-	killed.waitFor("step/2 started", func() bool { return readSide(t, c.side).ran["step/2"] == 1 })
-	if err := killed.cmd.Process.Kill(); err != nil {
+	killed.WaitFor("step/2 started", func() bool { return readSide(t, c.side).ran["step/2"] == 1 })
+	if err := killed.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	killed.wantExit(killed.wait(), sigkilled)
-	owner := fmt.Sprintf("%s:%d", hostname(t), killed.cmd.Process.Pid)
+	killed.WantExit(killed.Wait(), sigkilled)
+	owner := fmt.Sprintf("%s:%d", hostname(t), killed.Pid())
 
 	// Wait out the rest of the dead runner's lease (at most 300ms).
 	info, err := c.store().Run(context.Background(), "crashy/a")

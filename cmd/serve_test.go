@@ -17,6 +17,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
 
 // The serve tests run `stepwise serve` in real processes: the test binary
@@ -32,11 +33,7 @@ func init() {
 	if os.Getenv(serveChildEnv) != "1" {
 		return
 	}
-	args := os.Args[1:]
-	if i := slices.Index(args, "--"); i >= 0 {
-		args = args[i+1:]
-	}
-	os.Args = append([]string{os.Args[0]}, args...)
+	os.Args = append([]string{os.Args[0]}, crashtest.ChildArgs()...)
 	Main(testRegistry(), Name("stepwise"), Schedules(everySecond(os.Getenv(serveSideEnv))))
 }
 
@@ -57,29 +54,30 @@ const secondKey = "20060102T150405"
 var serveAddr = regexp.MustCompile(`/metrics on http://(127\.0\.0\.1:\d+)`)
 
 // startServe starts `stepwise serve` on db in a new process.
-func startServe(t *testing.T, db, side string, args ...string) *child {
+func startServe(t *testing.T, db, side string, args ...string) *crashtest.Child {
 	t.Helper()
 	return startChild(t, []string{serveChildEnv + "=1", serveSideEnv + "=" + side},
 		nil, append([]string{"--db", db, "--log-format", "json", "serve", "--grace", "5s"}, args...)...)
 }
 
 // stopServe sends SIGTERM and expects a clean exit.
-func stopServe(t *testing.T, c *child) {
+func stopServe(t *testing.T, c *crashtest.Child) {
 	t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := c.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	c.wantExit(c.wait(), exited0)
-	if !strings.Contains(c.stdout.String(), "stepwise serve: stopped") {
-		t.Errorf("serve did not report a clean stop:\n%s\nstderr:\n%s", c.stdout.String(), c.stderr.String())
+	c.WantExit(c.Wait(), exited0)
+	if !strings.Contains(c.Stdout(), "stepwise serve: stopped") {
+		t.Errorf("serve did not report a clean stop:\n%s\nstderr:\n%s", c.Stdout(), c.Stderr())
 	}
 }
 
 // waitRuns waits until the side file shows step/1 started for at least n
 // runs.
-func waitRuns(c *child, side string, n int) {
-	c.waitFor(strconv.Itoa(n)+" runs", func() bool {
-		return readSide(c.t, side).ran["step/1"] >= n
+func waitRuns(t *testing.T, c *crashtest.Child, side string, n int) {
+	t.Helper()
+	c.WaitFor(strconv.Itoa(n)+" runs", func() bool {
+		return readSide(t, side).ran["step/1"] >= n
 	})
 }
 
@@ -107,9 +105,9 @@ func TestServeRealProcess(t *testing.T) {
 	db, side := testFiles(t)
 
 	first := startServe(t, db, side, "--listen", "127.0.0.1:0")
-	first.waitFor("the listen address", func() bool { return serveAddr.MatchString(first.stdout.String()) })
-	addr := serveAddr.FindStringSubmatch(first.stdout.String())[1]
-	waitRuns(first, side, 3)
+	first.WaitFor("the listen address", func() bool { return serveAddr.MatchString(first.Stdout()) })
+	addr := serveAddr.FindStringSubmatch(first.Stdout())[1]
+	waitRuns(t, first, side, 3)
 
 	code, body := httpGet(t, "http://"+addr+"/healthz")
 	var health struct {
@@ -137,7 +135,7 @@ func TestServeRealProcess(t *testing.T) {
 	second := startServe(t, db, side)
 	st := openStoreAt(t, db)
 	var polled time.Time
-	second.waitFor("runs after the restart", func() bool {
+	second.WaitFor("runs after the restart", func() bool {
 		if time.Since(polled) < 20*time.Millisecond {
 			return false
 		}

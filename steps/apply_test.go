@@ -198,7 +198,9 @@ func TestApplyDryRun(t *testing.T) {
 		t.Fatalf("dry run wrote: a = %d v%d", v, ver)
 	}
 	var n int
-	st.DB().QueryRow(`SELECT count(*) FROM steps`).Scan(&n)
+	if err := st.DB().QueryRow(`SELECT count(*) FROM steps`).Scan(&n); err != nil {
+		t.Fatalf("count the checkpoints: %v", err)
+	}
 	if n != 0 {
 		t.Fatalf("dry run checkpointed %d steps", n)
 	}

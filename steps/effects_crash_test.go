@@ -8,19 +8,18 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/steps"
+	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
 
 // These tests hold the effect protocol to its promise at every boundary of
@@ -200,31 +199,12 @@ func (l *fxLedger) runChild(t *testing.T, crashAt string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestFxChild$", "-test.count=1", "-test.timeout=1m")
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "STEPWISE_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	// The race detector sleeps a second before a clean exit; skip that.
-	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
-	cmd.Env = append(cmd.Env, "GORACE="+gorace, fxChildEnv+"=1", fxDBEnv+"="+l.dbPath, fxLedgerEnv+"="+l.ledgerPath,
-		fxTransfersEnv+"="+string(ts), fxCallsEnv+"="+callsPath)
-	if crashAt != "" {
-		cmd.Env = append(cmd.Env, steps.CrashEnv+"="+crashAt)
-	}
-	out, err := cmd.CombinedOutput()
+	env := []string{fxChildEnv + "=1", fxDBEnv + "=" + l.dbPath, fxLedgerEnv + "=" + l.ledgerPath,
+		fxTransfersEnv + "=" + string(ts), fxCallsEnv + "=" + callsPath}
 	if crashAt == "" {
-		if err != nil {
-			t.Fatalf("rerun child: %v\n%s", err, out)
-		}
+		crashtest.Start(t, crashtest.Spec{Test: "TestFxChild", Env: env}).WantCode(0)
 	} else {
-		ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
-		if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-			t.Fatalf("child with %s=%s: want death by SIGKILL at that point, got %v\n%s", steps.CrashEnv, crashAt, err, out)
-		}
+		crashtest.Start(t, crashtest.Spec{Test: "TestFxChild", Env: append(env, crashtest.CrashAt(crashAt))}).WantKilled()
 	}
 	b, err := os.ReadFile(callsPath)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -264,7 +264,10 @@ func TestForEachRefusesAFinishedItemGoneFromTheSource(t *testing.T) {
 			t.Fatalf("%d calls, b = %d", len(b.calls), b.balance())
 		}
 		var status string
-		b.st.DB().QueryRow(`SELECT status FROM steps WHERE step_id = 'post'`).Scan(&status)
+		err = b.st.DB().QueryRow(`SELECT status FROM steps WHERE step_id = 'post'`).Scan(&status)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			t.Fatalf("read the step's status: %v", err)
+		}
 		if status == checkpoint.StepCompleted {
 			t.Fatal("the step was recorded as completed")
 		}

@@ -1,17 +1,14 @@
 package steps_test
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -23,6 +20,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/steps"
+	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
 
 // These tests hold ForEach to the failure model a chunk at a time: a real
@@ -212,52 +210,25 @@ func feNewLedger(t *testing.T, separate bool, bk feBook) *feLedger {
 	return l
 }
 
-// command prepares a TestFeChild process over l.
-func (l *feLedger) command(ctx context.Context, order string, env ...string) *exec.Cmd {
+// start starts a TestFeChild process over l, yielding items in order.
+func (l *feLedger) start(t *testing.T, order string, env ...string) *crashtest.Child {
+	t.Helper()
 	l.children++
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestFeChild$", "-test.count=1", "-test.timeout=1m")
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "STEPWISE_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	// The race detector sleeps a second before a clean exit; skip that.
-	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
-	cmd.Env = append(cmd.Env, "GORACE="+gorace, feChildEnv+"=1", feDBEnv+"="+l.dbPath, feLedgerEnv+"="+l.ledgerPath,
-		feSeedEnv+"="+strconv.FormatUint(l.book.seed, 10), feOrderEnv+"="+order)
-	cmd.Env = append(cmd.Env, env...)
-	return cmd
+	c := crashtest.Start(t, crashtest.Spec{Test: "TestFeChild", Env: append([]string{feChildEnv + "=1", feDBEnv + "=" + l.dbPath,
+		feLedgerEnv + "=" + l.ledgerPath, feSeedEnv + "=" + strconv.FormatUint(l.book.seed, 10), feOrderEnv + "=" + order}, env...)})
+	l.orders[feOwner(c.Pid())] = order
+	return c
 }
 
 // runChild runs TestFeChild over l with items in order. With crashAt set
 // the child must die of SIGKILL there; without, it must succeed.
 func (l *feLedger) runChild(t *testing.T, crashAt, order string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var env []string
-	if crashAt != "" {
-		env = append(env, steps.CrashEnv+"="+crashAt)
-	}
-	cmd := l.command(ctx, order, env...)
-	out, err := cmd.CombinedOutput()
-	if cmd.Process != nil {
-		l.orders[feOwner(cmd.Process.Pid)] = order
-	}
 	if crashAt == "" {
-		if err != nil {
-			t.Fatalf("rerun child: %v\n%s", err, out)
-		}
+		l.start(t, order).WantCode(0)
 		return
 	}
-	if err == nil {
-		t.Fatalf("child with %s=%s ran to success: the crash point is never reached on this path "+
-			"(steps.Crash is not called with it)\n%s", steps.CrashEnv, crashAt, out)
-	}
-	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("child with %s=%s: want death by SIGKILL at that point, got %v\n%s", steps.CrashEnv, crashAt, err, out)
-	}
+	l.start(t, order, crashtest.CrashAt(crashAt)).WantKilled()
 }
 
 // killChild runs TestFeChild over l and kills it with SIGKILL at a moment
@@ -268,38 +239,19 @@ func (l *feLedger) runChild(t *testing.T, crashAt, order string) {
 func (l *feLedger) killChild(t *testing.T, rng *rand.Rand) {
 	t.Helper()
 	chunks, delay := rng.IntN(feChunks+1), time.Duration(rng.IntN(3000))*time.Microsecond
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := l.command(ctx, feForward, feProgressEnv+"=1")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	l.orders[feOwner(cmd.Process.Pid)] = feForward
-	sc := bufio.NewScanner(stdout)
-	seen := 0
-	for seen < chunks && sc.Scan() {
-		if strings.HasPrefix(sc.Text(), feProgressLine) {
-			seen++
-		}
-	}
+	c := l.start(t, feForward, feProgressEnv+"=1")
+	seen := func() int { return strings.Count(c.Stdout(), feProgressLine) }
+	c.Until(func() bool { return seen() >= chunks })
+	n := seen()
 	time.Sleep(delay) // the parent picks the moment; nothing under test sleeps
-	killErr := cmd.Process.Kill()
-	io.Copy(io.Discard, stdout)
-	err = cmd.Wait()
-	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	switch {
-	case ws.Signaled() && ws.Signal() == syscall.SIGKILL:
-		t.Logf("killed after %d committed chunks + %s", seen, delay)
-	case err == nil:
-		t.Logf("child finished before the kill (after %d chunks + %s; kill: %v)", seen, delay, killErr)
+	killErr := c.Signal(syscall.SIGKILL)
+	switch got := c.Wait(); got {
+	case crashtest.Killed:
+		t.Logf("killed after %d committed chunks + %s", n, delay)
+	case crashtest.Code(0):
+		t.Logf("child finished before the kill (after %d chunks + %s; kill: %v)", n, delay, killErr)
 	default:
-		t.Fatalf("child failed on its own: %v\n%s", err, stderr.String())
+		t.Fatalf("child failed on its own: %s\n%s", got, c.Output())
 	}
 }
 

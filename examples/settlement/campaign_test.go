@@ -1,13 +1,11 @@
 package settlement_test
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -20,7 +18,7 @@ import (
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
-	"github.com/stepwise-run/stepwise/steps"
+	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
 
 // The crash campaign settles a small ledger in real processes (this test
@@ -61,99 +59,33 @@ const (
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
-		args := os.Args[1:]
-		if i := slices.Index(args, "--"); i >= 0 {
-			args = args[i+1:]
-		}
-		os.Exit(cmd.Execute(context.Background(), registry(), args, os.Stdout, os.Stderr))
+		os.Exit(cmd.Execute(context.Background(), registry(), crashtest.ChildArgs(), os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
 }
 
-// child is the CLI running in another process.
-type child struct {
-	cmd            *exec.Cmd
-	stdout, stderr bytes.Buffer
-	done           chan struct{}
-}
-
-// startChild runs the settle job of s in a new process, with env added
-// (and the test's own STEPWISE_ variables removed).
-func startChild(t *testing.T, s store, env ...string) *child {
+// startChild runs the settle job of s in a new process, with env added.
+func startChild(t *testing.T, s store, env ...string) *crashtest.Child {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"--", "--db", s.db, "--log-level", "error", "run", "settle", "--progress", "none"}
+	args := []string{"--db", s.db, "--log-level", "error", "run", "settle", "--progress", "none"}
 	for k, v := range s.values(testDate, campaignChunk) {
 		args = append(args, "-p", k+"="+v)
 	}
-	c := &child{cmd: exec.Command(exe, args...), done: make(chan struct{})}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "STEPWISE_") {
-			c.cmd.Env = append(c.cmd.Env, kv)
-		}
-	}
-	// The race detector would sleep a second before each child exits.
-	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
-	c.cmd.Env = append(c.cmd.Env, childEnv+"=1", "GORACE="+gorace)
-	c.cmd.Env = append(c.cmd.Env, env...)
-	c.cmd.Stdout, c.cmd.Stderr = &c.stdout, &c.stderr
-	if err := c.cmd.Start(); err != nil {
-		t.Fatalf("start child: %v", err)
-	}
-	go func() {
-		c.cmd.Wait()
-		close(c.done)
-	}()
-	t.Cleanup(func() {
-		c.cmd.Process.Kill()
-		<-c.done
-	})
-	return c
-}
-
-// wait returns how the child ended: its exit code, or -1 if a signal
-// killed it.
-func (c *child) wait(t *testing.T) int {
-	t.Helper()
-	select {
-	case <-c.done:
-	case <-time.After(2 * time.Minute):
-		c.cmd.Process.Kill()
-		<-c.done
-		t.Fatalf("child did not end within 2 minutes\nstdout:\n%s\nstderr:\n%s", &c.stdout, &c.stderr)
-	}
-	ws := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if ws.Signaled() {
-		if ws.Signal() != syscall.SIGKILL {
-			t.Fatalf("child killed by %v\nstderr:\n%s", ws.Signal(), &c.stderr)
-		}
-		return -1
-	}
-	return ws.ExitStatus()
+	return crashtest.Start(t, crashtest.Spec{Args: args, Env: append([]string{childEnv + "=1"}, env...), Timeout: 2 * time.Minute})
 }
 
 // crashAt runs the job with the crash point set and fails unless the
 // process died there.
 func crashAt(t *testing.T, s store, point string) {
 	t.Helper()
-	c := startChild(t, s, steps.CrashEnv+"="+point)
-	if code := c.wait(t); code != -1 {
-		t.Fatalf("crash point %s: the child exited %d instead of dying there (is the point named right?)\nstdout:\n%s\nstderr:\n%s",
-			point, code, &c.stdout, &c.stderr)
-	}
+	startChild(t, s, crashtest.CrashAt(point)).WantKilled()
 }
 
 // settleToSuccess runs the job in a child and fails unless it succeeds.
 func settleToSuccess(t *testing.T, s store) time.Duration {
 	t.Helper()
 	start := time.Now()
-	c := startChild(t, s)
-	if code := c.wait(t); code != cmd.ExitOK {
-		t.Fatalf("rerun exited %d\nstdout:\n%s\nstderr:\n%s", code, &c.stdout, &c.stderr)
-	}
+	startChild(t, s).WantCode(cmd.ExitOK)
 	return time.Since(start)
 }
 
@@ -501,14 +433,14 @@ func randomKills(t *testing.T, l *campaignLayout, caseSeed, campaignSeed uint64)
 			time.Sleep(jitter)
 			when = fmt.Sprintf("%s after transfer %d was checkpointed", jitter.Round(time.Millisecond), target)
 		}
-		c.cmd.Process.Signal(syscall.SIGKILL) // harmless if it just ended
-		code := c.wait(t)
-		if code == cmd.ExitOK {
+		c.Signal(syscall.SIGKILL) // harmless if it just ended
+		got := c.Wait()
+		if got == crashtest.Code(cmd.ExitOK) {
 			log = append(log, "finished before the kill "+when)
 			break
 		}
-		if code != -1 {
-			t.Fatalf("killed run exited %d (replay with %s=%d)\nstderr:\n%s", code, campaignSeedEnv, campaignSeed, &c.stderr)
+		if got != crashtest.Killed {
+			t.Fatalf("killed run: %s (replay with %s=%d)\n%s", got, campaignSeedEnv, campaignSeed, c.Output())
 		}
 		log = append(log, fmt.Sprintf("killed %s (%s)", when, progressOf(t, s)))
 	}
@@ -522,7 +454,7 @@ func randomKills(t *testing.T, l *campaignLayout, caseSeed, campaignSeed uint64)
 // waitForItems returns once the child has checkpointed n items (in all its
 // attempts) or has ended. It opens the database only once the child has
 // put it in WAL mode, so it never races the child's schema migration.
-func waitForItems(t *testing.T, c *child, s store, n int) {
+func waitForItems(t *testing.T, c *crashtest.Child, s store, n int) {
 	t.Helper()
 	var db *sql.DB
 	defer func() {
@@ -532,7 +464,7 @@ func waitForItems(t *testing.T, c *child, s store, n int) {
 	}()
 	for {
 		select {
-		case <-c.done:
+		case <-c.Done():
 			return
 		case <-time.After(2 * time.Millisecond):
 		}
