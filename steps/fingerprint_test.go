@@ -3,6 +3,7 @@ package steps_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -308,44 +309,80 @@ func TestForEachRefusesMoreItemsThanDeclared(t *testing.T) {
 	})
 }
 
-func TestForEachCountShortcutLooksAheadOnce(t *testing.T) {
+// TestForEachAllItemsDoneStepUnmarked is the crash between the last
+// chunk's commit and the step's own record: every declared item is
+// finished, the step is not. The rerun must not finish it from the item
+// counts: a finished item altered or deleted since (or one appended) is
+// refused as at any other chunk, and the step stays unfinished.
+func TestForEachAllItemsDoneStepUnmarked(t *testing.T) {
+	type change struct {
+		name string
+		do   func(b *fpBatch)
+		kind string
+		key  string
+	}
+	changes := []change{
+		{"unchanged", func(b *fpBatch) {}, "", ""},
+		{"alter the first", func(b *fpBatch) { b.set("T000", 700) }, steps.ItemContentChanged, "T000"},
+		{"alter one", func(b *fpBatch) { b.set("T013", 700) }, steps.ItemContentChanged, "T013"},
+		{"alter the last", func(b *fpBatch) { b.set("T029", 700) }, steps.ItemContentChanged, "T029"},
+		{"delete one", func(b *fpBatch) { b.remove("T013") }, steps.ItemMissing, "T013"},
+		{"delete the last", func(b *fpBatch) { b.remove("T029") }, steps.ItemMissing, "T029"},
+		{"append one", func(b *fpBatch) { b.insert(xfer{ID: "T030", From: "a", To: "b", Amount: 31}) }, steps.ItemBeyondTotal, "T030"},
+	}
+	sources := map[string]func(b *fpBatch) steps.Source[xfer]{
+		"paged": func(b *fpBatch) steps.Source[xfer] { return b.paged(30) },
+		"slice": func(b *fpBatch) steps.Source[xfer] { return b.slice() },
+		"seq":   func(b *fpBatch) steps.Source[xfer] { return b.seq(30) },
+	}
 	for _, separate := range []bool{false, true} {
-		t.Run(fmt.Sprintf("separate=%v", separate), func(t *testing.T) {
-			b := newFPBatch(t, separate, 30)
-			if _, err := b.settle(b.paged(30), ""); err != nil {
-				t.Fatal(err)
-			}
-			unmark := func() {
-				if _, err := b.st.DB().Exec(`DELETE FROM steps WHERE step_id = 'post'`); err != nil {
-					t.Fatal(err)
+		for srcName, src := range sources {
+			for _, c := range changes {
+				if c.kind == steps.ItemBeyondTotal && srcName == "slice" {
+					continue // a Slice's total is its length: it cannot yield more than it declares
 				}
+				t.Run(fmt.Sprintf("separate=%v/%s/%s", separate, srcName, c.name), func(t *testing.T) {
+					b := newFPBatch(t, separate, 30)
+					if _, err := b.settle(src(b), ""); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := b.st.DB().Exec(`DELETE FROM steps WHERE step_id = 'post'`); err != nil {
+						t.Fatal(err)
+					}
+					c.do(b)
+					sum, err := b.settle(src(b), "")
+					if b.balance() != b.sumOf(30) || len(b.calls) != 0 {
+						t.Fatalf("b = %d, calls %v; want b = %d and nothing run again", b.balance(), b.calls, b.sumOf(30))
+					}
+					var status string
+					b.st.DB().QueryRow(`SELECT status FROM steps WHERE step_id = 'post'`).Scan(&status)
+					if c.kind == "" {
+						if err != nil || sum.Completed != 30 || sum.Executed != 0 || status != checkpoint.StepCompleted {
+							t.Fatalf("%+v, %v, step %q; want 30 completed, none executed, the step completed", sum, err, status)
+						}
+						return
+					}
+					wantChange(t, err, c.kind, c.key)
+					if status == checkpoint.StepCompleted {
+						t.Fatal("the step was recorded as completed")
+					}
+					// Refused again: a second try does not get past it.
+					_, err = b.settle(src(b), "")
+					wantChange(t, err, c.kind, c.key)
+				})
 			}
-			// Every declared item finished, nothing after the last: one
-			// fetch of one item, and the step completes from its counts.
-			unmark()
-			b.fetches = nil
-			sum, err := b.settle(b.paged(30), "")
-			if err != nil || sum.Completed != 30 || !slices.Equal(b.fetches, []int{1}) || len(b.calls) != 0 {
-				t.Fatalf("%+v, %v, fetches %v, calls %v; want the counts' summary after one fetch of 1", sum, err, b.fetches, b.calls)
-			}
-			// A transfer appended since is found, and refused.
-			unmark()
-			b.insert(xfer{ID: "T030", From: "a", To: "b", Amount: 31})
-			_, err = b.settle(b.paged(30), "")
-			wantChange(t, err, steps.ItemBeyondTotal, "T030")
-			if b.balance() != b.sumOf(30) {
-				t.Fatalf("b = %d, want %d", b.balance(), b.sumOf(30))
-			}
-			// A finished step still reads nothing.
-			b.remove("T030")
-			if _, err := b.settle(b.paged(30), ""); err != nil {
-				t.Fatal(err)
-			}
-			b.fetches = nil
-			if _, err := b.settle(b.paged(30), ""); err != nil || len(b.fetches) != 0 {
-				t.Fatalf("finished step: %v, fetches %v", err, b.fetches)
-			}
-		})
+		}
+	}
+	// A finished step still reads nothing: its own record is the answer
+	// (by design; a change after the step finished is not looked for).
+	b := newFPBatch(t, false, 30)
+	if _, err := b.settle(b.paged(30), ""); err != nil {
+		t.Fatal(err)
+	}
+	b.set("T003", 99)
+	b.fetches = nil
+	if _, err := b.settle(b.paged(30), ""); err != nil || len(b.fetches) != 0 {
+		t.Fatalf("finished step: %v, fetches %v; want its summary and no fetch", err, b.fetches)
 	}
 }
 
@@ -439,5 +476,26 @@ func TestForEachDoesNotCheckItemsRecordedWithoutAFingerprint(t *testing.T) {
 	sum, err := b.settle(b.slice(), "")
 	if err != nil || sum.Completed != 30 || slices.Contains(b.calls, "T004") {
 		t.Fatalf("%+v, %v, calls %v; want the unfingerprinted item skipped as finished, unchecked", sum, err, b.calls)
+	}
+}
+
+// TestForEachStoppedRecordsItsProgress: a batch step that stops before its
+// end (here an item's failure after twelve items) leaves its running
+// checkpoint counting what this attempt processed, not the empty summary
+// it started with.
+func TestForEachStoppedRecordsItsProgress(t *testing.T) {
+	b := newFPBatch(t, false, 30)
+	b.crashed(b.paged(30))
+	var status string
+	var raw []byte
+	if err := b.st.DB().QueryRow(`SELECT status, output FROM steps WHERE step_id = 'post'`).Scan(&status, &raw); err != nil {
+		t.Fatal(err)
+	}
+	var sum steps.BatchSummary
+	if err := json.Unmarshal(raw, &sum); err != nil {
+		t.Fatal(err)
+	}
+	if status != checkpoint.StepRunning || sum.Executed != 12 || sum.Completed != 12 || sum.Total != 30 {
+		t.Fatalf("step %q, output %s; want running with 12 executed and completed of 30", status, raw)
 	}
 }
