@@ -260,6 +260,7 @@ type batch[I, O any] struct {
 	yielded   int64  // items the source yielded
 	tileFrom  string // an ascending source's read-backs tile the key space from here
 	changes   changeSet
+	decided   map[string]checkpoint.ItemChange // refused and accepted changes, by item key (loadDecisions)
 	chunk     int
 	replans   int   // stale plans of earlier attempts made again
 	skips     int64 // items skipped under SkipFailures, this attempt or before
@@ -417,6 +418,9 @@ func (b *batch[I, O]) doneKeys(ctx context.Context) (map[string]doneItem, error)
 		b.done = make(map[string]doneItem, len(b.keys))
 	}
 	clear(b.done)
+	if err := b.loadDecisions(ctx); err != nil { // read before a gone item is sorted, in the read below
+		return nil, err
+	}
 	q := checkpoint.ItemQuery{RunID: b.r.lease.RunID, Step: b.name, KeysOnly: true}
 	tile := b.ascending && b.ordered
 	if b.ordered {
