@@ -251,6 +251,9 @@ func (b *batch[I, O]) add(e ItemChangedError, fp []byte, items int64, note strin
 		c.prior = append(c.prior, ch)
 	case match && d.Status == checkpoint.ItemChangeRefused && b.r.accept != nil:
 		c.accept = append(c.accept, ch)
+		if e.Change == ItemInserted || e.Change == ItemBeyondTotal {
+			b.extraOK++ // one more item than declared is accepted: the items after it move up one
+		}
 	case len(c.refuse) < maxNamed:
 		c.refuse = append(c.refuse, ch)
 	default:
@@ -271,6 +274,9 @@ func (b *batch[I, O]) loadDecisions(ctx context.Context) error {
 	}
 	for _, c := range cs {
 		b.decided[c.Key] = c
+		if c.Status == checkpoint.ItemChangeAccepted && (c.Change == ItemInserted || c.Change == ItemBeyondTotal) {
+			b.extraOK++
+		}
 	}
 	return nil
 }
@@ -332,7 +338,8 @@ func (b *batch[I, O]) check(ctx context.Context, done map[string]doneItem) error
 			continue
 		}
 		inserted := b.ascending && k < b.maxKey
-		if inserted || b.yielded-int64(len(b.keys)-i) >= b.declared {
+		pos := b.yielded - int64(len(b.keys)-i) // items the source yielded before this one
+		if inserted || pos >= b.declared {
 			if err := b.loadDecisions(ctx); err != nil {
 				return err
 			}
@@ -348,7 +355,7 @@ func (b *batch[I, O]) check(ctx context.Context, done map[string]doneItem) error
 			}
 			b.add(b.changeError(k, ItemInserted, func(e *ItemChangedError) { e.Before = next }), append([]byte(nil), fp[:]...), 1,
 				fmt.Sprintf("item %s is new among processed items (before %s): processed", k, next))
-		case b.yielded-int64(len(b.keys)-i) >= b.declared: // the item's position in the source is past the total
+		case pos >= b.declared+b.extraOK: // the item's position is past the total and the extra items accepted
 			b.add(b.changeError(k, ItemBeyondTotal, nil), append([]byte(nil), fp[:]...), 1,
 				fmt.Sprintf("item %s is beyond the declared %d items: processed", k, b.declared))
 		}

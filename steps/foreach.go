@@ -261,6 +261,7 @@ type batch[I, O any] struct {
 	tileFrom  string // an ascending source's read-backs tile the key space from here
 	changes   changeSet
 	decided   map[string]checkpoint.ItemChange // refused and accepted changes, by item key (loadDecisions)
+	extraOK   int64                            // items accepted beyond the declared total (inserted or extra)
 	chunk     int
 	replans   int   // stale plans of earlier attempts made again
 	skips     int64 // items skipped under SkipFailures, this attempt or before
