@@ -149,7 +149,7 @@ func (t *sqliteTx) PutItems(items []Item) error {
 }
 
 // AcceptItemChanges implements Tx.
-func (t *sqliteTx) AcceptItemChanges(a Audit, items []Item) error {
+func (t *sqliteTx) AcceptItemChanges(a Audit, items []Item, changes []ItemChange) error {
 	if err := t.checkFence(); err != nil {
 		return err
 	}
@@ -161,6 +161,11 @@ func (t *sqliteTx) AcceptItemChanges(a Audit, items []Item) error {
 		if n, err := res.RowsAffected(); err != nil || n != 1 {
 			return fmt.Errorf("%w: item %s/%s of run %s is not recorded; there is no fingerprint to replace",
 				ErrNotFound, it.Step, it.Key, t.lease.RunID)
+		}
+	}
+	for _, c := range changes {
+		if err := t.putChange(c.Step, c, ItemChangeAccepted, a.At, a.Operator); err != nil {
+			return err
 		}
 	}
 	if _, err := t.tx.ExecContext(t.ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details); err != nil {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -54,18 +56,50 @@ func TestItemFingerprintsAndAcceptingChanges(t *testing.T) {
 			t.Errorf("last read %v, want T2 alone", got)
 		}
 	}
+	// A refusal records what it named; a later refusal replaces it.
+	changes := func() []string {
+		t.Helper()
+		cs, err := st.ItemChanges(ctx, l.RunID, "post")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, c := range cs {
+			out = append(out, fmt.Sprintf("%s %s %x %d %s %s", c.Key, c.Change, c.Fingerprint, c.Items, c.Status, c.Operator))
+		}
+		return out
+	}
+	for _, refused := range [][]checkpoint.ItemChange{
+		{{Key: "T0", Change: "missing"}, {Key: "T1", Change: "changed", Fingerprint: now}},
+		{{Key: "T1", Change: "changed", Fingerprint: now}, {Key: "", Change: "missing", Items: 3}},
+	} {
+		if err := st.InTx(ctx, l, func(tx checkpoint.Tx) error { return tx.RefuseItemChanges("post", claimNow, refused) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := changes(), []string{" missing  3 refused ", fmt.Sprintf("T1 changed %x 1 refused ", now)}; !slices.Equal(got, want) {
+		t.Fatalf("refused changes %q, want %q", got, want)
+	}
 	a := checkpoint.Audit{RunID: l.RunID, At: claimNow, Operator: "ops", Command: "accept-changed post", Reason: "checked", Details: "post: item T1 changed"}
 	if err := st.InTx(ctx, l, func(tx checkpoint.Tx) error {
-		return tx.AcceptItemChanges(a, []checkpoint.Item{{Step: "post", Key: "T1", Fingerprint: now}})
+		return tx.AcceptItemChanges(a, []checkpoint.Item{{Step: "post", Key: "T1", Fingerprint: now}},
+			[]checkpoint.ItemChange{{Step: "post", Key: "T1", Change: "changed", Fingerprint: now}})
 	}); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(checkpoint.ItemQuery{}); !bytes.Equal(got["T1"], now) {
 		t.Fatalf("T1 fingerprint %x after accepting, want %x", got["T1"], now)
 	}
+	// Accepted, the row names its operator and a new refusal leaves it.
+	if err := st.InTx(ctx, l, func(tx checkpoint.Tx) error { return tx.RefuseItemChanges("post", claimNow, nil) }); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := changes(), []string{fmt.Sprintf("T1 changed %x 1 accepted ops", now)}; !slices.Equal(got, want) {
+		t.Fatalf("changes after accepting %q, want %q", got, want)
+	}
 	// An item not recorded is refused, and the audit record with it.
 	err = st.InTx(ctx, l, func(tx checkpoint.Tx) error {
-		return tx.AcceptItemChanges(a, []checkpoint.Item{{Step: "post", Key: "T9", Fingerprint: now}})
+		return tx.AcceptItemChanges(a, []checkpoint.Item{{Step: "post", Key: "T9", Fingerprint: now}}, nil)
 	})
 	if !errors.Is(err, checkpoint.ErrNotFound) {
 		t.Fatalf("accepting an unrecorded item: %v, want ErrNotFound", err)
@@ -78,7 +112,7 @@ func TestItemFingerprintsAndAcceptingChanges(t *testing.T) {
 	if _, err := st.Claim(ctx, claimReq("settle/2026-11-28", "host:2", claimNow.Add(2*time.Minute))); err != nil {
 		t.Fatal(err)
 	}
-	err = st.InTx(ctx, l, func(tx checkpoint.Tx) error { return tx.AcceptItemChanges(a, nil) })
+	err = st.InTx(ctx, l, func(tx checkpoint.Tx) error { return tx.AcceptItemChanges(a, nil, nil) })
 	if !errors.Is(err, checkpoint.ErrFenced) {
 		t.Fatalf("a fenced acceptance: %v, want ErrFenced", err)
 	}

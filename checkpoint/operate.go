@@ -150,7 +150,7 @@ func (s *SQLite) ResetSteps(ctx context.Context, a Audit, now time.Time, stepIDs
 				ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))
 		}
 		for _, id := range stepIDs {
-			for _, q := range []string{sqlDeleteStep, sqlDeleteItems, sqlDeleteChunkPlans} {
+			for _, q := range []string{sqlDeleteStep, sqlDeleteItems, sqlDeleteChunkPlans, sqlDeleteChanges} {
 				if _, err := tx.ExecContext(ctx, q, run.ID, id); err != nil {
 					return err
 				}
@@ -241,7 +241,7 @@ func (s *SQLite) Prune(ctx context.Context, a Audit, cutoff time.Time, dryRun bo
 				run.FinishedAt.IsZero() || !run.FinishedAt.Before(cutoff) {
 				return errSkipPrune
 			}
-			for _, q := range []string{sqlPruneSteps, sqlPruneItems, sqlPruneChunkPlans} {
+			for _, q := range []string{sqlPruneSteps, sqlPruneItems, sqlPruneChunkPlans, sqlPruneChanges} {
 				if _, err := tx.ExecContext(ctx, q, id); err != nil {
 					return err
 				}

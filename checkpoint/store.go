@@ -35,6 +35,9 @@ type Store interface {
 	ChunkPlans(ctx context.Context, runID, step string) ([]ChunkPlan, error)
 	// ItemCounts counts a run's item checkpoints by step and status.
 	ItemCounts(ctx context.Context, runID string) ([]ItemCount, error)
+	// ItemChanges returns the changes to a batch step's source that reruns
+	// refused or operators accepted, in key order.
+	ItemChanges(ctx context.Context, runID, step string) ([]ItemChange, error)
 	// Fence returns the run's current fence number, for a runner to check
 	// it still holds the run before writing somewhere the store cannot
 	// fence (a separate effect target).
@@ -64,11 +67,15 @@ type Tx interface {
 	// AcceptItemChanges records an operator's acceptance of batch items
 	// whose source changed since they were processed: each recorded item's
 	// fingerprint becomes the one given (nothing else of it changes: its
-	// outcome and effects stand), and a is stored in the run's audit log.
-	// items may be empty when nothing recorded changes (an item gone from
-	// the source, extra items to process). An item not recorded is
-	// ErrNotFound.
-	AcceptItemChanges(a Audit, items []Item) error
+	// outcome and effects stand), each change is recorded accepted by
+	// a.Operator, and a is stored in the run's audit log. items may be
+	// empty when nothing recorded changes (an item gone from the source,
+	// extra items to process). An item not recorded is ErrNotFound.
+	AcceptItemChanges(a Audit, items []Item, changes []ItemChange) error
+	// RefuseItemChanges records the changes a rerun refused, and named to
+	// the operator, in place of the step's earlier refused ones: the
+	// changes an acceptance may accept.
+	RefuseItemChanges(step string, at time.Time, changes []ItemChange) error
 	// PutChunkPlan records a chunk's effect plan: planned (separate store,
 	// before it applies) or applied (same store, in the transaction that
 	// applies it).

@@ -10,13 +10,20 @@ import (
 // acceptFlags are resume's and rerun's way past batch items whose source
 // changed since an earlier attempt (exit 5, *steps.ItemChangedError).
 type acceptFlags struct {
-	AcceptChanged bool `name:"accept-changed" help:"Go on past batch items whose source changed since an earlier attempt (the exit-5 error named them): a finished item whose data changed keeps its outcome and effects and is not processed again, a finished item gone from the source stays as it was, items beyond the source's declared total are processed. Each acceptance is recorded in the audit log; needs --reason."`
+	AcceptChanged bool `name:"accept-changed" help:"Go on past the batch items whose source changed that the last exit-5 refusal named, and only those: a finished item whose data changed keeps its outcome and effects and is not processed again, a finished item gone from the source stays as it was, items beyond the source's declared total are processed. A change the refusal did not name (found further on, or an item changed again since) is refused in its turn, exit 5, naming it. Each acceptance is recorded in the audit log with every item accepted and who accepted it; needs --reason and an operator (--operator, $STEPWISE_OPERATOR or $USER)."`
 }
 
-// check refuses --accept-changed without a reason.
-func (f acceptFlags) check(command, reason string) error {
-	if f.AcceptChanged && reason == "" {
+// check refuses --accept-changed without a reason or an operator.
+func (f acceptFlags) check(command, reason, operator string) error {
+	if !f.AcceptChanged {
+		return nil
+	}
+	if reason == "" {
 		return usageError{fmt.Errorf("%s --accept-changed needs --reason \"...\" (recorded in the audit log with each item accepted)", command)}
+	}
+	if operator == "" {
+		return usageError{fmt.Errorf("%s --accept-changed needs to know who accepts: pass --operator NAME or set $STEPWISE_OPERATOR "+
+			"($USER is not set either); the audit log records each item accepted under that name", command)}
 	}
 	return nil
 }
@@ -24,7 +31,7 @@ func (f acceptFlags) check(command, reason string) error {
 // acceptance records the operator's decision in the audit log and returns
 // it for the run, or nil without --accept-changed.
 func (f acceptFlags) acceptance(env *Env, op operatorFlags, runID, command, reason string) (*steps.Acceptance, error) {
-	if err := f.check(command, reason); err != nil || !f.AcceptChanged {
+	if err := f.check(command, reason, op.identity()); err != nil || !f.AcceptChanged {
 		return nil, err
 	}
 	st, err := env.ExistingStore()

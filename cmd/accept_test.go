@@ -38,3 +38,16 @@ func TestAcceptChangedNeedsAReason(t *testing.T) {
 	c.want(ExitUsage, []string{"--accept-changed needs --reason"}, "resume", "opsbatch/k1", "--accept-changed")
 	c.want(ExitUsage, []string{"--accept-changed needs --reason"}, "rerun", "opsbatch/k1", "--accept-changed")
 }
+
+// An acceptance is audited under a name: with no --operator,
+// $STEPWISE_OPERATOR or $USER it is refused, naming how to give one,
+// instead of being recorded as "unknown".
+func TestAcceptChangedNeedsAnOperator(t *testing.T) {
+	c := newOpsCLI(t)
+	t.Setenv("USER", "")
+	t.Setenv("STEPWISE_OPERATOR", "")
+	for _, cmd := range []string{"resume", "rerun"} {
+		c.want(ExitUsage, []string{"--accept-changed needs to know who accepts", "--operator", "$STEPWISE_OPERATOR"},
+			cmd, "opsbatch/k1", "--accept-changed", "--reason", "checked")
+	}
+}

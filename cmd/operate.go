@@ -27,15 +27,21 @@ var ownerGone = checkpoint.WithOwnerGone(runner.OwnerGone)
 
 // operatorFlags are the flags of every manual operation.
 type operatorFlags struct {
-	Operator string `env:"STEPWISE_OPERATOR" help:"Who performs the operation, for the audit log. Defaults to $USER."`
+	Operator string `env:"STEPWISE_OPERATOR" help:"Who performs the operation, for the audit log. Defaults to $USER; --accept-changed is refused when neither is set."`
+}
+
+// identity is who performs the operation: --operator, $STEPWISE_OPERATOR
+// or $USER; "" when none is set.
+func (f operatorFlags) identity() string {
+	if op := strings.TrimSpace(f.Operator); op != "" {
+		return op
+	}
+	return strings.TrimSpace(os.Getenv("USER"))
 }
 
 // audit builds the audit record of a manual operation.
 func (f operatorFlags) audit(env *Env, runID, command, reason, details string) checkpoint.Audit {
-	op := f.Operator
-	if op == "" {
-		op = os.Getenv("USER")
-	}
+	op := f.identity()
 	if op == "" {
 		op = "unknown"
 	}
@@ -144,7 +150,7 @@ type RerunCmd struct {
 
 // Run implements the rerun command.
 func (c *RerunCmd) Run(env *Env) error {
-	if err := c.check("rerun", c.Reason); err != nil {
+	if err := c.check("rerun", c.Reason, c.identity()); err != nil {
 		return err
 	}
 	st, err := env.ExistingStore()

@@ -17,6 +17,9 @@ var (
 	// ErrInterrupted is returned by Do when the run's context is cancelled
 	// (a signal, a deadline) before the step starts.
 	ErrInterrupted = errors.New("steps: run interrupted")
+	// ErrNoOperator is returned by Begin when Config.AcceptChanged names
+	// no operator or no reason: an acceptance is audited under both.
+	ErrNoOperator = errors.New("steps: an acceptance of changed items names no operator or reason")
 )
 
 // StepChangedError is returned when a completed step is called with an input

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -56,38 +57,28 @@ type ItemChangedError struct {
 	// Before names a finished item that sorts after Key, for ItemInserted.
 	Before string
 	// Count is how many items were found with this change (Key included);
-	// More names some of the others.
+	// More names the others.
 	Count int
 	More  []string
+	// Also holds the changes of other kinds found with this one, each
+	// with its own Key, Count and More. An acceptance (Config.AcceptChanged)
+	// covers exactly the items this error names, here and in Also.
+	Also []*ItemChangedError
+	// Unnamed counts further changes found with these but not named (past
+	// the limit of names one refusal lists): they are refused in their
+	// turn, once the named ones are settled.
+	Unnamed int
 }
 
 func (e *ItemChangedError) Error() string {
 	var b strings.Builder
-	switch e.Change {
-	case ItemContentChanged:
-		fmt.Fprintf(&b, "item %s of batch step %s (run %s) changed since it was processed (fingerprint %s, now %s)",
-			e.Key, e.Step, e.RunID, short(e.Old), short(e.New))
-	case ItemMissing:
-		if e.Key == "" { // not named: the source did not yield the same items when read again
-			fmt.Fprintf(&b, "%d items of batch step %s (run %s) were processed, and the source no longer yields them "+
-				"(the source did not yield the same items again, so they are not named)", e.Count, e.Step, e.RunID)
-			break
-		}
-		fmt.Fprintf(&b, "item %s of batch step %s (run %s) was processed, and the source no longer yields it", e.Key, e.Step, e.RunID)
-	case ItemInserted:
-		fmt.Fprintf(&b, "item %s of batch step %s (run %s) is new, yet sorts before item %s, which an earlier attempt processed: "+
-			"it appeared among processed items since (the source declares %d items, %d were processed before)",
-			e.Key, e.Step, e.RunID, e.Before, e.Declared, e.Finished)
-	default:
-		fmt.Fprintf(&b, "the source of batch step %s (run %s) yields more items than the %d it declares: %d were processed before, "+
-			"and item %s is one more", e.Step, e.RunID, e.Declared, e.Finished, e.Key)
+	e.describe(&b)
+	for _, o := range e.Also {
+		b.WriteString("; also, ")
+		o.describe(&b)
 	}
-	if e.Count > 1 && e.Key != "" {
-		fmt.Fprintf(&b, "; %d items in all (also %s", e.Count, strings.Join(e.More, ", "))
-		if len(e.More) < e.Count-1 {
-			b.WriteString(", ...")
-		}
-		b.WriteString(")")
+	if e.Unnamed > 0 {
+		fmt.Fprintf(&b, "; and %d more changes found with these, not named here: they are refused in their turn", e.Unnamed)
 	}
 	switch e.Change {
 	case ItemContentChanged, ItemMissing:
@@ -98,7 +89,36 @@ func (e *ItemChangedError) Error() string {
 		b.WriteString(". Nothing of it was processed. If the items belong to this run, the declared total is stale: " +
 			"redo what declared it, or accept the extra items as an operator (audited) to process them; otherwise remove them from the source")
 	}
+	if len(e.Also) > 0 || e.Count > 1 {
+		b.WriteString(". An acceptance covers exactly the items named here; any other change is refused in its turn")
+	}
 	return b.String()
+}
+
+// describe writes what changed, naming every item of this kind.
+func (e *ItemChangedError) describe(b *strings.Builder) {
+	switch e.Change {
+	case ItemContentChanged:
+		fmt.Fprintf(b, "item %s of batch step %s (run %s) changed since it was processed (fingerprint %s, now %s)",
+			e.Key, e.Step, e.RunID, short(e.Old), short(e.New))
+	case ItemMissing:
+		if e.Key == "" { // not named: the source did not yield the same items when read again
+			fmt.Fprintf(b, "%d items of batch step %s (run %s) were processed, and the source no longer yields them "+
+				"(the source did not yield the same items again, so they are not named)", e.Count, e.Step, e.RunID)
+			break
+		}
+		fmt.Fprintf(b, "item %s of batch step %s (run %s) was processed, and the source no longer yields it", e.Key, e.Step, e.RunID)
+	case ItemInserted:
+		fmt.Fprintf(b, "item %s of batch step %s (run %s) is new, yet sorts before item %s, which an earlier attempt processed: "+
+			"it appeared among processed items since (the source declares %d items, %d were processed before)",
+			e.Key, e.Step, e.RunID, e.Before, e.Declared, e.Finished)
+	default:
+		fmt.Fprintf(b, "the source of batch step %s (run %s) yields more items than the %d it declares: %d were processed before, "+
+			"and item %s is one more", e.Step, e.RunID, e.Declared, e.Finished, e.Key)
+	}
+	if e.Count > 1 && e.Key != "" {
+		fmt.Fprintf(b, "; %d items in all (also %s)", e.Count, strings.Join(e.More, ", "))
+	}
 }
 
 // ItemInput declares what of each item of a ForEach its fingerprint
@@ -114,12 +134,18 @@ func ItemInput[I any](fn func(item I) any) Option {
 	return func(o *doOptions) { o.itemInput = fn }
 }
 
-// Acceptance is an operator's decision to let batch steps go on past items
-// whose source changed (Config.AcceptChanged): a finished item whose
-// content changed keeps its outcome and effects and gets its new
-// fingerprint; a finished item no longer yielded stays as it is; extra
-// items beyond the declared total are processed. Each acceptance is
-// recorded in the run's audit log with Operator and Reason.
+// Acceptance is an operator's decision to let batch steps go on past the
+// changed items the most recent refusal named (Config.AcceptChanged): a
+// finished item whose content changed keeps its outcome and effects and
+// gets its new fingerprint; a finished item no longer yielded stays as it
+// is; extra items beyond the declared total are processed. It covers
+// exactly what the operator was shown: each change a refusal names is
+// recorded with it (key, kind, fingerprint), and a change the refusal did
+// not name, or one whose item changed again since, is refused in its turn
+// (recorded for the next decision). Each acceptance is recorded in the
+// run's audit log with Operator, Reason and every item accepted, and stays
+// decided: a later rerun does not refuse an accepted change again.
+// Operator and Reason must be set.
 type Acceptance struct {
 	Operator string
 	Reason   string
@@ -175,65 +201,110 @@ func (f *fingerprinter[I]) of(key string, item I) ([FingerprintSize]byte, error)
 	return fp, nil
 }
 
-// maxNamed bounds the item keys an error or an audit record lists.
-const maxNamed = 10
+// maxNamed bounds the items one refusal names (and so records for an
+// acceptance); further changes found with them are counted, and refused in
+// their turn.
+const maxNamed = 100
 
-// changeSet collects the changes found in one chunk (or at the end of the
-// source), in the order found.
-type changeSet struct {
-	first   map[string]*ItemChangedError // by kind
-	order   []string                     // kinds in the order first found
-	updates []itemUpdate                 // accepted new fingerprints
-	notes   []string                     // for the audit record
-	total   int
+// foundChange is one change found by a rerun.
+type foundChange struct {
+	e     ItemChangedError // its error, as the first of its kind would make it
+	fp    []byte           // the item's fingerprint now (nil when it is gone)
+	items int64            // 1, or the count of unnamed items no longer yielded
+	note  string           // for the audit record
 }
 
-type itemUpdate struct {
-	key string
-	fp  []byte
+// record is the change as the checkpoint keeps it.
+func (c foundChange) record(step string) checkpoint.ItemChange {
+	return checkpoint.ItemChange{Step: step, Key: c.e.Key, Change: c.e.Change, Fingerprint: c.fp, Items: c.items}
+}
+
+// changeSet collects the changes found in one chunk (or at the end of the
+// source), sorted as they are found by what was decided about them: an
+// earlier acceptance, an acceptance now (the change was named by the most
+// recent refusal and the operator accepts), or a refusal.
+type changeSet struct {
+	prior  []foundChange // accepted by an earlier attempt's operator
+	accept []foundChange // named by the last refusal, accepted now
+	refuse []foundChange // to refuse, the first maxNamed
+	extra  int           // to refuse, found beyond maxNamed
 }
 
 func (c *changeSet) reset() {
-	clear(c.first)
-	c.order, c.updates, c.notes, c.total = c.order[:0], c.updates[:0], c.notes[:0], 0
+	c.prior, c.accept, c.refuse, c.extra = c.prior[:0], c.accept[:0], c.refuse[:0], 0
 }
 
-// add records one change; e is the error the first of its kind makes.
-func (c *changeSet) add(e ItemChangedError, note string) {
-	if c.first == nil {
-		c.first = map[string]*ItemChangedError{}
-	}
-	c.total++
-	if len(c.notes) < maxNamed {
-		c.notes = append(c.notes, note)
-	}
-	if f := c.first[e.Change]; f != nil {
-		f.Count++
-		if len(f.More) < maxNamed {
-			f.More = append(f.More, e.Key)
+func (c *changeSet) empty() bool {
+	return len(c.prior)+len(c.accept)+len(c.refuse) == 0 && c.extra == 0
+}
+
+// add sorts one change by the decisions recorded for the step's items.
+func (b *batch[I, O]) add(e ItemChangedError, fp []byte, items int64, note string) {
+	c := &b.changes
+	ch := foundChange{e: e, fp: fp, items: items, note: note}
+	d, ok := b.decided[e.Key]
+	// The decision must be about this very change: same kind and, for an
+	// item the source still yields, the content the refusal saw.
+	match := ok && d.Change == e.Change && bytes.Equal(d.Fingerprint, fp) && (e.Key != "" || d.Items == items)
+	switch {
+	case match && d.Status == checkpoint.ItemChangeAccepted:
+		c.prior = append(c.prior, ch)
+	case match && d.Status == checkpoint.ItemChangeRefused && b.r.accept != nil:
+		c.accept = append(c.accept, ch)
+		if e.Change == ItemInserted || e.Change == ItemBeyondTotal {
+			b.extraOK++ // one more item than declared is accepted: the items after it move up one
 		}
-		return
+	case len(c.refuse) < maxNamed:
+		c.refuse = append(c.refuse, ch)
+	default:
+		c.extra++
 	}
-	e.Count = 1
-	c.first[e.Change] = &e
-	c.order = append(c.order, e.Change)
 }
 
-// err is the error to stop with: the first kind of change found.
-func (c *changeSet) err() error {
-	if len(c.order) == 0 {
+// loadDecisions reads, once per ForEach, what earlier refusals named and
+// operators accepted for this step, before the first change is sorted.
+func (b *batch[I, O]) loadDecisions(ctx context.Context) error {
+	if b.decided != nil {
 		return nil
 	}
-	return c.first[c.order[0]]
+	b.decided = map[string]checkpoint.ItemChange{}
+	cs, err := b.r.store.ItemChanges(ctx, b.r.lease.RunID, b.name)
+	if err != nil {
+		return fmt.Errorf("steps: read decisions on changed items of %s: %w", b.name, err)
+	}
+	for _, c := range cs {
+		b.decided[c.Key] = c
+		if c.Status == checkpoint.ItemChangeAccepted && (c.Change == ItemInserted || c.Change == ItemBeyondTotal) {
+			b.extraOK++
+		}
+	}
+	return nil
 }
 
-// details describes the changes for the audit log.
-func (c *changeSet) details(step string) string {
-	s := step + ": " + strings.Join(c.notes, "; ")
-	if c.total > len(c.notes) {
-		s += fmt.Sprintf("; and %d more", c.total-len(c.notes))
+// refusal is the error naming the changes to refuse, the first kind first.
+func (b *batch[I, O]) refusal() *ItemChangedError {
+	var first *ItemChangedError
+	byKind := map[string]*ItemChangedError{}
+	for _, ch := range b.changes.refuse {
+		if f := byKind[ch.e.Change]; f != nil {
+			f.Count += int(ch.items)
+			f.More = append(f.More, ch.e.Key)
+			continue
+		}
+		e := ch.e
+		e.Count = int(ch.items)
+		byKind[e.Change] = &e
+		if first == nil {
+			first = &e
+		} else {
+			first.Also = append(first.Also, &e)
+		}
 	}
-	return s
+	if first == nil { // only unnamed ones: cannot happen (the first maxNamed are named), but say so
+		first = &ItemChangedError{RunID: b.r.lease.RunID, Step: b.name, Change: ItemMissing}
+	}
+	first.Unnamed = b.changes.extra
+	return first
 }
 
 func hexFP(fp []byte) string { return hex.EncodeToString(fp) }
@@ -253,18 +324,28 @@ func (b *batch[I, O]) check(ctx context.Context, done map[string]doneItem) error
 		b.fps = append(b.fps, fp)
 		if d, ok := done[k]; ok {
 			if d.status != "" && len(d.fp) > 0 && !bytes.Equal(d.fp, fp[:]) {
+				if err := b.loadDecisions(ctx); err != nil {
+					return err
+				}
 				old, now := hexFP(d.fp), hexFP(fp[:])
-				b.changes.add(b.changeError(k, ItemContentChanged, func(e *ItemChangedError) { e.Old, e.New = old, now }),
+				b.add(b.changeError(k, ItemContentChanged, func(e *ItemChangedError) { e.Old, e.New = old, now }),
+					append([]byte(nil), fp[:]...), 1,
 					fmt.Sprintf("item %s changed (fingerprint %s, now %s): kept as processed", k, short(old), short(now)))
-				b.changes.updates = append(b.changes.updates, itemUpdate{key: k, fp: append([]byte(nil), fp[:]...)})
 			}
 			continue
 		}
 		if b.declared < 0 {
 			continue
 		}
+		inserted := b.ascending && k < b.maxKey
+		pos := b.yielded - int64(len(b.keys)-i) // items the source yielded before this one
+		if inserted || pos >= b.declared {
+			if err := b.loadDecisions(ctx); err != nil {
+				return err
+			}
+		}
 		switch {
-		case b.ascending && k < b.maxKey:
+		case inserted:
 			next := b.maxKey // a finished item after k: the chunk's next one, if any
 			for _, k2 := range b.keys[i+1:] {
 				if d, ok := done[k2]; ok && d.status != "" {
@@ -272,10 +353,10 @@ func (b *batch[I, O]) check(ctx context.Context, done map[string]doneItem) error
 					break
 				}
 			}
-			b.changes.add(b.changeError(k, ItemInserted, func(e *ItemChangedError) { e.Before = next }),
+			b.add(b.changeError(k, ItemInserted, func(e *ItemChangedError) { e.Before = next }), append([]byte(nil), fp[:]...), 1,
 				fmt.Sprintf("item %s is new among processed items (before %s): processed", k, next))
-		case b.yielded-int64(len(b.keys)-i) >= b.declared: // the item's position in the source is past the total
-			b.changes.add(b.changeError(k, ItemBeyondTotal, nil),
+		case pos >= b.declared+b.extraOK: // the item's position is past the total and the extra items accepted
+			b.add(b.changeError(k, ItemBeyondTotal, nil), append([]byte(nil), fp[:]...), 1,
 				fmt.Sprintf("item %s is beyond the declared %d items: processed", k, b.declared))
 		}
 	}
@@ -284,10 +365,7 @@ func (b *batch[I, O]) check(ctx context.Context, done map[string]doneItem) error
 
 // gone records a finished item the source no longer yields.
 func (b *batch[I, O]) gone(key string) {
-	b.changes.add(b.changeError(key, ItemMissing, nil), fmt.Sprintf("item %s is no longer yielded: kept as processed", key))
-	if b.r.accept != nil {
-		b.goneOK++
-	}
+	b.add(b.changeError(key, ItemMissing, nil), nil, 1, fmt.Sprintf("item %s is no longer yielded: kept as processed", key))
 }
 
 func (b *batch[I, O]) changeError(key, change string, set func(*ItemChangedError)) ItemChangedError {
@@ -298,34 +376,82 @@ func (b *batch[I, O]) changeError(key, change string, set func(*ItemChangedError
 	return e
 }
 
-// settleChanges returns the first change collected, or, when an operator
-// accepts changes, records them (new fingerprints and an audit record, in
-// one transaction) and lets the batch go on.
+// settleChanges settles the changes collected: those an operator
+// accepted before pass; those the most recent refusal named are accepted
+// now if the operator accepts (new fingerprints, decisions and an audit
+// record naming each, in one transaction); any other is refused: recorded
+// as the refusal an operator may accept next, and returned as an
+// *ItemChangedError naming each. Changes accepted now stay accepted even
+// when others of the chunk are refused.
 func (b *batch[I, O]) settleChanges(ctx context.Context) error {
-	if b.changes.total == 0 {
+	c := &b.changes
+	if c.empty() {
 		return nil
 	}
-	defer b.changes.reset()
-	a := b.r.accept
-	if a == nil {
-		return b.changes.err()
+	defer c.reset()
+	for _, ch := range append(c.prior, c.accept...) {
+		if ch.e.Change == ItemMissing {
+			b.goneOK += ch.items
+		}
 	}
-	details := b.changes.details(b.name)
-	b.r.log.Warn().Str(FieldStepID, b.name).Int("changes", b.changes.total).Str("operator", a.Operator).
+	if err := b.acceptNow(ctx); err != nil {
+		return err
+	}
+	if len(c.refuse) == 0 && c.extra == 0 {
+		return nil
+	}
+	refused := b.refusal()
+	if !b.r.dryRun {
+		rec := make([]checkpoint.ItemChange, len(c.refuse))
+		for i, ch := range c.refuse {
+			rec[i] = ch.record(b.name)
+		}
+		err := b.r.store.InTx(context.WithoutCancel(ctx), b.r.lease, func(tx checkpoint.Tx) error {
+			return tx.RefuseItemChanges(b.name, b.r.now(), rec)
+		})
+		if err != nil {
+			return errors.Join(refused, fmt.Errorf("steps: record the refused changes of %s: %w", b.name, err))
+		}
+	}
+	return refused
+}
+
+// acceptNow records the operator's acceptance of the changes the most
+// recent refusal named.
+func (b *batch[I, O]) acceptNow(ctx context.Context) error {
+	c := &b.changes
+	a := b.r.accept
+	if len(c.accept) == 0 || a == nil {
+		return nil
+	}
+	notes := make([]string, len(c.accept))
+	var items []checkpoint.Item
+	decisions := make([]checkpoint.ItemChange, len(c.accept))
+	for i, ch := range c.accept {
+		notes[i] = ch.note
+		decisions[i] = ch.record(b.name)
+		if ch.e.Change == ItemContentChanged {
+			items = append(items, checkpoint.Item{Step: b.name, Key: ch.e.Key, Fingerprint: ch.fp})
+		}
+	}
+	details := b.name + ": " + strings.Join(notes, "; ")
+	b.r.log.Warn().Str(FieldStepID, b.name).Int("changes", len(c.accept)).Str("operator", a.Operator).
 		Str("details", details).Msg("items whose source changed: accepted by the operator")
-	b.r.count(func(s *Stats) { s.Accepted += b.changes.total })
+	b.r.count(func(s *Stats) { s.Accepted += len(c.accept) })
 	if b.r.dryRun {
 		return nil
 	}
-	items := make([]checkpoint.Item, len(b.changes.updates))
-	for i, u := range b.changes.updates {
-		items[i] = checkpoint.Item{Step: b.name, Key: u.key, Fingerprint: u.fp}
-	}
 	audit := checkpoint.Audit{RunID: b.r.lease.RunID, At: b.r.now(), Operator: a.Operator, Command: "accept-changed " + b.name,
 		Reason: a.Reason, Details: details}
-	err := b.r.store.InTx(context.WithoutCancel(ctx), b.r.lease, func(tx checkpoint.Tx) error { return tx.AcceptItemChanges(audit, items) })
+	err := b.r.store.InTx(context.WithoutCancel(ctx), b.r.lease, func(tx checkpoint.Tx) error {
+		return tx.AcceptItemChanges(audit, items, decisions)
+	})
 	if err != nil {
 		return fmt.Errorf("steps: record accepted changes of %s: %w", b.name, err)
+	}
+	for _, d := range decisions { // decided: not accepted twice in this attempt
+		d.Status = checkpoint.ItemChangeAccepted
+		b.decided[d.Key] = d
 	}
 	return nil
 }
@@ -338,6 +464,9 @@ func (b *batch[I, O]) checkGone(ctx context.Context, src Source[I]) error {
 	if missing <= 0 {
 		return nil
 	}
+	if err := b.loadDecisions(ctx); err != nil {
+		return err
+	}
 	named := 0
 	err := b.missingKeys(ctx, src, func(key string) {
 		named++
@@ -349,14 +478,8 @@ func (b *batch[I, O]) checkGone(ctx context.Context, src Source[I]) error {
 	if named == 0 {
 		// They could not be named (the source did not yield the same items
 		// when read again): report the count.
-		b.changes.add(b.changeError("", ItemMissing, nil),
+		b.add(b.changeError("", ItemMissing, nil), nil, missing,
 			fmt.Sprintf("%d items are no longer yielded: kept as processed", missing))
-		if b.r.accept != nil {
-			b.goneOK += missing
-		}
-		if e := b.changes.first[ItemMissing]; e != nil {
-			e.Count = int(missing)
-		}
 	}
 	return b.settleChanges(ctx)
 }

@@ -3,6 +3,7 @@ package steps_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -311,44 +312,80 @@ func TestForEachRefusesMoreItemsThanDeclared(t *testing.T) {
 	})
 }
 
-func TestForEachCountShortcutLooksAheadOnce(t *testing.T) {
+// TestForEachAllItemsDoneStepUnmarked is the crash between the last
+// chunk's commit and the step's own record: every declared item is
+// finished, the step is not. The rerun must not finish it from the item
+// counts: a finished item altered or deleted since (or one appended) is
+// refused as at any other chunk, and the step stays unfinished.
+func TestForEachAllItemsDoneStepUnmarked(t *testing.T) {
+	type change struct {
+		name string
+		do   func(b *fpBatch)
+		kind string
+		key  string
+	}
+	changes := []change{
+		{"unchanged", func(b *fpBatch) {}, "", ""},
+		{"alter the first", func(b *fpBatch) { b.set("T000", 700) }, steps.ItemContentChanged, "T000"},
+		{"alter one", func(b *fpBatch) { b.set("T013", 700) }, steps.ItemContentChanged, "T013"},
+		{"alter the last", func(b *fpBatch) { b.set("T029", 700) }, steps.ItemContentChanged, "T029"},
+		{"delete one", func(b *fpBatch) { b.remove("T013") }, steps.ItemMissing, "T013"},
+		{"delete the last", func(b *fpBatch) { b.remove("T029") }, steps.ItemMissing, "T029"},
+		{"append one", func(b *fpBatch) { b.insert(xfer{ID: "T030", From: "a", To: "b", Amount: 31}) }, steps.ItemBeyondTotal, "T030"},
+	}
+	sources := map[string]func(b *fpBatch) steps.Source[xfer]{
+		"paged": func(b *fpBatch) steps.Source[xfer] { return b.paged(30) },
+		"slice": func(b *fpBatch) steps.Source[xfer] { return b.slice() },
+		"seq":   func(b *fpBatch) steps.Source[xfer] { return b.seq(30) },
+	}
 	for _, separate := range []bool{false, true} {
-		t.Run(fmt.Sprintf("separate=%v", separate), func(t *testing.T) {
-			b := newFPBatch(t, separate, 30)
-			if _, err := b.settle(b.paged(30), ""); err != nil {
-				t.Fatal(err)
-			}
-			unmark := func() {
-				if _, err := b.st.DB().Exec(`DELETE FROM steps WHERE step_id = 'post'`); err != nil {
-					t.Fatal(err)
+		for srcName, src := range sources {
+			for _, c := range changes {
+				if c.kind == steps.ItemBeyondTotal && srcName == "slice" {
+					continue // a Slice's total is its length: it cannot yield more than it declares
 				}
+				t.Run(fmt.Sprintf("separate=%v/%s/%s", separate, srcName, c.name), func(t *testing.T) {
+					b := newFPBatch(t, separate, 30)
+					if _, err := b.settle(src(b), ""); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := b.st.DB().Exec(`DELETE FROM steps WHERE step_id = 'post'`); err != nil {
+						t.Fatal(err)
+					}
+					c.do(b)
+					sum, err := b.settle(src(b), "")
+					if b.balance() != b.sumOf(30) || len(b.calls) != 0 {
+						t.Fatalf("b = %d, calls %v; want b = %d and nothing run again", b.balance(), b.calls, b.sumOf(30))
+					}
+					var status string
+					b.st.DB().QueryRow(`SELECT status FROM steps WHERE step_id = 'post'`).Scan(&status)
+					if c.kind == "" {
+						if err != nil || sum.Completed != 30 || sum.Executed != 0 || status != checkpoint.StepCompleted {
+							t.Fatalf("%+v, %v, step %q; want 30 completed, none executed, the step completed", sum, err, status)
+						}
+						return
+					}
+					wantChange(t, err, c.kind, c.key)
+					if status == checkpoint.StepCompleted {
+						t.Fatal("the step was recorded as completed")
+					}
+					// Refused again: a second try does not get past it.
+					_, err = b.settle(src(b), "")
+					wantChange(t, err, c.kind, c.key)
+				})
 			}
-			// Every declared item finished, nothing after the last: one
-			// fetch of one item, and the step completes from its counts.
-			unmark()
-			b.fetches = nil
-			sum, err := b.settle(b.paged(30), "")
-			if err != nil || sum.Completed != 30 || !slices.Equal(b.fetches, []int{1}) || len(b.calls) != 0 {
-				t.Fatalf("%+v, %v, fetches %v, calls %v; want the counts' summary after one fetch of 1", sum, err, b.fetches, b.calls)
-			}
-			// A transfer appended since is found, and refused.
-			unmark()
-			b.insert(xfer{ID: "T030", From: "a", To: "b", Amount: 31})
-			_, err = b.settle(b.paged(30), "")
-			wantChange(t, err, steps.ItemBeyondTotal, "T030")
-			if b.balance() != b.sumOf(30) {
-				t.Fatalf("b = %d, want %d", b.balance(), b.sumOf(30))
-			}
-			// A finished step still reads nothing.
-			b.remove("T030")
-			if _, err := b.settle(b.paged(30), ""); err != nil {
-				t.Fatal(err)
-			}
-			b.fetches = nil
-			if _, err := b.settle(b.paged(30), ""); err != nil || len(b.fetches) != 0 {
-				t.Fatalf("finished step: %v, fetches %v", err, b.fetches)
-			}
-		})
+		}
+	}
+	// A finished step still reads nothing: its own record is the answer
+	// (by design; a change after the step finished is not looked for).
+	b := newFPBatch(t, false, 30)
+	if _, err := b.settle(b.paged(30), ""); err != nil {
+		t.Fatal(err)
+	}
+	b.set("T003", 99)
+	b.fetches = nil
+	if _, err := b.settle(b.paged(30), ""); err != nil || len(b.fetches) != 0 {
+		t.Fatalf("finished step: %v, fetches %v; want its summary and no fetch", err, b.fetches)
 	}
 }
 
@@ -359,7 +396,19 @@ func TestForEachAcceptChanged(t *testing.T) {
 	b.remove("T008")   // posted: kept
 	b.insert(xfer{ID: "T030", From: "a", To: "b", Amount: 31})
 	b.insert(xfer{ID: "T031", From: "a", To: "b", Amount: 32}) // the 31st of 30
-	b.accept = &steps.Acceptance{Operator: "ops@bank", Reason: "late booking, checked with the ledger team"}
+	ops := &steps.Acceptance{Operator: "ops@bank", Reason: "late booking, checked with the ledger team"}
+	// Each acceptance covers what the refusal before it named, and the
+	// next change is refused in its turn: T002, then T008, then T031.
+	_, err := b.settle(b.paged(30), "")
+	wantChange(t, err, steps.ItemContentChanged, "T002")
+	b.accept = ops
+	for _, next := range []struct{ kind, key string }{{steps.ItemMissing, "T008"}, {steps.ItemBeyondTotal, "T031"}} {
+		_, err = b.settle(b.paged(30), "")
+		ce := wantChange(t, err, next.kind, next.key)
+		if ce.Count != 1 || len(ce.Also) != 0 {
+			t.Fatalf("refusal names %d %s and %d other kinds; want %s alone: %v", ce.Count, ce.Change, len(ce.Also), next.key, err)
+		}
+	}
 	sum, err := b.settle(b.paged(30), "")
 	if err != nil {
 		t.Fatal(err)
@@ -377,29 +426,135 @@ func TestForEachAcceptChanged(t *testing.T) {
 		if err := rows.Scan(&op, &command, &reason, &details); err != nil {
 			t.Fatal(err)
 		}
-		if op != "ops@bank" || command != "accept-changed post" || reason != b.accept.Reason {
+		if op != "ops@bank" || command != "accept-changed post" || reason != ops.Reason {
 			t.Errorf("audit row %q %q %q", op, command, reason)
 		}
 		audit = append(audit, details)
 	}
 	rows.Close()
-	all := strings.Join(audit, "\n")
-	for _, want := range []string{"item T002 changed", "item T008 is no longer yielded", "item T031 is beyond the declared 30"} {
-		if !strings.Contains(all, want) {
-			t.Errorf("the audit does not say %q:\n%s", want, all)
+	want := []string{"post: item T002 changed", "post: item T008 is no longer yielded", "post: item T031 is beyond the declared 30"}
+	if len(audit) != len(want) {
+		t.Fatalf("audit %q; want one record per acceptance, %d", audit, len(want))
+	}
+	for i := range want {
+		if !strings.HasPrefix(audit[i], want[i]) {
+			t.Errorf("audit record %d says %q, want %q", i, audit[i], want[i])
 		}
 	}
-	// The accepted fingerprint is recorded: reopened and read again
-	// without acceptance, T002 as it is now passes (T008, still gone, is
-	// refused again: nothing records its absence as accepted).
+	// The decisions are durable: reopened and read again without
+	// acceptance, T002 as it is now and T008 gone both pass.
 	b.accept = nil
 	if _, err := b.st.DB().Exec(`DELETE FROM steps WHERE step_id = 'post'`); err != nil {
 		t.Fatal(err)
 	}
-	_, err = b.settle(b.slice(), "")
-	wantChange(t, err, steps.ItemMissing, "T008")
-	if len(b.calls) != 0 {
-		t.Fatalf("calls %v", b.calls)
+	if sum, err := b.settle(b.paged(31), ""); err != nil || sum.Completed != 31 || len(b.calls) != 0 {
+		t.Fatalf("after the acceptances: %+v, %v, calls %v", sum, err, b.calls)
+	}
+	var accepted int
+	b.st.DB().QueryRow(`SELECT count(*) FROM item_changes WHERE status = 'accepted' AND operator = 'ops@bank'`).Scan(&accepted)
+	if accepted != 3 {
+		t.Fatalf("%d changes recorded accepted by ops@bank, want 3", accepted)
+	}
+}
+
+// TestForEachAcceptsOnlyWhatWasShown: an acceptance covers the changes the
+// most recent refusal named, nothing more: a change found since (in the
+// same chunk or a later one), or an item changed again after it was shown,
+// is refused with its own error, and what was shown is still accepted.
+func TestForEachAcceptsOnlyWhatWasShown(t *testing.T) {
+	for _, separate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("separate=%v", separate), func(t *testing.T) {
+			b := newFPBatch(t, separate, 30)
+			b.crashed(b.paged(30))
+			b.set("T001", 200)
+			b.set("T003", 400)
+			_, err := b.settle(b.paged(30), "")
+			ce := wantChange(t, err, steps.ItemContentChanged, "T001")
+			if ce.Count != 2 || !slices.Equal(ce.More, []string{"T003"}) {
+				t.Fatalf("count %d, more %v; want T001 and T003 named", ce.Count, ce.More)
+			}
+			// Not shown: T004 (same chunk) and T007 (the next); T003 changed
+			// again after it was shown.
+			b.set("T004", 500)
+			b.remove("T007")
+			b.set("T003", 401)
+			b.accept = &steps.Acceptance{Operator: "ops@bank", Reason: "booked late"}
+			_, err = b.settle(b.paged(30), "")
+			ce = wantChange(t, err, steps.ItemContentChanged, "T003")
+			if ce.Count != 2 || !slices.Equal(ce.More, []string{"T004"}) || len(b.calls) != 0 {
+				t.Fatalf("count %d, more %v, calls %v; want T003 and T004 refused, nothing run", ce.Count, ce.More, b.calls)
+			}
+			if strings.Contains(err.Error(), "T001") {
+				t.Fatalf("T001 was shown and accepted, yet refused again: %v", err)
+			}
+			// The next acceptance takes T003 and T004, then T007 is refused.
+			_, err = b.settle(b.paged(30), "")
+			wantChange(t, err, steps.ItemMissing, "T007")
+			sum, err := b.settle(b.paged(30), "")
+			// T007, posted by the first attempt, stays posted once.
+			if err != nil || sum.Completed != 29 || b.balance() != b.sumOf(30) {
+				t.Fatalf("%+v, %v, b = %d", sum, err, b.balance())
+			}
+			var details []string
+			rows, err := b.st.DB().Query(`SELECT details FROM audit WHERE run_id = 'j/k' ORDER BY id`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var d string
+				rows.Scan(&d)
+				details = append(details, d)
+			}
+			rows.Close()
+			all := strings.Join(details, "\n")
+			if len(details) != 3 || !strings.Contains(details[0], "T001") || strings.Contains(details[0], "T003") ||
+				!strings.Contains(details[1], "T003") || !strings.Contains(details[1], "T004") || !strings.Contains(details[2], "T007") {
+				t.Fatalf("audit records:\n%s\nwant T001, then T003 and T004, then T007", all)
+			}
+		})
+	}
+}
+
+// TestForEachRefusalNamesEveryKind: changes of several kinds found in one
+// chunk are all named by the refusal, and all accepted by the next
+// acceptance.
+func TestForEachRefusalNamesEveryKind(t *testing.T) {
+	b := newFPBatch(t, false, 30)
+	b.crashed(b.paged(30))
+	b.set("T001", 200)
+	b.remove("T002")
+	b.insert(xfer{ID: "T002a", From: "a", To: "b", Amount: 7})
+	_, err := b.settle(b.paged(30), "")
+	// T002's absence is found first, as the chunk's recorded items are read.
+	ce := wantChange(t, err, steps.ItemMissing, "T002")
+	if len(ce.Also) != 2 || ce.Also[0].Key != "T001" || ce.Also[0].Change != steps.ItemContentChanged ||
+		ce.Also[1].Key != "T002a" || ce.Also[1].Change != steps.ItemInserted {
+		t.Fatalf("also %+v; want T001 changed and T002a inserted named", ce.Also)
+	}
+	for _, want := range []string{"T001", "T002 ", "T002a", "exactly the items named here"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %q: %v", want, err)
+		}
+	}
+	b.accept = &steps.Acceptance{Operator: "ops", Reason: "checked"}
+	if sum, err := b.settle(b.paged(30), ""); err != nil || sum.Completed != 30 {
+		t.Fatalf("%+v, %v; want all three accepted in one go", sum, err)
+	}
+}
+
+func TestBeginRefusesAnAcceptanceWithoutOperator(t *testing.T) {
+	st := checkpointtest.Open(t)
+	ctx := context.Background()
+	c, err := st.Claim(ctx, checkpoint.ClaimRequest{RunID: "j/k", Job: "j", RunKey: "k", Params: []byte("{}"), ParamsHash: "h",
+		Owner: "test:1", Now: time.Now(), LeaseFor: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []steps.Acceptance{{Reason: "checked"}, {Operator: "ops", Reason: " "}} {
+		_, err := steps.Begin(ctx, steps.Config{Store: st, Lease: c.Lease, AcceptChanged: &a})
+		if !errors.Is(err, steps.ErrNoOperator) {
+			t.Errorf("acceptance %+v: %v, want ErrNoOperator", a, err)
+		}
 	}
 }
 
@@ -442,5 +597,26 @@ func TestForEachDoesNotCheckItemsRecordedWithoutAFingerprint(t *testing.T) {
 	sum, err := b.settle(b.slice(), "")
 	if err != nil || sum.Completed != 30 || slices.Contains(b.calls, "T004") {
 		t.Fatalf("%+v, %v, calls %v; want the unfingerprinted item skipped as finished, unchecked", sum, err, b.calls)
+	}
+}
+
+// TestForEachStoppedRecordsItsProgress: a batch step that stops before its
+// end (here an item's failure after twelve items) leaves its running
+// checkpoint counting what this attempt processed, not the empty summary
+// it started with.
+func TestForEachStoppedRecordsItsProgress(t *testing.T) {
+	b := newFPBatch(t, false, 30)
+	b.crashed(b.paged(30))
+	var status string
+	var raw []byte
+	if err := b.st.DB().QueryRow(`SELECT status, output FROM steps WHERE step_id = 'post'`).Scan(&status, &raw); err != nil {
+		t.Fatal(err)
+	}
+	var sum steps.BatchSummary
+	if err := json.Unmarshal(raw, &sum); err != nil {
+		t.Fatal(err)
+	}
+	if status != checkpoint.StepRunning || sum.Executed != 12 || sum.Completed != 12 || sum.Total != 30 {
+		t.Fatalf("step %q, output %s; want running with 12 executed and completed of 30", status, raw)
 	}
 }

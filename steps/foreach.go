@@ -85,12 +85,15 @@ type chunkPlanRecord struct {
 // chunk's read-back, so the check adds no query per item; a fresh step
 // with ascending keys still reads nothing back.
 //
-// When the step finished in an earlier attempt, ForEach returns its recorded
-// summary without reading the source at all; so it does when the source
-// declares its total and that many items are already finished (a crash
-// between the last chunk and the step's own record), once a source that can
-// look ahead (Paged, Slice) confirms it has no item after the last finished
-// one.
+// When the step's own checkpoint records it finished in an earlier attempt,
+// ForEach returns that recorded summary without reading the source at all:
+// a change to the source after the step finished is not seen (a limit, by
+// design: a finished step is not re-read). A step whose items are all
+// finished but whose own checkpoint is not (a crash between the last chunk
+// and the step's record) reads the source again like any rerun, chunk by
+// chunk, so every finished item is held to its fingerprint and every
+// recorded item must be yielded again: item counts alone cannot tell an
+// unchanged source from one whose items were altered or replaced.
 func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], fn func(ctx context.Context, item I, e *Effects) (O, error), opts ...Option) (BatchSummary, error) {
 	o := newOptions(opts)
 	cp, sum, done, err := start[BatchSummary](ctx, r, name, opts)
@@ -138,11 +141,11 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 			return sum, err
 		}
 	}
-	var counts []checkpoint.ItemCount
 	if !b.fresh {
 		// How many items earlier attempts recorded: the source must yield
 		// each of them again, and at most its declared total in all.
-		if counts, err = r.store.ItemCounts(ctx, r.lease.RunID); err != nil {
+		counts, err := r.store.ItemCounts(ctx, r.lease.RunID)
+		if err != nil {
 			return sum, err
 		}
 		for _, c := range counts {
@@ -151,35 +154,8 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 			}
 		}
 	}
+	head := cp
 	if !r.dryRun {
-		if !b.fresh && !done && src.total >= 0 {
-			// Every item the source declares is already finished (a crash
-			// between the last chunk and this step's own record): finish
-			// from the counts instead of reading the source again, unless
-			// the source has an item after the last finished one (appended
-			// since: it is read, and refused as beyond its total).
-			fin, ok := b.finishedByCount(counts, src.total)
-			if ok && src.beyond != nil {
-				more, err := src.beyond(ctx, b.maxKey)
-				if err != nil {
-					return sum, err
-				}
-				ok = !more
-			}
-			if ok {
-				cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
-				cp.Output, _ = json.Marshal(fin)
-				err := r.store.InTx(context.WithoutCancel(ctx), r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) })
-				if err != nil {
-					return sum, fmt.Errorf("steps: finish batch step %s: %w", name, err)
-				}
-				r.count(func(s *Stats) { s.Executed++ })
-				r.log.Info().Str(FieldStepID, name).Int64("completed", fin.Completed).
-					Msg("batch step finished from its item counts: every declared item was already checkpointed")
-				return fin, nil
-			}
-		}
-		head := cp
 		head.Status, head.FinishedAt = checkpoint.StepRunning, r.now()
 		head.Output, _ = json.Marshal(BatchSummary{Total: src.total, Target: b.sum.Target})
 		// A step reopened to retry its skipped items swaps its finished
@@ -212,10 +188,10 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 		loopErr = b.flush(ctx)
 	}
 	if err := errors.Join(loopErr, srcErr); err != nil {
-		return b.sum, err
+		return b.sum, b.stopped(ctx, head, err)
 	}
 	if err := b.checkGone(ctx, src); err != nil {
-		return b.sum, err
+		return b.sum, b.stopped(ctx, head, err)
 	}
 	ctx = context.WithoutCancel(ctx)
 	b.sum.Total = b.sum.Completed + b.sum.Rejected + b.sum.Skipped
@@ -233,6 +209,31 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 		Int64("skipped", b.sum.Skipped).Int64("executed", b.sum.Executed).Float64(FieldTookSeconds, cp.FinishedAt.Sub(cp.StartedAt).Seconds()).
 		Msg("batch step completed")
 	return b.sum, nil
+}
+
+// stopped records, when the step stops before its end (interrupted,
+// failed, refused) after this attempt committed items, how far it got: the
+// running checkpoint's output counts the items done so far and those this
+// attempt processed, so an inspection of the stopped step does not show
+// the empty summary it started with. It returns err; a failure to record
+// is logged (the items themselves are committed either way), unless the
+// run was fenced.
+func (b *batch[I, O]) stopped(ctx context.Context, head checkpoint.Step, err error) error {
+	if b.r.dryRun || b.sum.Executed == 0 {
+		return err
+	}
+	sum := b.sum
+	sum.Total = b.declared // as the running checkpoint says: the declared total, or -1
+	head.FinishedAt = b.r.now()
+	head.Output, _ = json.Marshal(sum)
+	perr := b.r.store.InTx(context.WithoutCancel(ctx), b.r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(head) })
+	if errors.Is(perr, checkpoint.ErrFenced) {
+		return errors.Join(err, fmt.Errorf("steps: record progress of batch step %s: %w", b.name, perr))
+	}
+	if perr != nil {
+		b.r.log.Warn().Str(FieldStepID, b.name).Err(perr).Msg("could not record the stopped batch step's progress")
+	}
+	return err
 }
 
 // batch is the state of one ForEach call.
@@ -259,6 +260,8 @@ type batch[I, O any] struct {
 	yielded   int64  // items the source yielded
 	tileFrom  string // an ascending source's read-backs tile the key space from here
 	changes   changeSet
+	decided   map[string]checkpoint.ItemChange // refused and accepted changes, by item key (loadDecisions)
+	extraOK   int64                            // items accepted beyond the declared total (inserted or extra)
 	chunk     int
 	replans   int   // stale plans of earlier attempts made again
 	skips     int64 // items skipped under SkipFailures, this attempt or before
@@ -402,33 +405,6 @@ func (b *batch[I, O]) runItem(ctx context.Context, key string, item I) (checkpoi
 	return rec, e.ops, nil
 }
 
-// finishedByCount reports whether the run's item counts give the step
-// total finished items and none planned (or skipped, when they are to be
-// retried), with the summary they make.
-func (b *batch[I, O]) finishedByCount(counts []checkpoint.ItemCount, total int64) (BatchSummary, bool) {
-	sum := BatchSummary{Target: b.sum.Target}
-	for _, c := range counts {
-		if c.Step != b.name {
-			continue
-		}
-		switch c.Status {
-		case checkpoint.StepCompleted:
-			sum.Completed = c.Count
-		case checkpoint.StepRejected:
-			sum.Rejected = c.Count
-		case checkpoint.ItemSkipped:
-			if b.r.retrySkipped && c.Count > 0 {
-				return sum, false
-			}
-			sum.Skipped = c.Count
-		default: // planned: an apply to finish
-			return sum, false
-		}
-	}
-	sum.Total = sum.Completed + sum.Rejected + sum.Skipped
-	return sum, sum.Total == total
-}
-
 // doneKeys returns the items among the chunk's keys recorded before this
 // attempt, with their fingerprints, read with one query, or nothing when
 // the step is fresh and its keys ascend. The map is reused from chunk to
@@ -443,6 +419,9 @@ func (b *batch[I, O]) doneKeys(ctx context.Context) (map[string]doneItem, error)
 		b.done = make(map[string]doneItem, len(b.keys))
 	}
 	clear(b.done)
+	if err := b.loadDecisions(ctx); err != nil { // read before a gone item is sorted, in the read below
+		return nil, err
+	}
 	q := checkpoint.ItemQuery{RunID: b.r.lease.RunID, Step: b.name, KeysOnly: true}
 	tile := b.ascending && b.ordered
 	if b.ordered {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,10 +33,11 @@ type Config struct {
 	// RetrySkipped makes batch steps process again the items an earlier
 	// attempt skipped under SkipFailures.
 	RetrySkipped bool
-	// AcceptChanged, if set, lets batch steps go on past items whose
-	// source changed since an earlier attempt (see ItemChangedError and
-	// Acceptance), recording each acceptance in the run's audit log under
-	// its operator and reason. Nil refuses them.
+	// AcceptChanged, if set, lets batch steps go on past the items whose
+	// source changed that the most recent refusal named (see
+	// ItemChangedError and Acceptance), recording each acceptance in the
+	// run's audit log under its operator and reason; any other change is
+	// refused in its turn. Nil refuses them. Its Operator must be set.
 	AcceptChanged *Acceptance
 	// OnProgress, if set, is called by batch steps after each chunk.
 	OnProgress func(Progress)
@@ -120,6 +122,10 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 	}
 	if cfg.Lease.RunID == "" {
 		return nil, errors.New("steps: Config.Lease has no run ID; claim the run first")
+	}
+	if a := cfg.AcceptChanged; a != nil && (strings.TrimSpace(a.Operator) == "" || strings.TrimSpace(a.Reason) == "") {
+		return nil, fmt.Errorf("%w: Config.AcceptChanged has operator %q and reason %q; an acceptance is audited and needs both",
+			ErrNoOperator, a.Operator, a.Reason)
 	}
 	r := &Run{
 		store:        cfg.Store,

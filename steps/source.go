@@ -21,10 +21,6 @@ type Source[I any] struct {
 	// ascending: keys are guaranteed to ascend (Paged checks it), so a
 	// finished key the source skipped over is known to be gone.
 	ascending bool
-	// beyond reports whether the source holds an item whose key sorts
-	// after the given key, cheaply; nil when it cannot tell without
-	// reading everything.
-	beyond func(ctx context.Context, key string) (bool, error)
 }
 
 // Total is the number of items, or -1 when the source does not know.
@@ -40,20 +36,12 @@ func Slice[I any](items []I, key func(I) string) Source[I] {
 			}
 		}
 		return nil
-	}, beyond: func(ctx context.Context, after string) (bool, error) {
-		for _, it := range items {
-			if key(it) > after {
-				return true, nil
-			}
-		}
-		return false, nil
 	}}
 }
 
 // Seq is a source over an iterator of (key, item) pairs. total is the item
-// count if known, else -1. A Seq cannot look ahead: when every item it
-// declares is already finished, a rerun trusts the total and does not
-// iterate it (see ForEach), so declare a total only if it is exact.
+// count if known, else -1 (a declared total is held as a promise: see
+// Source).
 func Seq[I any](seq iter.Seq2[string, I], total int64) Source[I] {
 	return Source[I]{total: total, all: func(ctx context.Context, yield func(string, I) bool) error {
 		for k, it := range seq {
@@ -75,21 +63,12 @@ func Seq[I any](seq iter.Seq2[string, I], total int64) Source[I] {
 // from others: a finished item it no longer yields is named at the chunk
 // where it is missed, a new item among finished ones (inserted since an
 // earlier attempt, with a declared total) is refused before it is
-// processed, and when every declared item is finished one fetch of a
-// single item after the last finished key tells an appended item from a
-// finished step.
+// processed.
 func Paged[I any](pageSize int, key func(I) string, fetch func(ctx context.Context, after string, limit int) ([]I, error), total int64) Source[I] {
 	if pageSize <= 0 {
 		pageSize = 1000
 	}
-	beyond := func(ctx context.Context, after string) (bool, error) {
-		page, err := fetch(ctx, after, 1)
-		if err != nil {
-			return false, fmt.Errorf("steps: fetch items after %q: %w", after, err)
-		}
-		return len(page) > 0, nil
-	}
-	return Source[I]{total: total, ascending: true, beyond: beyond, all: func(ctx context.Context, yield func(string, I) bool) error {
+	return Source[I]{total: total, ascending: true, all: func(ctx context.Context, yield func(string, I) bool) error {
 		after := ""
 		for {
 			page, err := fetch(ctx, after, pageSize)

@@ -617,7 +617,7 @@ func (b *bench) reruns(st *checkpoint.SQLite, raw *sql.DB, reg *jobs.Registry, r
 	b.duration("rerun of the finished run (forced; every step replays)", tFinished, tLoad, goalRerun,
 		"raw: one SELECT of the run's item keys into a map")
 	b.duration("rerun, every item done but the post step unmarked", tUnmarked, tLoad, goalRerun,
-		"the post step's row deleted: ForEach finds every declared item finished from the item counts")
+		"the post step's row deleted: ForEach reads the source again and holds every item to its fingerprint")
 	return nil
 }
 

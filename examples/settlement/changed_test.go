@@ -102,6 +102,20 @@ func (c *changeRun) posted(t *testing.T, n int) string {
 	return ""
 }
 
+// lastPosted returns the last transfer of the day the killed attempt
+// posted.
+func (c *changeRun) lastPosted(t *testing.T) string {
+	t.Helper()
+	items := c.s.items(t, testDate)
+	for n := campaignLedger.Transfers; n > 0; n-- {
+		if id := settlement.TransferID(testDate, n); items[id] == checkpoint.StepCompleted {
+			return id
+		}
+	}
+	t.Fatal("no posted transfer")
+	return ""
+}
+
 func readTransfers(t *testing.T, path string) map[string]settlement.Transfer {
 	t.Helper()
 	db := openLedger(t, path)
@@ -229,7 +243,8 @@ func changeCases() []changeCase {
 		code, out := c.cli(t, "resume", c.runID, "--progress", "none")
 		c.mustSucceed(t, "resume after restoring "+id, code, out)
 	}
-	var deleted, altered string
+	var deleted, altered string                                         // of the mid-post cases
+	var deletedLast, deletedLastOne, alteredLast, alteredLastOne string // of the last-chunk cases
 	return []changeCase{{
 		name:  "append one",
 		crash: midPost,
@@ -276,6 +291,48 @@ func changeCases() []changeCase {
 		refused:  "is new, yet sorts before",
 		fix:      accept,
 		accepted: true,
+	}, {
+		// Every declared item is finished and the post step is not: the
+		// rerun must read the transfers again, not finish from the counts.
+		name:  "delete a posted one after a crash at the last chunk",
+		crash: "step:post#" + strconv.Itoa(lastChunk) + ":after-commit",
+		change: func(t *testing.T, c *changeRun) string {
+			deletedLast = c.posted(t, 142)
+			c.exec(t, `DELETE FROM transfers WHERE id = ?`, deletedLast)
+			return deletedLast
+		},
+		refused: "the source no longer yields it",
+		fix:     func(t *testing.T, c *changeRun) { restore(t, c, deletedLast) },
+	}, {
+		name:  "delete the last posted one after a crash at the last chunk",
+		crash: "step:post#" + strconv.Itoa(lastChunk) + ":after-commit",
+		change: func(t *testing.T, c *changeRun) string {
+			deletedLastOne = c.lastPosted(t)
+			c.exec(t, `DELETE FROM transfers WHERE id = ?`, deletedLastOne)
+			return deletedLastOne
+		},
+		refused: "the source no longer yields it",
+		fix:     func(t *testing.T, c *changeRun) { restore(t, c, deletedLastOne) },
+	}, {
+		name:  "alter a posted one after a crash at the last chunk",
+		crash: "step:post#" + strconv.Itoa(lastChunk) + ":after-commit",
+		change: func(t *testing.T, c *changeRun) string {
+			alteredLast = c.posted(t, 142)
+			c.exec(t, `UPDATE transfers SET amount = amount + 1 WHERE id = ?`, alteredLast)
+			return alteredLast
+		},
+		refused: "changed since it was processed",
+		fix:     func(t *testing.T, c *changeRun) { restore(t, c, alteredLast) },
+	}, {
+		name:  "alter the last posted one after a crash at the last chunk",
+		crash: "step:post#" + strconv.Itoa(lastChunk) + ":after-commit",
+		change: func(t *testing.T, c *changeRun) string {
+			alteredLastOne = c.lastPosted(t)
+			c.exec(t, `UPDATE transfers SET amount = amount + 1 WHERE id = ?`, alteredLastOne)
+			return alteredLastOne
+		},
+		refused: "changed since it was processed",
+		fix:     func(t *testing.T, c *changeRun) { restore(t, c, alteredLastOne) },
 	}, {
 		name:  "append after a crash at the last chunk",
 		crash: "step:post#" + strconv.Itoa(lastChunk) + ":after-commit",
@@ -372,6 +429,65 @@ func TestChangedSourceBetweenAttempts(t *testing.T) {
 						t.Errorf("nothing was accepted, yet the audit log says:\n%s", audits)
 					}
 				})
+			}
+		})
+	}
+}
+
+// TestAcceptChangedAcceptsOnlyWhatWasShown is the reviewer's case: two
+// posted transfers altered in one chunk, one deleted in a later chunk. The
+// refusal names the two; --accept-changed accepts those two and refuses the
+// deletion, which it never showed, with its own exit 5; a second
+// acceptance takes it. The audit log names each item under its acceptance.
+func TestAcceptChangedAcceptsOnlyWhatWasShown(t *testing.T) {
+	t.Parallel()
+	for _, separate := range []bool{false, true} {
+		t.Run(map[bool]string{false: "same store", true: "separate store"}[separate], func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, separate, campaignLedger)
+			c := &changeRun{s: s, runID: jobs.RunID(settlement.Job.Name(), testDate), transfers: readTransfers(t, s.ledgerPath())}
+			crashAt(t, s, midPost)
+			first, second, gone := c.posted(t, 5), c.posted(t, 30), c.posted(t, 60) // chunks #0, #0 and #1
+			c.exec(t, `UPDATE transfers SET amount = amount + 1 WHERE id = ?`, first)
+			c.exec(t, `UPDATE transfers SET amount = amount + 1 WHERE id = ?`, second)
+			c.exec(t, `DELETE FROM transfers WHERE id = ?`, gone)
+
+			code, out := c.settle(t)
+			if code != cmd.ExitOperator || !strings.Contains(out, first) || !strings.Contains(out, second) || strings.Contains(out, gone) {
+				t.Fatalf("the rerun exited %d; want 5 naming %s and %s, not %s:\n%s", code, first, second, gone, out)
+			}
+			accept := func() (int, string) {
+				return c.cli(t, "resume", c.runID, "--progress", "none", "--operator", "ops@bank",
+					"--accept-changed", "--reason", "amounts corrected by the ledger team")
+			}
+			code, out = accept()
+			if code != cmd.ExitOperator || !strings.Contains(out, gone) || !strings.Contains(out, "no longer yields it") ||
+				strings.Contains(out, first) {
+				t.Fatalf("the acceptance exited %d; want 5 naming %s alone, never shown before:\n%s", code, gone, out)
+			}
+			audits := c.audits(t)
+			var accepted []string
+			for _, a := range audits {
+				if strings.HasPrefix(a, "accept-changed post:") {
+					accepted = append(accepted, a)
+				}
+			}
+			if len(accepted) != 1 || !strings.Contains(accepted[0], first) || !strings.Contains(accepted[0], second) ||
+				strings.Contains(accepted[0], gone) {
+				t.Fatalf("accepted so far:\n%s\nwant %s and %s, not %s", strings.Join(audits, "\n"), first, second, gone)
+			}
+			code, out = accept()
+			c.mustSucceed(t, "the second acceptance", code, out)
+			// ledger check compares with the transfers table as it is now,
+			// which the accepted changes made differ from what was posted:
+			// the balances are held to what was posted, each once.
+			if wrong := c.postedOnce(t); len(wrong) > 0 {
+				t.Fatalf("balances disagree with the transfers posted:\n%s", strings.Join(wrong, "\n"))
+			}
+			audits = c.audits(t)
+			last := audits[len(audits)-1]
+			if !strings.HasPrefix(last, "accept-changed post: amounts corrected") || !strings.Contains(last, gone) {
+				t.Fatalf("the last audit record is %q; want the acceptance of %s", last, gone)
 			}
 		})
 	}
