@@ -81,9 +81,19 @@ func ExitCode(err error) int {
 	return ExitFailed
 }
 
+// waitFlag says whether the command that failed takes --wait, and whether
+// it was given, so the hint for a locked database names what is true.
+type waitFlag int
+
+const (
+	noWaitFlag waitFlag = iota // the command has no --wait
+	waitNotGiven
+	waitGiven
+)
+
 // hint is what the user can do about err, beyond what the error says:
 // library errors carry data, the command line names its own flags.
-func hint(err error, name string) string {
+func hint(err error, name string, wait waitFlag) string {
 	var held *checkpoint.LeaseHeldError
 	switch {
 	case errors.Is(err, checkpoint.ErrAlreadySucceeded):
@@ -95,8 +105,11 @@ func hint(err error, name string) string {
 	case errors.Is(err, checkpoint.ErrNotDatabase):
 		return "check that --db (or $STEPWISE_DB) names a Stepwise database, or move the file away"
 	case errors.Is(err, checkpoint.ErrLocked):
-		return "another process holds the database's write lock: run again when it is done, " +
-			"add --wait (run, resume, rerun) to wait for it, or raise --busy-timeout"
+		h := "another process held the database's write lock longer than --busy-timeout: run again when it is done"
+		if wait == waitNotGiven {
+			h += ", add --wait to wait for it (at the start and mid-run)"
+		}
+		return h + ", or raise --busy-timeout"
 	case errors.As(err, &held) && errors.Is(err, checkpoint.ErrNotStale):
 		return "wait for its runner to finish, or use recover --force if that runner is surely gone"
 	}

@@ -1,0 +1,165 @@
+package cmd
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/steps"
+)
+
+// gatedParams are the parameters of the gated test job.
+type gatedParams struct {
+	Key string `param:"key,key" help:"run key"`
+}
+
+// gated is a job whose second step stops inside its function until the
+// test lets it go, so the test can take the database's write lock from
+// another connection exactly before that step's checkpoint commits.
+type gated struct {
+	entered chan struct{} // receives when the second step's function starts
+	proceed chan struct{} // closed to let it return
+	ran     atomic.Int32  // how often the second step's function ran
+}
+
+func newGated() *gated {
+	return &gated{entered: make(chan struct{}, 4), proceed: make(chan struct{})}
+}
+
+func (g *gated) registry() *jobs.Registry {
+	var reg jobs.Registry
+	reg.MustRegister(jobs.Define("gated", func(ctx context.Context, run *steps.Run, p gatedParams) error {
+		if _, err := steps.Do(ctx, run, "first", func(ctx context.Context) (int, error) { return 1, nil }); err != nil {
+			return err
+		}
+		_, err := steps.Do(ctx, run, "second", func(ctx context.Context) (int, error) {
+			g.ran.Add(1)
+			g.entered <- struct{}{}
+			<-g.proceed
+			return 2, nil
+		})
+		return err
+	}, jobs.Help("test job: its second step waits for the test")))
+	return &reg
+}
+
+func (g *gated) exec(db string, args ...string) opsOut {
+	args = append([]string{"--db", db}, args...)
+	var out, errb syncBuffer
+	code := Execute(context.Background(), g.registry(), args, &out, &errb)
+	return opsOut{args: args, code: code, stdout: out.String(), stderr: errb.String()}
+}
+
+// startGated runs the gated job in the background and returns once its
+// second step is inside its function, the first one checkpointed.
+func startGated(t *testing.T, g *gated, db string, args ...string) <-chan opsOut {
+	t.Helper()
+	done := make(chan opsOut, 1)
+	go func() {
+		done <- g.exec(db, append([]string{"--busy-timeout", "100ms", "run", "gated", "-p", "key=k"}, args...)...)
+	}()
+	select {
+	case <-g.entered:
+	case o := <-done:
+		t.Fatalf("the run ended before its second step:\n%s", o)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second step did not start within 30s")
+	}
+	return done
+}
+
+// A lock taken mid-run, without --wait: the run fails with the write's own
+// error (which step could not be checkpointed), says its end could not be
+// recorded either, exits 4 with a hint to add --wait, and a resume finishes
+// it without running the first step again.
+func TestLockMidRunWithoutWait(t *testing.T) {
+	t.Parallel()
+	db := filepath.Join(t.TempDir(), "stepwise.db")
+	g := newGated()
+	// A short lease: in this one process the runner's PID stays alive, so
+	// the resume takes the run over when the lease expires (a real
+	// process would be gone, and taken over at once).
+	done := startGated(t, g, db, "--lease", "300ms")
+	release := holdWriteLock(t, db)
+	close(g.proceed)
+	var o opsOut
+	select {
+	case o = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the run without --wait did not give up on the lock within 30s")
+	}
+	if o.code != ExitHeld {
+		t.Fatalf("exit %d; want %d (locked)\n%s", o.code, ExitHeld, o)
+	}
+	for _, s := range []string{
+		"run gated/k failed: steps: checkpoint step second", // the real error, not only the end's
+		"database is locked",
+		"its end (failed) could not be recorded",
+		"add --wait to wait for it",
+	} {
+		if !strings.Contains(o.stderr, s) {
+			t.Errorf("stderr does not say %q\n%s", s, o)
+		}
+	}
+	release()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		o = g.exec(db, "resume", "gated/k")
+		if o.code != ExitHeld || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if o.code != ExitOK || !strings.Contains(o.stdout, "run gated/k succeeded (attempt 2): 1 step executed, 1 skipped") {
+		t.Errorf("resume after the lock: exit %d; want 0, the second step run again and the first skipped\n%s", o.code, o)
+	}
+	if n := g.ran.Load(); n != 2 {
+		t.Errorf("second step's function ran %d times; want 2 (its checkpoint never committed the first time)", n)
+	}
+}
+
+// A lock taken mid-run, with --wait: the step's checkpoint write waits for
+// it (well past the busy timeout) and the run succeeds once it is
+// released, each step run once.
+func TestLockMidRunWithWait(t *testing.T) {
+	t.Parallel()
+	db := filepath.Join(t.TempDir(), "stepwise.db")
+	g := newGated()
+	done := startGated(t, g, db, "--wait")
+	release := holdWriteLock(t, db)
+	close(g.proceed)
+	select {
+	case o := <-done:
+		t.Fatalf("--wait gave up on a lock taken mid-run:\n%s", o)
+	case <-time.After(time.Second): // ten busy timeouts
+	}
+	release()
+	select {
+	case o := <-done:
+		if o.code != ExitOK || !strings.Contains(o.stdout, "run gated/k succeeded (attempt 1): 2 steps executed") ||
+			!strings.Contains(o.stderr, "database locked by another process; waiting for it") {
+			t.Errorf("exit %d; want 0, the run succeeded after logging its wait\n%s", o.code, o)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the --wait run did not finish 30s after the lock was released")
+	}
+	if n := g.ran.Load(); n != 1 {
+		t.Errorf("second step's function ran %d times; want 1", n)
+	}
+}
+
+// A command without --wait is not told to add it.
+func TestLockedHintWithoutWaitFlag(t *testing.T) {
+	t.Parallel()
+	c := newOpsCLI(t)
+	c.runCrashy("h")
+	holdWriteLock(t, c.db)
+	o := c.want(ExitHeld, []string{"database is locked", "--busy-timeout"},
+		"--busy-timeout", "100ms", "abandon", "crashy/h", "--reason", "x")
+	if strings.Contains(o.stderr, "--wait") {
+		t.Errorf("abandon has no --wait, yet the hint names it\n%s", o)
+	}
+}
