@@ -36,7 +36,7 @@ const exitCodesHelp = `Exit codes (each means one thing):
      abandoned or pruned run; rerun of a succeeded run without --force; reset or
      rerun --from-step of steps whose effects applied, without --force; recover of
      a run that is not running; resolve of a step awaiting no decision; abandon of
-     an abandoned run.
+     an abandoned or succeeded run.
 
 SIGINT/SIGTERM: the current step or chunk finishes or rolls back within $STEPWISE_GRACE (30s),
 the attempt is recorded as interrupted and the process exits 3; a second signal ends it at once
@@ -62,6 +62,8 @@ func ExitCode(err error) int {
 		usage    usageError
 	)
 	switch {
+	case errors.Is(err, ErrNeedsDecision): // the command's own refusal wins (abandon of a succeeded run)
+		return ExitOperator
 	case err == nil, errors.Is(err, checkpoint.ErrAlreadySucceeded):
 		return ExitOK
 	case errors.As(err, &changed), errors.As(err, &item), errors.As(err, &unknown), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned),
@@ -96,7 +98,7 @@ const (
 func hint(err error, name string, wait waitFlag) string {
 	var held *checkpoint.LeaseHeldError
 	switch {
-	case errors.Is(err, checkpoint.ErrAlreadySucceeded):
+	case errors.Is(err, checkpoint.ErrAlreadySucceeded) && !errors.Is(err, ErrNeedsDecision):
 		return "--force runs it again, still skipping completed steps"
 	case errors.Is(err, checkpoint.ErrNotFound):
 		return "`" + name + " runs` lists the runs"

@@ -3,6 +3,7 @@ package cmd
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -25,6 +26,8 @@ type gated struct {
 	entered chan struct{} // receives when the second step's function starts
 	proceed chan struct{} // closed to let it return
 	ran     atomic.Int32  // how often the second step's function ran
+	input   atomic.Int32  // the first step's input (steps.Input)
+	fail    atomic.Bool   // makes the second step fail
 }
 
 func newGated() *gated {
@@ -34,13 +37,17 @@ func newGated() *gated {
 func (g *gated) registry() *jobs.Registry {
 	var reg jobs.Registry
 	reg.MustRegister(jobs.Define("gated", func(ctx context.Context, run *steps.Run, p gatedParams) error {
-		if _, err := steps.Do(ctx, run, "first", func(ctx context.Context) (int, error) { return 1, nil }); err != nil {
+		if _, err := steps.Do(ctx, run, "first", func(ctx context.Context) (int, error) { return 1, nil },
+			steps.Input(g.input.Load())); err != nil {
 			return err
 		}
 		_, err := steps.Do(ctx, run, "second", func(ctx context.Context) (int, error) {
 			g.ran.Add(1)
 			g.entered <- struct{}{}
 			<-g.proceed
+			if g.fail.Load() {
+				return 0, steps.Permanent(errors.New("second: payee unknown"))
+			}
 			return 2, nil
 		})
 		return err
@@ -189,5 +196,38 @@ func TestOpenLockedNewSchemaWaitsOneBusyTimeout(t *testing.T) {
 	}
 	if took > 1500*time.Millisecond {
 		t.Errorf("gave up after %s; want about the 200ms busy timeout (at most twice it, plus slack)", took)
+	}
+}
+
+// A run stopped by a step that changed since it ran (exit 5) is reported
+// as stopped for an operator decision, not as failed; and abandoning a
+// succeeded run is refused with exit 5, the run still succeeded.
+func TestOperatorStopsAreNotFailures(t *testing.T) {
+	t.Parallel()
+	db := filepath.Join(t.TempDir(), "stepwise.db")
+	g := newGated()
+	close(g.proceed)
+	g.fail.Store(true)
+	if o := g.exec(db, "run", "gated", "-p", "key=k"); o.code != ExitFailed || !strings.Contains(o.stdout, "run gated/k failed (attempt 1)") {
+		t.Fatalf("exit %d; want %d, failed\n%s", o.code, ExitFailed, o)
+	}
+	g.input.Store(2) // the first step's input changes
+	o := g.exec(db, "resume", "gated/k")
+	if o.code != ExitOperator || !strings.Contains(o.stdout, "run gated/k stopped for an operator decision (attempt 2)") ||
+		strings.Contains(o.stdout, "failed") {
+		t.Errorf("exit %d; want %d, the run stopped for an operator decision\n%s", o.code, ExitOperator, o)
+	}
+
+	g.input.Store(0)
+	g.fail.Store(false)
+	if o := g.exec(db, "run", "gated", "-p", "key=s"); o.code != ExitOK {
+		t.Fatalf("exit %d\n%s", o.code, o)
+	}
+	o = g.exec(db, "abandon", "gated/s", "--reason", "oops")
+	if o.code != ExitOperator || !strings.Contains(o.stderr, "a succeeded run is not abandoned") || strings.Contains(o.stderr, "--force") {
+		t.Errorf("abandon of a succeeded run: exit %d; want %d, refused without a --force hint\n%s", o.code, ExitOperator, o)
+	}
+	if o := g.exec(db, "runs", "--json"); !strings.Contains(o.stdout, `"succeeded"`) || strings.Contains(o.stdout, `"abandoned"`) {
+		t.Errorf("after the refused abandon the run is not succeeded:\n%s", o)
 	}
 }

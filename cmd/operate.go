@@ -83,6 +83,10 @@ func (c *AbandonCmd) Run(env *Env) error {
 		return err
 	}
 	if err := st.Abandon(env.Ctx, c.audit(env, c.RunID, "abandon", c.Reason, ""), env.now(), ownerGone); err != nil {
+		if errors.Is(err, checkpoint.ErrAlreadySucceeded) {
+			// Refused like recover of a run that is not running: exit 5.
+			return fmt.Errorf("%w: %w", ErrNeedsDecision, err)
+		}
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "run %s abandoned: run and resume refuse it unless --force\n", c.RunID)
