@@ -17,6 +17,11 @@ var (
 	// ErrInterrupted is returned by Do when the run's context is cancelled
 	// (a signal, a deadline) before the step starts.
 	ErrInterrupted = errors.New("steps: run interrupted")
+	// ErrLeaseExpired is returned by Call, without Config.LeaseFor, when
+	// the attempt's lease has ended (or ends within the call margin): the
+	// call is not made, since a runner taking the run over may make or
+	// reconcile it at the same time.
+	ErrLeaseExpired = errors.New("steps: lease expired")
 )
 
 // StepChangedError is returned when a completed step is called with an input
