@@ -231,3 +231,22 @@ func TestOperatorStopsAreNotFailures(t *testing.T) {
 		t.Errorf("after the refused abandon the run is not succeeded:\n%s", o)
 	}
 }
+
+// A dry run is refused where the real run would be: parameters other than
+// the stored ones (exit 2), and bad parameters, without printing a dry run
+// of no run first.
+func TestDryRunRefusedLikeTheRun(t *testing.T) {
+	t.Parallel()
+	c := newOpsCLI(t)
+	c.runCrashy("d")
+	o := c.want(ExitUsage, []string{"crashy/d was started with parameters"},
+		"run", "crashy", "-p", "key=d", "-p", "side="+c.side+".other", "--dry-run")
+	if strings.Contains(o.stdout, "would run") {
+		t.Errorf("the refused dry run printed a plan\n%s", o)
+	}
+	o = c.want(ExitUsage, nil, "run", "crashy", "-p", "key=d", "-p", "side="+c.side, "-p", "nope=1", "--dry-run")
+	if o.stdout != "" {
+		t.Errorf("a dry run with a bad parameter printed %q before its error", o.stdout)
+	}
+	c.want(ExitOK, []string{"dry run of crashy/d", "0 steps would run"}, "run", "crashy", "-p", "key=d", "-p", "side="+c.side, "--dry-run")
+}

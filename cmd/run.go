@@ -74,6 +74,8 @@ func (c *RunCmd) Run(env *Env) error {
 	switch {
 	case c.DryRun && c.JSON:
 		return printDryRunJSON(env, res, err)
+	case c.DryRun && res.RunID == "" && err != nil:
+		return err // refused before it ran: nothing to show
 	case c.DryRun:
 		printDryRun(env, res)
 		return itemChangedHint(env, err, res.RunID)

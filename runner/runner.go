@@ -165,6 +165,15 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 // dryRun executes the job on a write-free steps.Run.
 func (r *Runner) dryRun(ctx context.Context, job jobs.Job, dec jobs.Decoded) (Result, error) {
 	runID := jobs.RunID(job.Name(), dec.RunKey)
+	// Refused as the real run would be: a run key always means the same
+	// parameters, so a dry run with others would show a run that cannot be.
+	switch info, err := r.cfg.Store.Run(ctx, runID); {
+	case errors.Is(err, checkpoint.ErrNotFound):
+	case err != nil:
+		return Result{}, err
+	case info.Run.ParamsHash != dec.Hash:
+		return Result{}, &checkpoint.ParamsMismatchError{RunID: runID, Stored: string(info.Run.Params), Given: string(dec.JSON)}
+	}
 	log := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Bool("dry_run", true).Logger()
 	run, err := steps.Begin(ctx, steps.Config{Store: r.cfg.Store, Lease: checkpoint.Lease{RunID: runID, Owner: r.cfg.Owner},
 		Logger: &log, Now: r.cfg.Clock.Now, DryRun: true})
