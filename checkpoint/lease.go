@@ -178,14 +178,16 @@ func (s *SQLite) Finish(ctx context.Context, l Lease, e Ending) error {
 
 // tx runs fn in one BEGIN IMMEDIATE transaction and maps driver errors.
 // Errors fn returns from this package (fencing, conflicts, mismatches) are
-// passed through unchanged.
+// passed through unchanged. If fn panics the transaction is rolled back
+// before the panic goes on: left open, it would hold the one writer
+// connection (and SQLite's write lock) for good.
 func (s *SQLite) tx(ctx context.Context, op string, fn func(*sql.Tx) error) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return s.wrap(op, err)
 	}
+	defer tx.Rollback() // after a commit, a no-op (sql.ErrTxDone)
 	if err := fn(tx); err != nil {
-		tx.Rollback()
 		return s.wrap(op, err)
 	}
 	if err := tx.Commit(); err != nil {

@@ -124,11 +124,18 @@ func (s *SQLite) Recover(ctx context.Context, a Audit, now time.Time, force bool
 }
 
 // Abandon marks a run abandoned: run and resume refuse it unless forced.
-// A run held by a live runner is refused with a *LeaseHeldError.
+// A run held by a live runner is refused with a *LeaseHeldError, a
+// succeeded one with ErrAlreadySucceeded.
 func (s *SQLite) Abandon(ctx context.Context, a Audit, now time.Time, opts ...OperateOption) error {
 	return s.operate(ctx, a, now, newOperateOptions(opts), false, func(tx *sql.Tx, run Run) error {
 		if run.Status == RunAbandoned {
 			return fmt.Errorf("%w: %s is already abandoned", ErrAbandoned, run.ID)
+		}
+		if run.Status == RunSucceeded {
+			// Its effects applied and stay: marking it abandoned would
+			// misstate a finished day as given up.
+			return fmt.Errorf("%w: %s finished at %s; a succeeded run is not abandoned",
+				ErrAlreadySucceeded, run.ID, run.FinishedAt.Format(time.RFC3339))
 		}
 		msg := "abandoned by " + a.Operator + ": " + a.Reason
 		if _, err := tx.ExecContext(ctx, sqlAbandonRun, msg, fmtTime(now), fmtTime(now), run.ID, run.Fence); err != nil {

@@ -210,20 +210,30 @@ func missingDB(path string, statErr error) error {
 	return fmt.Errorf("%w: %s (nothing was created)", ErrNoDatabase, path)
 }
 
-// migrateRetrying migrates, retrying while another process holds the lock.
-// Switching a brand-new file to WAL fails at once with SQLITE_BUSY instead
-// of waiting for the busy timeout when several processes create the same
-// database together, so Open waits here, up to the busy timeout.
+// migrateRetrying migrates, retrying while another process holds the lock,
+// for about the busy timeout in all. Switching a brand-new file to WAL
+// fails at once with SQLITE_BUSY instead of waiting for the busy timeout
+// when several processes create the same database together, so Open
+// retries such quick refusals every few milliseconds; a try that itself
+// waited out the busy timeout ends the retries. (Each try waits up to the
+// busy timeout, so retrying a fixed number of times would wait that many
+// busy timeouts.) Worst case, a try begun just before the budget ends, it
+// gives up after twice the busy timeout.
 func (s *SQLite) migrateRetrying(ctx context.Context) error {
 	const pause = 10 * time.Millisecond
-	for tries := s.cfg.BusyTimeout / pause; ; tries-- {
+	budget := time.NewTimer(s.cfg.BusyTimeout)
+	defer budget.Stop()
+	for {
 		err := s.migrate(ctx)
-		if !errors.Is(err, ErrLocked) || tries <= 0 {
+		if !errors.Is(err, ErrLocked) {
 			return err
 		}
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-budget.C:
 			t.Stop()
 			return err
 		case <-t.C:

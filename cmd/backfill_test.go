@@ -172,7 +172,7 @@ func TestBackfillCommand(t *testing.T) {
 		t.Errorf("2026-01-06 after a plain backfill: %s; want still failed", got)
 	}
 	// ...with it, resumed; the succeeded date is still skipped.
-	o = c.want(ExitOK, []string{"run opsdaily/2026-01-06 succeeded (attempt 2): 1 steps executed"},
+	o = c.want(ExitOK, []string{"run opsdaily/2026-01-06 succeeded (attempt 2): 1 step executed"},
 		backfill("2026-01-05", "2026-01-06", "--reprocess", "failed")...)
 	if !opsLineHas(o.stdout, "2026-01-06", "failed", "resume") || !opsLineHas(o.stdout, "2026-01-05", "skip (succeeded)") {
 		t.Errorf("--reprocess failed plan\n%s", o)

@@ -98,7 +98,7 @@ func TestCrashPointThenRerun(t *testing.T) {
 
 			c, got = runChild(t, nil, args...)
 			c.WantExit(got, exited0)
-			want := fmt.Sprintf("run %s succeeded (attempt 2): %d steps executed, %d skipped", runID, n-tc.committed, tc.committed)
+			want := fmt.Sprintf("run %s succeeded (attempt 2): %s executed, %d skipped", runID, plural(n-tc.committed, "step"), tc.committed)
 			if !strings.Contains(c.Stdout(), want) {
 				t.Errorf("rerun stdout = %q, want it to contain %q", c.Stdout(), want)
 			}
@@ -194,7 +194,7 @@ func TestRandomKillThenRerun(t *testing.T) {
 		c, got = runChild(t, nil, args...)
 		c.WantExit(got, exited0)
 		if len(done) < n {
-			want := fmt.Sprintf("%d steps executed, %d skipped", n-len(done), len(done))
+			want := fmt.Sprintf("%s executed, %d skipped", plural(n-len(done), "step"), len(done))
 			if !strings.Contains(c.Stdout(), want) {
 				t.Errorf("iteration %d: rerun stdout = %q, want it to contain %q", it, c.Stdout(), want)
 			}

@@ -36,7 +36,7 @@ const exitCodesHelp = `Exit codes (each means one thing):
      abandoned or pruned run; rerun of a succeeded run without --force; reset or
      rerun --from-step of steps whose effects applied, without --force; recover of
      a run that is not running; resolve of a step awaiting no decision; abandon of
-     an abandoned run.
+     an abandoned or succeeded run.
 
 SIGINT/SIGTERM: the current step or chunk finishes or rolls back within $STEPWISE_GRACE (30s),
 the attempt is recorded as interrupted and the process exits 3; a second signal ends it at once
@@ -62,6 +62,8 @@ func ExitCode(err error) int {
 		usage    usageError
 	)
 	switch {
+	case errors.Is(err, ErrNeedsDecision): // the command's own refusal wins (abandon of a succeeded run)
+		return ExitOperator
 	case err == nil, errors.Is(err, checkpoint.ErrAlreadySucceeded):
 		return ExitOK
 	case errors.As(err, &changed), errors.As(err, &item), errors.As(err, &unknown), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned),
@@ -81,12 +83,22 @@ func ExitCode(err error) int {
 	return ExitFailed
 }
 
+// waitFlag says whether the command that failed takes --wait, and whether
+// it was given, so the hint for a locked database names what is true.
+type waitFlag int
+
+const (
+	noWaitFlag waitFlag = iota // the command has no --wait
+	waitNotGiven
+	waitGiven
+)
+
 // hint is what the user can do about err, beyond what the error says:
 // library errors carry data, the command line names its own flags.
-func hint(err error, name string) string {
+func hint(err error, name string, wait waitFlag) string {
 	var held *checkpoint.LeaseHeldError
 	switch {
-	case errors.Is(err, checkpoint.ErrAlreadySucceeded):
+	case errors.Is(err, checkpoint.ErrAlreadySucceeded) && !errors.Is(err, ErrNeedsDecision):
 		return "--force runs it again, still skipping completed steps"
 	case errors.Is(err, checkpoint.ErrNotFound):
 		return "`" + name + " runs` lists the runs"
@@ -95,8 +107,11 @@ func hint(err error, name string) string {
 	case errors.Is(err, checkpoint.ErrNotDatabase):
 		return "check that --db (or $STEPWISE_DB) names a Stepwise database, or move the file away"
 	case errors.Is(err, checkpoint.ErrLocked):
-		return "another process holds the database's write lock: run again when it is done, " +
-			"add --wait (run, resume, rerun) to wait for it, or raise --busy-timeout"
+		h := "another process held the database's write lock longer than --busy-timeout: run again when it is done"
+		if wait == waitNotGiven {
+			h += ", add --wait to wait for it (at the start and mid-run)"
+		}
+		return h + ", or raise --busy-timeout"
 	case errors.As(err, &held) && errors.Is(err, checkpoint.ErrNotStale):
 		return "wait for its runner to finish, or use recover --force if that runner is surely gone"
 	}

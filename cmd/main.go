@@ -179,24 +179,44 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 	defer env.close()
 	if err := kctx.Run(env); err != nil {
 		code := ExitCode(err)
+		wait := waitFlagOf(kctx)
 		var told reported
 		if errors.As(err, &told) {
 			return code // the command's output already said it
 		}
 		if code != ExitOK {
 			fmt.Fprintf(stderr, "%s: %s\n", name, errorText(err, name))
-			if h := hint(err, name); h != "" {
+			if h := hint(err, name, wait); h != "" {
 				fmt.Fprintf(stderr, "%s: %s\n", name, h)
 			}
 		} else {
 			fmt.Fprintln(stdout, err)
-			if h := hint(err, name); h != "" {
+			if h := hint(err, name, wait); h != "" {
 				fmt.Fprintln(stdout, h)
 			}
 		}
 		return code
 	}
 	return ExitOK
+}
+
+// waitFlagOf says whether the selected command takes --wait and whether
+// it was given.
+func waitFlagOf(kctx *kong.Context) waitFlag {
+	n := kctx.Selected()
+	if n == nil {
+		return noWaitFlag
+	}
+	for _, f := range n.Flags {
+		if f.Name != "wait" {
+			continue
+		}
+		if on, _ := kctx.FlagValue(f).(bool); on {
+			return waitGiven
+		}
+		return waitNotGiven
+	}
+	return noWaitFlag
 }
 
 // lockedWriter makes a writer safe for concurrent use.

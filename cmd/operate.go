@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/alecthomas/kong"
+
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/runner"
 	"github.com/stepwise-run/stepwise/steps"
@@ -89,6 +91,10 @@ func (c *AbandonCmd) Run(env *Env) error {
 		return err
 	}
 	if err := st.Abandon(env.Ctx, c.audit(env, c.RunID, "abandon", c.Reason, ""), env.now(), ownerGone); err != nil {
+		if errors.Is(err, checkpoint.ErrAlreadySucceeded) {
+			// Refused like recover of a run that is not running: exit 5.
+			return fmt.Errorf("%w: %w", ErrNeedsDecision, err)
+		}
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "run %s abandoned: run and resume refuse it unless --force\n", c.RunID)
@@ -358,15 +364,15 @@ func appliedEffects(env *Env, st *checkpoint.SQLite, runID string, ss []checkpoi
 // PruneCmd deletes old runs' payloads, keeping tombstones.
 type PruneCmd struct {
 	operatorFlags
-	OlderThan string `required:"" name:"older-than" placeholder:"DURATION" help:"Prune succeeded and abandoned runs that finished longer ago than this (e.g. 90d, 720h)."`
-	DryRun    bool   `name:"dry-run" help:"Only say what would be pruned."`
-	Reason    string `default:"retention" help:"Why, for the audit log."`
-	JSON      bool   `name:"json" help:"Print what was pruned (or would be) as JSON: run IDs, step payloads, item checkpoints, bytes."`
+	OlderThan ageFlag `required:"" name:"older-than" placeholder:"DURATION" help:"Prune succeeded and abandoned runs that finished longer ago than this (e.g. 90d, 720h)."`
+	DryRun    bool    `name:"dry-run" help:"Only say what would be pruned."`
+	Reason    string  `default:"retention" help:"Why, for the audit log."`
+	JSON      bool    `name:"json" help:"Print what was pruned (or would be) as JSON: run IDs, step payloads, item checkpoints, bytes."`
 }
 
 // Run implements the prune command.
 func (c *PruneCmd) Run(env *Env) error {
-	d, err := parseDays(c.OlderThan)
+	d, err := parseDays(string(c.OlderThan))
 	if err != nil {
 		return usageError{fmt.Errorf("--older-than %q: %w", c.OlderThan, err)}
 	}
@@ -374,14 +380,14 @@ func (c *PruneCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	a := c.audit(env, "", "prune --older-than "+c.OlderThan, c.Reason, "")
+	a := c.audit(env, "", "prune --older-than "+string(c.OlderThan), c.Reason, "")
 	cutoff := env.now().Add(-d)
 	res, err := st.Prune(env.Ctx, a, cutoff, c.DryRun)
 	if err != nil {
 		return err
 	}
 	if c.JSON {
-		v := pruneView{DryRun: c.DryRun, OlderThan: c.OlderThan, Cutoff: cutoff.Format(time.RFC3339),
+		v := pruneView{DryRun: c.DryRun, OlderThan: string(c.OlderThan), Cutoff: cutoff.Format(time.RFC3339),
 			Runs: res.Runs, Steps: res.Steps, Items: res.Items, Bytes: res.Bytes}
 		if v.Runs == nil {
 			v.Runs = []string{}
@@ -397,6 +403,24 @@ func (c *PruneCmd) Run(env *Env) error {
 		fmt.Fprintf(env.Stdout, "runs: %s\n", checkpoint.JoinIDs(res.Runs, 20))
 		fmt.Fprintln(env.Stdout, "their run keys stay as tombstones: starting one again is refused")
 	}
+	return nil
+}
+
+// ageFlag is a flag holding a duration parseDays reads ("90d", "720h"),
+// checked while parsing. A value such as "-1h" is taken as its value and
+// refused in our words, not by kong as a short flag.
+type ageFlag string
+
+// Decode implements kong.MapperValue.
+func (a *ageFlag) Decode(ctx *kong.DecodeContext) error {
+	s, err := numberToken(ctx, "duration")
+	if err != nil {
+		return err
+	}
+	if _, err := parseDays(s); err != nil {
+		return fmt.Errorf("%q: %w", s, err)
+	}
+	*a = ageFlag(s)
 	return nil
 }
 

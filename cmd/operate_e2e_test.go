@@ -71,7 +71,7 @@ func TestOperatingRunsEndToEnd(t *testing.T) {
 
 	// A step is reset and runs again; the others are replayed.
 	c.want(ExitOK, []string{"step step/3 of crashy/a cleared"}, "reset", "crashy/a", "--step", "step/3", "--reason", "totals were wrong")
-	c.want(ExitOK, []string{"run crashy/a succeeded (attempt 3): 1 steps executed, 2 skipped"}, "resume", "crashy/a")
+	c.want(ExitOK, []string{"run crashy/a succeeded (attempt 3): 1 step executed, 2 skipped"}, "resume", "crashy/a")
 	c.wantRan(map[string]int{"step/1": 1, "step/2": 2, "step/3": 2})
 
 	// Prune: both finished runs become tombstones that refuse a rerun.

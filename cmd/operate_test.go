@@ -531,7 +531,7 @@ func TestResetCommand(t *testing.T) {
 	if as := c.wantAudits(runID, "reset --step load"); len(as) == 1 && (as[0].Operator != "alice" || as[0].Reason != "orders reloaded") {
 		t.Errorf("audit = %+v", as[0])
 	}
-	c.want(ExitOK, []string{"succeeded (attempt 2): 1 steps executed, 2 skipped"}, "resume", runID)
+	c.want(ExitOK, []string{"succeeded (attempt 2): 1 step executed, 2 skipped"}, "resume", runID)
 	c.wantRan(map[string]int{"load": 2, "credit": 1, "report": 1})
 	if v := c.stateValue("acct:a"); v != opsLedgerCredit {
 		t.Errorf("acct:a = %d; want %d", v, opsLedgerCredit)
@@ -545,7 +545,7 @@ func TestResetCommand(t *testing.T) {
 	if len(as) == 2 && as[1].Details != "effects kept: "+effect {
 		t.Errorf("forced reset's audit details = %q; want the effects kept", as[1].Details)
 	}
-	c.want(ExitOK, []string{"succeeded (attempt 3): 1 steps executed, 2 skipped"}, "resume", runID)
+	c.want(ExitOK, []string{"succeeded (attempt 3): 1 step executed, 2 skipped"}, "resume", runID)
 	c.wantRan(map[string]int{"load": 2, "credit": 2, "report": 1})
 	if v := c.stateValue("acct:a"); v != 2*opsLedgerCredit {
 		t.Errorf("acct:a = %d; want %d", v, 2*opsLedgerCredit)

@@ -12,7 +12,7 @@ import (
 
 // runFlags are the flags shared by run and resume.
 type runFlags struct {
-	Wait         bool          `help:"If another runner holds the run, or another process holds the database's write lock, wait for it instead of exiting 4."`
+	Wait         bool          `help:"If another runner holds the run, or another process holds the database's write lock (at the start or at any write mid-run), wait for it instead of exiting 4."`
 	RetrySkipped bool          `name:"retry-skipped" help:"Process again the batch items an earlier attempt skipped under the step's skip policy."`
 	Progress     string        `default:"auto" enum:"auto,bar,log,none" help:"Batch progress: a live bar on a terminal and a log line every few seconds otherwise (auto), or forced."`
 	Lease        time.Duration `default:"30s" nonzero:"" help:"Lease length; the runner heartbeats every third of it. A crashed runner's run is taken over when it expires (at once if its process is surely gone: same machine boot and PID namespace, e.g. not another container). An outside call must finish within the lease less a fifth."`
@@ -74,6 +74,8 @@ func (c *RunCmd) Run(env *Env) error {
 	switch {
 	case c.DryRun && c.JSON:
 		return printDryRunJSON(env, res, err)
+	case c.DryRun && res.RunID == "" && err != nil:
+		return err // refused before it ran: nothing to show
 	case c.DryRun:
 		printDryRun(env, res)
 		return itemChangedHint(env, err, res.RunID)
@@ -165,8 +167,14 @@ func report(env *Env, res runner.Result, err error) error {
 	if res.Status == "" {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "run %s %s (attempt %d): %d steps executed, %d skipped (checkpointed)\n",
-		res.RunID, res.Status, res.Attempt, res.Stats.Executed, res.Stats.Skipped)
+	status := res.Status
+	if res.Status == checkpoint.RunFailed && ExitCode(err) == ExitOperator {
+		// Recorded failed (resumable), but nothing broke: the run stopped
+		// at something only an operator can decide, which the error names.
+		status = "stopped for an operator decision"
+	}
+	fmt.Fprintf(env.Stdout, "run %s %s (attempt %d): %s executed, %d skipped (checkpointed)\n",
+		res.RunID, status, res.Attempt, plural(res.Stats.Executed, "step"), res.Stats.Skipped)
 	if err != nil && res.Status == checkpoint.RunInterrupted {
 		fmt.Fprintf(env.Stdout, "resume it with: %s resume %s\n", env.Name, res.RunID)
 		return reported{err}

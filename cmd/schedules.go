@@ -2,6 +2,7 @@ package cmd
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -82,13 +83,18 @@ func (c *SchedulesCmd) Run(env *Env) error {
 	if err != nil {
 		return usageError{err}
 	}
-	st, err := env.Store()
-	if err != nil {
+	// It only reads: a missing database is not created, and means no
+	// schedule has fired yet.
+	var states []checkpoint.ScheduleState
+	st, err := env.ExistingStore()
+	switch {
+	case errors.Is(err, checkpoint.ErrNoDatabase):
+	case err != nil:
 		return err
-	}
-	states, err := st.Schedules(env.Ctx)
-	if err != nil {
-		return err
+	default:
+		if states, err = st.Schedules(env.Ctx); err != nil {
+			return err
+		}
 	}
 	now := env.now()
 	after := now

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -301,6 +302,10 @@ func TestSchedulesCommand(t *testing.T) {
 	}
 
 	text := run("--from", "2026-03-06T12:00:00-05:00", "--next", "3")
+	// schedules only reads: a missing database is not created.
+	if _, err := os.Stat(db); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("schedules created the missing database %s (stat: %v)", db, err)
+	}
 	for _, want := range []string{
 		`settle-nightly  job crashy  spec "30 2 * * *"  zone America/New_York`,
 		"misfire run-once, starting deadline 6h0m0s, overlap forbid",

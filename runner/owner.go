@@ -1,8 +1,10 @@
 package runner
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -62,7 +64,9 @@ func DefaultOwner() string {
 
 // OwnerGone reports whether the lease owner names a process that surely no
 // longer exists: one of this kernel boot and this PID namespace (as
-// DefaultOwner records them) whose PID is free. Its lease can then be taken
+// DefaultOwner records them) whose PID is free or names a zombie (a
+// process that exited, kill -9'd say, and whose parent has not reaped it
+// yet). Its lease can then be taken
 // over at once. Anything less exact is not gone: an owner in another PID
 // namespace (another container on this host, whatever its host name), of
 // another boot or machine, or recorded without an identity (an older
@@ -86,5 +90,24 @@ func OwnerGone(owner string) bool {
 	if err != nil || pid <= 0 {
 		return false
 	}
-	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) || exited(pid)
+}
+
+// exited reports whether the process pid has exited and only its zombie
+// is left (state Z, or X while being reaped), waiting for its parent to
+// collect it: kill(pid, 0) still succeeds on it, yet it runs no code and
+// holds no lease. Only asked of a PID of this boot and PID namespace, so
+// /proc names the very process.
+func exited(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist) // reaped since kill looked
+	}
+	// "PID (COMM) STATE ...": COMM may hold spaces and parentheses, so the
+	// state follows the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	return b[i+2] == 'Z' || b[i+2] == 'X'
 }

@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stepwise-run/stepwise/runner"
 )
@@ -71,5 +73,49 @@ func TestOwnerGoneOnlyWhenSurelyGone(t *testing.T) {
 		if got := runner.OwnerGone(tc.owner); got != tc.gone {
 			t.Errorf("%s: OwnerGone(%q) = %v, want %v", tc.name, tc.owner, got, tc.gone)
 		}
+	}
+}
+
+// A runner killed with SIGKILL whose parent has not yet reaped it is a
+// zombie: kill(pid, 0) still succeeds, yet it is gone and its lease is
+// taken over at once.
+func TestOwnerGoneForAZombie(t *testing.T) {
+	boot, pidns := selfIdentity(t)
+	host, _ := os.Hostname()
+	c := exec.Command("sleep", "60")
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := c.Process.Pid
+	owner := fmt.Sprintf("%s:%d boot=%s pidns=%s", host, pid, boot, pidns)
+	if runner.OwnerGone(owner) {
+		t.Fatalf("OwnerGone(%q) = true for a running process", owner)
+	}
+	if err := c.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// Not reaped: the test waits for the zombie state, not for the child.
+	stat := fmt.Sprintf("/proc/%d/stat", pid)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			t.Fatalf("the unreaped child vanished: %v", err)
+		}
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 && strings.HasPrefix(string(b[i:]), ") Z") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed child never became a zombie: %s", b)
+		}
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Fatalf("kill(%d, 0) = %v on the zombie; the test needs it to succeed", pid, err)
+	}
+	if !runner.OwnerGone(owner) {
+		t.Errorf("OwnerGone(%q) = false for a zombie", owner)
+	}
+	c.Wait() // reap it
+	if !runner.OwnerGone(owner) {
+		t.Errorf("OwnerGone(%q) = false once reaped", owner)
 	}
 }

@@ -43,9 +43,13 @@ type Config struct {
 	// Defaults to 30s.
 	Lease time.Duration
 	// Wait makes a claim of a run held by another runner wait for it
-	// instead of failing with *checkpoint.LeaseHeldError, and a claim of a
-	// database another process holds locked wait for the lock instead of
-	// failing with checkpoint.ErrLocked.
+	// instead of failing with *checkpoint.LeaseHeldError, and every write
+	// of the run (its claim, its steps' checkpoints, its end) that finds
+	// the database locked by another process wait for the lock, retrying
+	// every WaitPoll until the run's context ends, instead of failing
+	// with checkpoint.ErrLocked. Without it such a write fails the run
+	// (with the write's error), and the next run or resume goes on from
+	// the checkpoints.
 	Wait bool
 	// WaitPoll is how often a waiting claim retries. Defaults to 500ms.
 	WaitPoll time.Duration
@@ -161,6 +165,15 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 // dryRun executes the job on a write-free steps.Run.
 func (r *Runner) dryRun(ctx context.Context, job jobs.Job, dec jobs.Decoded) (Result, error) {
 	runID := jobs.RunID(job.Name(), dec.RunKey)
+	// Refused as the real run would be: a run key always means the same
+	// parameters, so a dry run with others would show a run that cannot be.
+	switch info, err := r.cfg.Store.Run(ctx, runID); {
+	case errors.Is(err, checkpoint.ErrNotFound):
+	case err != nil:
+		return Result{}, err
+	case info.Run.ParamsHash != dec.Hash:
+		return Result{}, &checkpoint.ParamsMismatchError{RunID: runID, Stored: string(info.Run.Params), Given: string(dec.JSON)}
+	}
 	log := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Bool("dry_run", true).Logger()
 	run, err := steps.Begin(ctx, steps.Config{Store: r.cfg.Store, Lease: checkpoint.Lease{RunID: runID, Owner: r.cfg.Owner},
 		Logger: &log, Now: r.cfg.Clock.Now, DryRun: true})
@@ -224,7 +237,8 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	defer cancel(nil)
 	stopBeat := r.heartbeat(runCtx, lease, cancel, log)
 
-	pastDeadline, jobErr := r.drive(runCtx, job, claim, dec, req, &res, jobLog)
+	store := r.waitingStore(r.cfg.Store, log)
+	pastDeadline, jobErr := r.drive(runCtx, store, job, claim, dec, req, &res, jobLog)
 	stopBeat()
 
 	end := checkpoint.Ending{Status: checkpoint.RunSucceeded, At: r.cfg.Clock.Now()}
@@ -256,8 +270,18 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	if end.Status == checkpoint.RunSucceeded {
 		steps.Crash("run:before-finish")
 	}
-	if err := r.cfg.Store.Finish(context.WithoutCancel(ctx), lease, end); err != nil {
-		return res, fmt.Errorf("run %s: record end (%s): %w", runID, end.Status, err)
+	if err := store.Finish(context.WithoutCancel(ctx), lease, end); err != nil {
+		// The run stays marked running under this attempt's lease; the
+		// next run or resume takes it over (at once: this process is
+		// gone by then). The step's own error is the news: keep it.
+		res.Status = checkpoint.RunRunning
+		log.Error().Err(err).AnErr("job_error", jobErr).Str("status", end.Status).Msg("could not record the run's end")
+		if outErr == nil {
+			return res, fmt.Errorf("run %s: every step completed, but recording it succeeded failed: %w; "+
+				"the run stays marked running: run or resume it again to record it (no step runs again)", runID, err)
+		}
+		return res, fmt.Errorf("%w; and its end (%s) could not be recorded: %w; the run stays marked running until it is run or resumed again",
+			outErr, end.Status, err)
 	}
 	res.Status = end.Status
 	r.dispatch(ctx, log)
@@ -297,9 +321,9 @@ func (r *Runner) dispatch(ctx context.Context, log zerolog.Logger) {
 
 // drive runs the job function on an attempt's steps.Run. pastDeadline
 // reports that the job failed because its own deadline passed.
-func (r *Runner) drive(ctx context.Context, job jobs.Job, claim checkpoint.Claim, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) (pastDeadline bool, err error) {
+func (r *Runner) drive(ctx context.Context, store checkpoint.Store, job jobs.Job, claim checkpoint.Claim, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) (pastDeadline bool, err error) {
 	lease, prevUntil := claim.Lease, claim.PreviousLeaseUntil
-	cfg := steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
+	cfg := steps.Config{Store: store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
 		RetrySkipped: req.RetrySkipped, AcceptChanged: req.AcceptChanged, OnProgress: r.progressHook(lease, log), Retry: job.Settings().Retry,
 		LeaseFor: r.cfg.Lease, PreviousLeaseUntil: prevUntil}
 	if s, ok := r.cfg.Clock.(Sleeper); ok {

@@ -190,8 +190,8 @@ type Fire struct {
 	// then its zone is a fixed one (named as the zone before the change)
 	// with the offset that makes the moment of the change read as the
 	// time the spec named: -04:30 for 02:30 on New York's spring day,
-	// -00:30 for 23:30 on Nuuk's, whose clocks jump from 23:00 to
-	// midnight. A key rule reading its date or clock gets the spec's; one
+	// -01:30 for 23:30 on Nuuk's (2026-03-28T23:30:00-01:30), whose
+	// clocks jump from 23:00 (-02:00) to midnight (-01:00). A key rule reading its date or clock gets the spec's; one
 	// reading its instant (UTC, Unix) gets when it fired; both are
 	// distinct for distinct fires.
 	Scheduled time.Time

@@ -325,6 +325,10 @@ func TestGapToMidnightKeepsItsDay(t *testing.T) {
 				if !f.Scheduled.Equal(f.At) {
 					t.Errorf("fire %d: scheduled instant %s differs from the fire's %s", i, f.Scheduled.UTC(), f.At.UTC())
 				}
+				// As Fire.Scheduled's doc says: midnight -01:00 read as 23:30.
+				if want := day(0) + "T23:30:00-01:30"; i == 1 && f.Scheduled.Format(time.RFC3339) != want {
+					t.Errorf("fire 1 scheduled reads %s; want %s", f.Scheduled.Format(time.RFC3339), want)
+				}
 				p, err := s.Params(f.At)
 				if err != nil {
 					t.Fatal(err)

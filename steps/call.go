@@ -261,19 +261,29 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 // holds the run, and returns how long the call may take. It renews the
 // lease (a write checked against the fence): the lease then runs until at
 // least LeaseFor after the renewal began, and the call may take until
-// CallMargin before that. Without LeaseFor it checks the fence only, and
-// the call is not bounded (0).
+// CallMargin before that. Without LeaseFor it renews nothing: it checks
+// the fence and that the lease has not expired (a fence check alone would
+// let a call start on an expired lease, which a runner taking over may
+// be about to reconcile or repeat), and the call is bounded by the
+// lease's end less CallMargin.
 func (r *Run) callWindow(ctx context.Context, id string) (time.Duration, error) {
 	if r.leaseFor <= 0 {
-		fence, err := r.store.Fence(ctx, r.lease.RunID)
+		info, err := r.store.Run(ctx, r.lease.RunID)
 		if err != nil {
 			return 0, fmt.Errorf("steps: check the lease before outside call %s: %w", id, err)
 		}
-		if fence != r.lease.Fence {
+		run := info.Run
+		if run.Fence != r.lease.Fence {
 			return 0, fmt.Errorf("steps: outside call %s not made: %w: run %s is at fence %d, this attempt holds %d",
-				id, checkpoint.ErrFenced, r.lease.RunID, fence, r.lease.Fence)
+				id, checkpoint.ErrFenced, r.lease.RunID, run.Fence, r.lease.Fence)
 		}
-		return 0, nil
+		window := run.LeaseUntil.Sub(r.now()) - r.callMargin
+		if window <= 0 {
+			return 0, fmt.Errorf("steps: outside call %s not made: %w: the lease of run %s ends at %s, leaving no time for it "+
+				"(give Config.LeaseFor so the call renews the lease first)",
+				id, ErrLeaseExpired, r.lease.RunID, run.LeaseUntil.UTC().Format(time.RFC3339))
+		}
+		return window, nil
 	}
 	begun := r.now()
 	if err := r.store.Heartbeat(ctx, r.lease, begun, begun.Add(r.leaseFor)); err != nil {

@@ -416,3 +416,34 @@ func run2Lease(t *testing.T, st *checkpoint.SQLite) checkpoint.Lease {
 	}
 	return checkpoint.Lease{RunID: info.Run.ID, Fence: info.Run.Fence, Attempt: len(info.Attempts)}
 }
+
+// Without Config.LeaseFor a Call renews nothing, so it refuses to start on
+// a lease that has expired (a runner taking over could make the same call
+// at the same time), and is bounded by the lease's end while it is live.
+func TestCallWithoutLeaseLengthRefusesAnExpiredLease(t *testing.T) {
+	ctx := context.Background()
+	st := checkpointtest.Open(t)
+	clock := &callClock{now: callStart}
+	run := beginCall(t, st, clock, steps.Config{}) // claimed for a minute at callStart
+	var deadline time.Time
+	if _, err := steps.Call(ctx, run, "live", func(ctx context.Context, key string) (int, error) {
+		deadline, _ = ctx.Deadline()
+		return 1, nil
+	}); err != nil {
+		t.Fatalf("Call on a live lease: %v", err)
+	}
+	if deadline.IsZero() {
+		t.Error("a call on a live lease without LeaseFor was not bounded by the lease")
+	}
+	clock.mu.Lock()
+	clock.now = callStart.Add(2 * time.Minute) // the lease ran out; nobody heartbeat it
+	clock.mu.Unlock()
+	called := false
+	_, err := steps.Call(ctx, run, "late", func(ctx context.Context, key string) (int, error) {
+		called = true
+		return 2, nil
+	})
+	if called || !errors.Is(err, steps.ErrLeaseExpired) {
+		t.Errorf("Call on an expired lease: called %v, err %v; want not called and ErrLeaseExpired", called, err)
+	}
+}

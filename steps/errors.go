@@ -20,6 +20,11 @@ var (
 	// ErrNoOperator is returned by Begin when Config.AcceptChanged names
 	// no operator or no reason: an acceptance is audited under both.
 	ErrNoOperator = errors.New("steps: an acceptance of changed items names no operator or reason")
+	// ErrLeaseExpired is returned by Call, without Config.LeaseFor, when
+	// the attempt's lease has ended (or ends within the call margin): the
+	// call is not made, since a runner taking the run over may make or
+	// reconcile it at the same time.
+	ErrLeaseExpired = errors.New("steps: lease expired")
 )
 
 // StepChangedError is returned when a completed step is called with an input

@@ -50,8 +50,10 @@ type Config struct {
 	// LeaseFor is the lease's length: how long a heartbeat extends it. An
 	// outside call (Call) renews the lease right before calling, which
 	// also checks the fence, and its context ends CallMargin before the
-	// renewed lease would. Zero (a caller without heartbeats) checks the
-	// fence before each call but does not bound it. The runner sets it.
+	// renewed lease would. Zero (a caller without heartbeats) renews
+	// nothing: each call checks the fence and that the lease is still
+	// live, refusing it with ErrLeaseExpired otherwise, and ends
+	// CallMargin before the lease does. The runner sets it.
 	LeaseFor time.Duration
 	// CallMargin is how long before the lease's end an outside call's
 	// context ends, and how long Call waits after a call whose outcome is
