@@ -20,9 +20,20 @@
 //				return filepath.Join(t.TempDir(), "stepwise.db")
 //			},
 //			Open: func(ctx context.Context, db string) (checkpoint.Store, error) {
-//				return sqlite.Open(ctx, sqlite.Config{Path: db})
+//				return checkpoint.Open(ctx, checkpoint.Config{Path: db})
 //			},
-//			SchemaVersion: sqlite.SchemaVersion(),
+//			SchemaVersion: checkpoint.SchemaVersion(),
 //		})
 //	}
+//
+// A PostgreSQL harness makes a schema (or a database) per test on the
+// server named by STEPWISE_TEST_PG and drops it at cleanup; Open connects
+// with that schema first on the search path, so every handle of one test
+// sees one database and no other test's rows.
+//
+// The heart of the suite is the fence race: A holds a transaction open
+// under its lease with a fenced write made, B takes the run over from
+// another handle, then A commits. Exactly one of two outcomes is allowed:
+// A's commit fails with ErrFenced and leaves nothing, or B's claim waited
+// for A's commit and sees all of it.
 package storetest
