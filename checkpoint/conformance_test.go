@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/storetest"
@@ -27,6 +28,9 @@ func TestConformance(t *testing.T) {
 		},
 		SchemaVersion:  checkpoint.SchemaVersion(),
 		SchemaVersions: sqliteSchemaVersions,
+		// BEGIN IMMEDIATE takes the write lock when A's transaction
+		// begins, so B is in its busy wait within a millisecond.
+		BlockFor: 2 * time.Millisecond,
 		MarkNewer: func(t *testing.T, db string, v int) {
 			withSQLite(t, db, func(d *sql.DB) {
 				if _, err := d.Exec(`INSERT INTO stepwise_schema (version, name) VALUES (?, 'from a newer binary')`, v); err != nil {
@@ -109,7 +113,10 @@ func TestNaiveStoreChild(t *testing.T) {
 			return naiveStore{st}, err
 		},
 		SchemaVersion: checkpoint.SchemaVersion(),
-		Rounds:        50,
+		// Long enough for B's claim, which nothing blocks, to finish
+		// before A commits even under the race detector on a busy machine.
+		BlockFor: 100 * time.Millisecond,
+		Rounds:   50,
 	})
 }
 

@@ -36,7 +36,10 @@ type Harness struct {
 	MarkNewer func(t *testing.T, db string, v int)
 	// BlockFor is how long the fence race lets B's claim run into A's
 	// open transaction before A commits. It only shapes the interleaving:
-	// no outcome is judged by it. Defaults to 2ms.
+	// no outcome is judged by it. A store that blocks B costs BlockFor a
+	// round; one that does not must let B's claim finish within it to be
+	// caught in the act, so it should exceed a claim's round trips.
+	// Defaults to 10ms.
 	BlockFor time.Duration
 	// Rounds is how many times the fence race runs for each kind of fenced
 	// write. Defaults to 200.
@@ -59,7 +62,7 @@ func (h *Harness) validate(t *testing.T) {
 		t.Fatalf("storetest: the Harness lacks %s; see the field comments of storetest.Harness", strings.Join(missing, ", "))
 	}
 	if h.BlockFor <= 0 {
-		h.BlockFor = 2 * time.Millisecond
+		h.BlockFor = 10 * time.Millisecond
 	}
 	if h.Rounds <= 0 {
 		h.Rounds = 200
