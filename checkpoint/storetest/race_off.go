@@ -1,0 +1,6 @@
+//go:build !race
+
+package storetest
+
+// raceDetector is true when the race detector is compiled in.
+const raceDetector = false

@@ -1,0 +1,274 @@
+package storetest
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// Harness tells the suite how to reach one backend.
+type Harness struct {
+	// NewDatabase creates a fresh, empty database that only t uses (a file
+	// in t.TempDir(), a schema or database of its own) and returns what
+	// Open takes to reach it. It removes the database at t's cleanup if
+	// that is needed. Required.
+	NewDatabase func(t *testing.T) string
+	// Open opens one more handle on the database db, migrating it first if
+	// needed. Each handle stands for one host: it shares nothing with the
+	// other handles but the database. The suite closes every handle it
+	// opens. Required.
+	Open func(ctx context.Context, db string) (checkpoint.Store, error)
+	// SchemaVersion is the newest schema version the backend's migrations
+	// know. Required.
+	SchemaVersion int
+	// SchemaVersions, if set, returns the schema versions recorded in db,
+	// read the way the backend keeps them; the migration tests then check
+	// each version is applied exactly once, on the first open, on a reopen
+	// and when several hosts open together. Nil skips those checks.
+	SchemaVersions func(t *testing.T, db string) []int
+	// MarkNewer, if set, records in db that a binary knowing schema version
+	// v migrated it, as a newer Stepwise would; the migration tests then
+	// check Open refuses the database with ErrTooNew naming both versions.
+	// Nil skips that test.
+	MarkNewer func(t *testing.T, db string, v int)
+	// BlockFor is how long the fence race lets B's claim run into A's
+	// open transaction before A commits. It only shapes the interleaving:
+	// no outcome is judged by it. A store that blocks B costs BlockFor a
+	// round; one that does not must let B's claim finish within it to be
+	// caught in the act, so it should exceed a claim's round trips.
+	// Defaults to 10ms.
+	BlockFor time.Duration
+	// Rounds is how many times the fence race runs for each kind of fenced
+	// write. Defaults to 200, or 50 when the race detector is compiled in:
+	// it makes a round CPU-bound and ten times slower, and checks only the
+	// suite's own goroutines, not the interleaving of transactions the
+	// rounds explore, so `go test` without -race runs the full count.
+	Rounds int
+}
+
+func (h *Harness) validate(t *testing.T) {
+	t.Helper()
+	var missing []string
+	if h.NewDatabase == nil {
+		missing = append(missing, "NewDatabase")
+	}
+	if h.Open == nil {
+		missing = append(missing, "Open")
+	}
+	if h.SchemaVersion <= 0 {
+		missing = append(missing, "SchemaVersion")
+	}
+	if len(missing) > 0 {
+		t.Fatalf("storetest: the Harness lacks %s; see the field comments of storetest.Harness", strings.Join(missing, ", "))
+	}
+	if h.BlockFor <= 0 {
+		h.BlockFor = 10 * time.Millisecond
+	}
+	if h.Rounds <= 0 {
+		h.Rounds = 200
+		if raceDetector {
+			h.Rounds = 50
+		}
+	}
+}
+
+// Run runs the whole suite against the backend h reaches, one subtest per
+// concept, each test on a database of its own.
+func Run(t *testing.T, h Harness) {
+	h.validate(t)
+	t.Run("Migration", func(t *testing.T) { testMigration(t, h) })
+	t.Run("ClaimAndLease", func(t *testing.T) { testClaimAndLease(t, h) })
+	t.Run("FenceRace", func(t *testing.T) { testFenceRace(t, h) })
+	t.Run("Steps", func(t *testing.T) { testSteps(t, h) })
+	t.Run("Items", func(t *testing.T) { testItems(t, h) })
+	t.Run("ChunkPlans", func(t *testing.T) { testChunkPlans(t, h) })
+	t.Run("Targets", func(t *testing.T) { testTargets(t, h) })
+	t.Run("Outbox", func(t *testing.T) { testOutbox(t, h) })
+	t.Run("Schedules", func(t *testing.T) { testSchedules(t, h) })
+	t.Run("Operations", func(t *testing.T) { testOperations(t, h) })
+	t.Run("ErrorsAndClock", func(t *testing.T) { testErrorsAndClock(t, h) })
+}
+
+// t0 is the suite's "now". The stores never read the clock, so every time
+// they record comes from a request; it is far from the wall clock and has
+// microsecond precision, the precision every store keeps.
+var t0 = time.Date(2031, 3, 14, 15, 9, 26, 535897000, time.UTC)
+
+// lease is the lease length of the suite's claims.
+const lease = time.Minute
+
+// Owners of the suite's claims: a name and the details a runner adds.
+const (
+	ownerA = "host-a:101 boot=1 pidns=1"
+	ownerB = "host-b:202 boot=2 pidns=2"
+	ownerC = "host-c:303 boot=3 pidns=3"
+)
+
+const params = `{"date":"2031-03-14"}`
+
+// env is one test's database and the handles opened on it.
+type env struct {
+	t   *testing.T
+	h   Harness
+	db  string
+	ctx context.Context
+}
+
+// newEnv makes a fresh database for t.
+func newEnv(t *testing.T, h Harness) *env {
+	t.Helper()
+	return &env{t: t, h: h, db: h.NewDatabase(t), ctx: context.Background()}
+}
+
+// open opens one more handle (host) on the test's database, closed at the
+// test's cleanup.
+func (e *env) open() checkpoint.Store {
+	e.t.Helper()
+	st, err := e.h.Open(e.ctx, e.db)
+	if err != nil {
+		e.t.Fatalf("open a handle on %s: %v", e.db, err)
+	}
+	e.t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// claimReq is a claim of runID ("job/key") by owner at now with the
+// suite's lease and parameters.
+func claimReq(runID, owner string, now time.Time) checkpoint.ClaimRequest {
+	job, key, _ := strings.Cut(runID, "/")
+	return checkpoint.ClaimRequest{
+		RunID: runID, Job: job, RunKey: key,
+		Params: []byte(params), ParamsHash: "sha256:" + params,
+		Owner: owner, Now: now, LeaseFor: lease,
+	}
+}
+
+// claim claims runID for owner at now and fails the test if it cannot.
+func (e *env) claim(st checkpoint.Store, runID, owner string, now time.Time) checkpoint.Claim {
+	e.t.Helper()
+	c, err := st.Claim(e.ctx, claimReq(runID, owner, now))
+	if err != nil {
+		e.t.Fatalf("claim %s for %s at %s: %v", runID, owner, now.Format(time.RFC3339Nano), err)
+	}
+	return c
+}
+
+// inTx runs fn in a write transaction of l and fails the test on error.
+func (e *env) inTx(st checkpoint.Store, l checkpoint.Lease, fn func(tx checkpoint.Tx) error) {
+	e.t.Helper()
+	if err := st.InTx(e.ctx, l, fn); err != nil {
+		e.t.Fatalf("write run %s under fence %d: %v", l.RunID, l.Fence, err)
+	}
+}
+
+// run reads one run and its attempts.
+func (e *env) run(st checkpoint.Store, runID string) checkpoint.RunInfo {
+	e.t.Helper()
+	info, err := st.Run(e.ctx, runID)
+	if err != nil {
+		e.t.Fatalf("read run %s: %v", runID, err)
+	}
+	return info
+}
+
+// steps reads a run's step checkpoints, by ID.
+func (e *env) steps(st checkpoint.Store, runID string) map[string]checkpoint.Step {
+	e.t.Helper()
+	out := map[string]checkpoint.Step{}
+	if err := st.Steps(e.ctx, runID, func(s checkpoint.Step) error {
+		out[s.ID] = s
+		return nil
+	}); err != nil {
+		e.t.Fatalf("read steps of %s: %v", runID, err)
+	}
+	return out
+}
+
+// items reads the items q selects, in the order the store gives them.
+func (e *env) items(st checkpoint.Store, q checkpoint.ItemQuery) []checkpoint.Item {
+	e.t.Helper()
+	var out []checkpoint.Item
+	if err := st.Items(e.ctx, q, func(it checkpoint.Item) error {
+		out = append(out, it)
+		return nil
+	}); err != nil {
+		e.t.Fatalf("read items %+v: %v", q, err)
+	}
+	return out
+}
+
+// completed is a completed step checkpoint with the given ID and output.
+func completed(id, output string) checkpoint.Step {
+	return checkpoint.Step{
+		ID: id, Status: checkpoint.StepCompleted, Output: []byte(output),
+		InputHash: "in:" + id, Tries: 1, StartedAt: t0, FinishedAt: t0.Add(time.Second),
+	}
+}
+
+// sameTime reports whether a stored time is the given one, to the
+// microsecond every store keeps (a store may round or truncate below it).
+func sameTime(stored, given time.Time) bool {
+	d := stored.Sub(given)
+	return d > -time.Microsecond && d < time.Microsecond
+}
+
+// The capabilities the suite tests that today live beside Store on the
+// backend type rather than in the contract. They are declared here, method
+// for method, so the suite keeps compiling when they move behind
+// interfaces of checkpoint; a backend that lacks one fails the tests that
+// need it, naming what is missing.
+
+// operator is what the operating commands use: recover, abandon, reset,
+// resolve, prune and the audit log.
+type operator interface {
+	Recover(ctx context.Context, a checkpoint.Audit, now time.Time, force bool, opts ...checkpoint.OperateOption) error
+	Abandon(ctx context.Context, a checkpoint.Audit, now time.Time, opts ...checkpoint.OperateOption) error
+	ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Time, stepIDs []string, opts ...checkpoint.OperateOption) error
+	ResolveStep(ctx context.Context, a checkpoint.Audit, now time.Time, stepID string, done bool, output []byte, opts ...checkpoint.OperateOption) error
+	Prune(ctx context.Context, a checkpoint.Audit, cutoff time.Time, dryRun bool) (checkpoint.PruneResult, error)
+	RecordAudit(ctx context.Context, a checkpoint.Audit) error
+	Audits(ctx context.Context, runID string) ([]checkpoint.Audit, error)
+}
+
+// outbox is the delivery side of the outbox (messages are queued through
+// Tx.Enqueue).
+type outbox interface {
+	DueMessages(ctx context.Context, now time.Time, limit int) ([]checkpoint.Message, error)
+	RunMessages(ctx context.Context, runID string) ([]checkpoint.Message, error)
+	MarkSent(ctx context.Context, key string, at time.Time) error
+	MarkFailed(ctx context.Context, key, errText string, next time.Time) error
+}
+
+// schedules is the scheduler's state: settle marks and fenced leases.
+type schedules interface {
+	ClaimSchedule(ctx context.Context, req checkpoint.ScheduleClaimRequest) (checkpoint.ScheduleClaim, error)
+	RenewSchedule(ctx context.Context, l checkpoint.ScheduleLease, now, until time.Time) error
+	SettleSchedule(ctx context.Context, l checkpoint.ScheduleLease, fire, now time.Time) error
+	ReleaseSchedule(ctx context.Context, l checkpoint.ScheduleLease, now time.Time) error
+	Schedules(ctx context.Context) ([]checkpoint.ScheduleState, error)
+}
+
+// listings are the operators' paged reads of a run's items and chunk plans.
+type listings interface {
+	RunItems(ctx context.Context, runID, status string, p checkpoint.Page, fn func(checkpoint.Item) error) error
+	RunChunkPlans(ctx context.Context, runID string, p checkpoint.Page, fn func(checkpoint.ChunkPlan) error) error
+	ChunkPlanCounts(ctx context.Context, runID string) ([]checkpoint.ItemCount, error)
+}
+
+// capability returns st as a T, or fails the test naming what st lacks.
+func capability[T any](t *testing.T, st checkpoint.Store, what string) T {
+	t.Helper()
+	c, ok := st.(T)
+	if !ok {
+		t.Fatalf("storetest: the store %T has no %s (the methods of storetest's %T interface); every store must offer it", st, what, (*T)(nil))
+	}
+	return c
+}
+
+// audit is an operator's audit record at the given time.
+func audit(runID, command string, at time.Time) checkpoint.Audit {
+	return checkpoint.Audit{RunID: runID, At: at, Operator: "ops@host-c", Command: command, Reason: "conformance"}
+}
