@@ -162,8 +162,11 @@ func (r *laterTx) ResetStep(id string) error {
 func (r *laterTx) PutItems(items []checkpoint.Item) error {
 	return r.add(func(tx checkpoint.Tx) error { return tx.PutItems(items) })
 }
-func (r *laterTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item) error {
-	return r.add(func(tx checkpoint.Tx) error { return tx.AcceptItemChanges(a, items) })
+func (r *laterTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item, changes []checkpoint.ItemChange) error {
+	return r.add(func(tx checkpoint.Tx) error { return tx.AcceptItemChanges(a, items, changes) })
+}
+func (r *laterTx) RefuseItemChanges(step string, at time.Time, changes []checkpoint.ItemChange) error {
+	return r.add(func(tx checkpoint.Tx) error { return tx.RefuseItemChanges(step, at, changes) })
 }
 func (r *laterTx) PutChunkPlan(p checkpoint.ChunkPlan) error {
 	return r.add(func(tx checkpoint.Tx) error { return tx.PutChunkPlan(p) })

@@ -45,6 +45,7 @@ func fenceKinds() []fenceKind {
 		{name: "ResetStep", setup: raceResetStep},
 		{name: "Items", setup: raceItems},
 		{name: "AcceptItemChanges", setup: raceAcceptItems},
+		{name: "RefuseItemChanges", setup: raceRefuseItems},
 		{name: "ChunkPlan", setup: raceChunkPlan},
 		{name: "FinishChunk", setup: raceFinishChunk},
 		{name: "Outbox", setup: raceOutbox},
@@ -285,6 +286,22 @@ func raceItems(e *env, _, _ checkpoint.Store) fencedWrite {
 	}
 }
 
+func raceRefuseItems(e *env, _, _ checkpoint.Store) fencedWrite {
+	changes := make([]checkpoint.ItemChange, 0, len(raceItemKeys))
+	for _, k := range raceItemKeys {
+		changes = append(changes, checkpoint.ItemChange{Step: "post", Key: k, Change: "changed", Fingerprint: []byte("new"), Items: 1})
+	}
+	return fencedWrite{
+		prepare: func(tx checkpoint.Tx, round int) error { return nil },
+		write:   func(tx checkpoint.Tx, round int) error { return tx.RefuseItemChanges("post", t0, changes) },
+		rows:    len(raceItemKeys),
+		visible: func(st checkpoint.Store, runID string, round int) (int, error) {
+			got, err := st.ItemChanges(e.ctx, runID, "post")
+			return len(got), err
+		},
+	}
+}
+
 func raceAcceptItems(e *env, _, _ checkpoint.Store) fencedWrite {
 	items := func(fp string) []checkpoint.Item {
 		var out []checkpoint.Item
@@ -296,7 +313,7 @@ func raceAcceptItems(e *env, _, _ checkpoint.Store) fencedWrite {
 	return fencedWrite{
 		prepare: func(tx checkpoint.Tx, round int) error { return tx.PutItems(items("old")) },
 		write: func(tx checkpoint.Tx, round int) error {
-			return tx.AcceptItemChanges(audit(fmt.Sprintf("race/%04d", round), "accept", t0), items("new"))
+			return tx.AcceptItemChanges(audit(fmt.Sprintf("race/%04d", round), "accept", t0), items("new"), nil)
 		},
 		rows: len(raceItemKeys),
 		visible: func(st checkpoint.Store, runID string, round int) (int, error) {
@@ -478,7 +495,10 @@ func testStaleLeaseWritesNothing(t *testing.T, h Harness) {
 			return tx.PutItems([]checkpoint.Item{{Step: "late", Key: "k", Status: checkpoint.StepCompleted}})
 		},
 		"AcceptItemChanges": func(tx checkpoint.Tx) error {
-			return tx.AcceptItemChanges(audit("stale/1", "accept", t0), []checkpoint.Item{{Step: "post", Key: "T-1", Fingerprint: []byte("x")}})
+			return tx.AcceptItemChanges(audit("stale/1", "accept", t0), []checkpoint.Item{{Step: "post", Key: "T-1", Fingerprint: []byte("x")}}, nil)
+		},
+		"RefuseItemChanges": func(tx checkpoint.Tx) error {
+			return tx.RefuseItemChanges("post", t0, []checkpoint.ItemChange{{Step: "post", Key: "T-1", Change: "changed", Items: 1}})
 		},
 		"PutChunkPlan": func(tx checkpoint.Tx) error {
 			return tx.PutChunkPlan(checkpoint.ChunkPlan{Step: "late", EffectID: "late@1.c1", Plan: []byte(`{}`)})

@@ -204,7 +204,7 @@ func testItems(t *testing.T, h Harness) {
 			return tx.AcceptItemChanges(acc, []checkpoint.Item{
 				{Step: "post", Key: "a", Status: checkpoint.StepFailed, Output: []byte(`"ignored"`), Fingerprint: []byte{9}},
 				{Step: "post", Key: "b", Fingerprint: []byte{8}},
-			})
+			}, nil)
 		})
 		got := e.items(st, checkpoint.ItemQuery{RunID: "items/6", Step: "post"})
 		if string(got[0].Fingerprint) != "\x09" || got[0].Status != checkpoint.StepCompleted || string(got[0].Output) != `"A"` ||
@@ -215,7 +215,7 @@ func testItems(t *testing.T, h Harness) {
 			return tx.AcceptItemChanges(audit("items/6", "accept", t0.Add(2*time.Hour)), []checkpoint.Item{
 				{Step: "post", Key: "a", Fingerprint: []byte{7}},
 				{Step: "post", Key: "never", Fingerprint: []byte{6}},
-			})
+			}, nil)
 		})
 		if !errors.Is(err, checkpoint.ErrNotFound) {
 			t.Errorf("accepting a change to an item never recorded: %v; want ErrNotFound", err)
@@ -232,7 +232,7 @@ func testItems(t *testing.T, h Harness) {
 		}
 		// An acceptance with no items (the source lost some) is still audited.
 		e.inTx(st, c.Lease, func(tx checkpoint.Tx) error {
-			return tx.AcceptItemChanges(audit("items/6", "accept-gone", t0.Add(3*time.Hour)), nil)
+			return tx.AcceptItemChanges(audit("items/6", "accept-gone", t0.Add(3*time.Hour)), nil, nil)
 		})
 		if as, _ := op.Audits(e.ctx, "items/6"); len(as) != 2 || as[1].Command != "accept-gone" {
 			t.Errorf("audit after an acceptance without items = %+v; want it recorded", as)
