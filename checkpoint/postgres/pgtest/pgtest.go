@@ -130,7 +130,7 @@ func Name(t testing.TB) string {
 	return "sw_" + sb.String() + "_" + hex.EncodeToString(b[:])
 }
 
-// WithParam returns dbURL with one more query parameter.
+// withParam returns dbURL with one more query parameter.
 func withParam(t testing.TB, dbURL, key, value string) string {
 	u, err := url.Parse(dbURL)
 	if err != nil {
