@@ -1,0 +1,31 @@
+// Package postgres is the PostgreSQL backend of the checkpoint store: the
+// same runs, attempts, leases, fences and step and item checkpoints as
+// checkpoint's SQLite store, kept in a PostgreSQL database that many runner
+// processes on many hosts share.
+//
+// Import rule: postgres imports checkpoint (the contract) and pgx, never
+// steps, jobs, runner or cmd; like checkpoint it never reads the clock for
+// anything but what the caller passes (leases use the server's now()).
+//
+// The common case is to open a store from a URL and hand it to a runner:
+//
+//	st, err := postgres.Open(ctx, postgres.Config{URL: "postgres://stepwise@db.internal/stepwise"})
+//	if err != nil {
+//		return err // names the server and database, never the password
+//	}
+//	defer st.Close()
+//
+// Open brings the schema up to date under an advisory lock, so hosts that
+// start together migrate once. Every write transaction ([Store.InTx])
+// first takes FOR KEY SHARE on the run's row and checks the lease's fence;
+// a claim takes FOR UPDATE on that row and raises the fence, so a claim
+// that commits while a writer is inside InTx waits for it, and a writer
+// whose run was claimed writes nothing ([checkpoint.ErrFenced]).
+//
+// Leases are computed on the database clock (now()), so clock skew between
+// hosts neither shortens nor stretches them; tests that drive a fake clock
+// set [Config.CallerClock].
+//
+// Keys (run, step and item IDs) are stored with COLLATE "C": they compare
+// bytewise, as on SQLite.
+package postgres

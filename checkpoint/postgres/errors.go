@@ -1,0 +1,124 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// Sentinel errors of a PostgreSQL store, for failures that have no
+// SQLite counterpart in checkpoint. Match them with errors.Is. Every error
+// names the server and the database, never the password.
+var (
+	// ErrUnavailable: the server cannot be reached (down, refusing
+	// connections, starting up or shutting down) or the connection was
+	// lost. Nothing of the failed operation was kept, except that a lost
+	// commit may have committed: a rerun finds out from the checkpoints.
+	ErrUnavailable = errors.New("postgres: server unavailable")
+	// ErrAuth: the server refused the credentials.
+	ErrAuth = errors.New("postgres: authentication failed")
+	// ErrNoDatabase: the server has no database of the URL's name.
+	ErrNoDatabase = errors.New("postgres: database does not exist")
+	// ErrPermission: the role lacks a privilege the store needs (to
+	// connect, to create the schema's tables, or to read or write them).
+	ErrPermission = errors.New("postgres: permission denied")
+	// ErrStatementTimeout: a statement ran longer than the configured
+	// statement timeout and was cancelled; its transaction was rolled back.
+	ErrStatementTimeout = errors.New("postgres: statement timeout")
+	// ErrTooManyConnections: the server (or the role, or the database)
+	// has reached its connection limit.
+	ErrTooManyConnections = errors.New("postgres: too many connections")
+)
+
+// SQLSTATE codes the store maps.
+const (
+	codeInvalidPassword       = "28P01"
+	codeInvalidAuthorization  = "28000"
+	codeInvalidCatalogName    = "3D000"
+	codeInsufficientPrivilege = "42501"
+	codeQueryCanceled         = "57014"
+	codeLockNotAvailable      = "55P03"
+	codeTooManyConnections    = "53300"
+	codeAdminShutdown         = "57P01"
+	codeCrashShutdown         = "57P02"
+	codeCannotConnectNow      = "57P03"
+	codeInvalidSchemaName     = "3F000"
+)
+
+// Error is a store error the server or the network caused: what kind it
+// is (one of the sentinels above, or checkpoint's), where (server and
+// database), what the store was doing, and the cause in a few words. It
+// matches its kind and its cause (a *pgconn.PgError, a net error) with
+// errors.Is and errors.As.
+type Error struct {
+	Kind   error  // ErrUnavailable, ErrAuth, ...
+	Where  string // "server HOST:PORT, database NAME"
+	Op     string // what the store was doing, e.g. "claim run settle/2026-11-28"
+	Detail string // the server's message, or the network error
+	Hint   string // what to do about it
+	Err    error  // the driver's error
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%v: %s (%s): %s; %s", e.Kind, e.Where, e.Op, e.Detail, e.Hint)
+}
+
+// Unwrap returns the kind and the driver's error.
+func (e *Error) Unwrap() []error { return []error{e.Kind, e.Err} }
+
+// wrapError turns a driver error into an *Error of one of the package's
+// sentinels (or checkpoint's, where one means the same), naming where (the
+// server and database) and what the store was doing. Errors of checkpoint
+// (fencing, conflicts, mismatches) and the caller's own pass through
+// unchanged.
+func wrapError(where, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("postgres: %s on %s: %w", op, where, err)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		var kind error
+		hint := ""
+		switch pe.Code {
+		case codeInvalidPassword, codeInvalidAuthorization:
+			kind, hint = ErrAuth, "check the user and password in the URL (or the server's pg_hba.conf)"
+		case codeInvalidCatalogName:
+			kind, hint = ErrNoDatabase, "create it (CREATE DATABASE) or name an existing one"
+		case codeInsufficientPrivilege:
+			kind, hint = ErrPermission, "grant the role the privilege or connect as a role that has it"
+		case codeQueryCanceled:
+			kind, hint = ErrStatementTimeout, "nothing of this write was kept; retry, or raise the statement timeout"
+		case codeLockNotAvailable:
+			kind, hint = checkpoint.ErrLocked, "another session holds a lock it needs; retry when it is done"
+		case codeTooManyConnections:
+			kind, hint = ErrTooManyConnections, "lower the pool size of the runners or raise the server's max_connections"
+		case codeAdminShutdown, codeCrashShutdown, codeCannotConnectNow:
+			kind, hint = ErrUnavailable, "retry when the server is up"
+		case codeInvalidSchemaName:
+			kind, hint = ErrNoDatabase, "no schema of the URL's search_path exists that this role may use: create it, grant USAGE on it, or fix the URL"
+		}
+		if kind != nil {
+			return &Error{Kind: kind, Where: where, Op: op, Detail: pe.Message, Hint: hint, Err: err}
+		}
+		return fmt.Errorf("postgres: %s on %s: %w", op, where, err)
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	if errors.As(err, &ce) || errors.As(err, &ne) {
+		detail := err.Error()
+		var oe *net.OpError
+		if errors.As(err, &oe) {
+			detail = oe.Error()
+		}
+		return &Error{Kind: ErrUnavailable, Where: where, Op: op, Detail: detail,
+			Hint: "check the server is running and accepts connections at that address", Err: err}
+	}
+	return err
+}

@@ -1,0 +1,114 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+const (
+	runCols = `id, job, run_key, params, params_hash, status, fence,
+       lease_owner, lease_until, error, created_at, updated_at, finished_at, pruned_at`
+	sqlSelectRun = `SELECT ` + runCols + ` FROM runs WHERE id = $1`
+	sqlListRuns  = `SELECT ` + runCols + ` FROM runs
+WHERE ($1::text = '' OR job = $1) AND ($2::text = '' OR status = $2)
+ORDER BY created_at DESC, id
+LIMIT $3`
+	sqlAttempts = `SELECT number, fence, owner, status, error, started_at, finished_at
+FROM attempts WHERE run_id = $1 ORDER BY number`
+	sqlRunFence = `SELECT fence FROM runs WHERE id = $1`
+)
+
+// scanRun reads the runCols of one row, followed by extra destinations.
+func scanRun(row pgx.Row, extra ...any) (checkpoint.Run, error) {
+	var r checkpoint.Run
+	var owner pgtype.Text
+	var params string
+	var until, created, updated, finished, pruned pgtype.Timestamptz
+	dest := append([]any{&r.ID, &r.Job, &r.RunKey, &params, &r.ParamsHash, &r.Status, &r.Fence,
+		&owner, &until, &r.Error, &created, &updated, &finished, &pruned}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return checkpoint.Run{}, err
+	}
+	r.Params = []byte(params)
+	r.LeaseOwner = owner.String
+	r.LeaseUntil = tm(until)
+	r.CreatedAt = tm(created)
+	r.UpdatedAt = tm(updated)
+	r.FinishedAt = tm(finished)
+	r.PrunedAt = tm(pruned)
+	return r, nil
+}
+
+// tm returns a scanned timestamptz in UTC, the zero time for NULL.
+func tm(t pgtype.Timestamptz) time.Time {
+	if !t.Valid {
+		return time.Time{}
+	}
+	return t.Time.UTC()
+}
+
+// Runs implements checkpoint.Store.
+func (s *Store) Runs(ctx context.Context, f checkpoint.RunFilter) ([]checkpoint.Run, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := s.pool.Query(ctx, sqlListRuns, f.Job, f.Status, limit)
+	if err != nil {
+		return nil, s.wrap("list runs", err)
+	}
+	defer rows.Close()
+	var runs []checkpoint.Run
+	for rows.Next() {
+		r, err := scanRun(rows)
+		if err != nil {
+			return nil, s.wrap("list runs", err)
+		}
+		runs = append(runs, r)
+	}
+	return runs, s.wrap("list runs", rows.Err())
+}
+
+// Run implements checkpoint.Store.
+func (s *Store) Run(ctx context.Context, runID string) (checkpoint.RunInfo, error) {
+	run, err := scanRun(s.pool.QueryRow(ctx, sqlSelectRun, runID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return checkpoint.RunInfo{}, fmt.Errorf("%w: no run %q in %s", checkpoint.ErrNotFound, runID, s.where)
+	}
+	if err != nil {
+		return checkpoint.RunInfo{}, s.wrap("read run "+runID, err)
+	}
+	info := checkpoint.RunInfo{Run: run}
+	rows, err := s.pool.Query(ctx, sqlAttempts, runID)
+	if err != nil {
+		return checkpoint.RunInfo{}, s.wrap("read attempts of "+runID, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		a := checkpoint.Attempt{RunID: runID}
+		var started, finished pgtype.Timestamptz
+		if err := rows.Scan(&a.Number, &a.Fence, &a.Owner, &a.Status, &a.Error, &started, &finished); err != nil {
+			return checkpoint.RunInfo{}, s.wrap("read attempts of "+runID, err)
+		}
+		a.StartedAt = tm(started)
+		a.FinishedAt = tm(finished)
+		info.Attempts = append(info.Attempts, a)
+	}
+	return info, s.wrap("read attempts of "+runID, rows.Err())
+}
+
+// Fence implements checkpoint.Store.
+func (s *Store) Fence(ctx context.Context, runID string) (int64, error) {
+	var fence int64
+	err := s.pool.QueryRow(ctx, sqlRunFence, runID).Scan(&fence)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("%w: no run %q in %s", checkpoint.ErrNotFound, runID, s.where)
+	}
+	return fence, s.wrap("read fence of "+runID, err)
+}

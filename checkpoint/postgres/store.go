@@ -1,0 +1,178 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// Config configures Open.
+type Config struct {
+	// URL names the server and database: postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?PARAMS],
+	// or postgresql://. The usual libpq parameters apply (sslmode,
+	// connect_timeout, and server settings such as search_path to keep
+	// the tables in a schema of their own). Required.
+	URL string
+	// MaxConns is the size of the connection pool. Defaults to 4: one
+	// writer at a time per run, plus reads (listings, streaming item
+	// reads) that never wait for it.
+	MaxConns int32
+	// StatementTimeout cancels a statement that runs longer, with
+	// ErrStatementTimeout; its transaction is rolled back. Zero leaves the
+	// server's setting (usually none): a streaming read of a million items
+	// can outlast any fixed limit.
+	StatementTimeout time.Duration
+	// IdleInTxTimeout makes the server end a session that sits inside a
+	// transaction this long without sending anything: a runner paused or
+	// cut off in the middle of InTx then releases the run row's lock, so
+	// the runner that takes the run over is not blocked behind it (the
+	// paused one is fenced when it wakes). Defaults to 60s; negative turns
+	// it off.
+	IdleInTxTimeout time.Duration
+	// ConnectTimeout bounds establishing one connection. Defaults to 10s.
+	ConnectTimeout time.Duration
+	// ApplicationName is shown in pg_stat_activity. Defaults to "stepwise".
+	ApplicationName string
+	// CallerClock computes leases and run times from the times the caller
+	// passes (ClaimRequest.Now, Heartbeat's now and until, Ending.At)
+	// instead of the server's now(): for tests that drive a fake clock.
+	// Leave it false in production so clock skew between hosts cannot
+	// shorten or stretch a lease.
+	CallerClock bool
+}
+
+// poolConfig validates c and builds the pgxpool configuration. Errors
+// never echo the URL's password.
+func (c Config) poolConfig() (*pgxpool.Config, error) {
+	if c.URL == "" {
+		return nil, errors.New("postgres: Config.URL is empty; give a postgres:// URL naming the server and database")
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		shown := "it"
+		if err == nil {
+			shown = u.Redacted()
+		}
+		return nil, fmt.Errorf("postgres: Config.URL: %s is not a postgres:// or postgresql:// URL; "+
+			"write postgres://USER@HOST:PORT/DATABASE", shown)
+	}
+	if c.MaxConns < 0 || c.StatementTimeout < 0 || c.ConnectTimeout < 0 {
+		return nil, fmt.Errorf("postgres: Config has a negative MaxConns (%d), StatementTimeout (%s) or ConnectTimeout (%s)",
+			c.MaxConns, c.StatementTimeout, c.ConnectTimeout)
+	}
+	pc, err := pgxpool.ParseConfig(c.URL)
+	if err != nil {
+		// pgx's parse errors redact the password themselves.
+		return nil, fmt.Errorf("postgres: Config.URL %s: %w", u.Redacted(), err)
+	}
+	pc.MaxConns = c.MaxConns
+	if pc.MaxConns == 0 {
+		pc.MaxConns = 4
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 10 * time.Second
+	}
+	if u.Query().Get("connect_timeout") == "" {
+		pc.ConnConfig.ConnectTimeout = c.ConnectTimeout
+	}
+	rp := pc.ConnConfig.RuntimeParams
+	if c.ApplicationName == "" {
+		c.ApplicationName = "stepwise"
+	}
+	if rp["application_name"] == "" {
+		rp["application_name"] = c.ApplicationName
+	}
+	if c.StatementTimeout > 0 {
+		rp["statement_timeout"] = strconv.FormatInt(c.StatementTimeout.Milliseconds(), 10)
+	}
+	switch {
+	case c.IdleInTxTimeout == 0:
+		rp["idle_in_transaction_session_timeout"] = "60000"
+	case c.IdleInTxTimeout > 0:
+		rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(c.IdleInTxTimeout.Milliseconds(), 10)
+	}
+	// Timestamps come back in UTC, as from the SQLite store.
+	rp["timezone"] = "UTC"
+	return pc, nil
+}
+
+// Store is the checkpoint store kept in a PostgreSQL database, shared by
+// any number of runner processes.
+type Store struct {
+	pool  *pgxpool.Pool
+	cfg   Config
+	where string // "server HOST:PORT, database NAME": what errors name
+}
+
+var _ checkpoint.Store = (*Store)(nil)
+
+// Open connects to the database cfg.URL names and brings its schema up to
+// date. Its errors name the server and database and what is wrong.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	pc, err := cfg.poolConfig()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{cfg: cfg, where: describe(pc)}
+	if s.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+		return nil, s.wrap("connect", err)
+	}
+	if err := s.pool.Ping(ctx); err != nil {
+		s.pool.Close()
+		return nil, s.wrap("connect", err)
+	}
+	if err := s.migrate(ctx); err != nil {
+		s.pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// describe names the server and database of a pool configuration.
+func describe(pc *pgxpool.Config) string {
+	cc := pc.ConnConfig
+	host := cc.Host
+	if host == "" || host[0] == '/' {
+		host = "socket " + host
+	}
+	return fmt.Sprintf("server %s:%d, database %s", host, cc.Port, cc.Database)
+}
+
+// Where names the server and database of the store, as its errors do: for
+// messages of callers. It never contains the password.
+func (s *Store) Where() string { return s.where }
+
+// Pool returns the store's connection pool, for benchmarks' raw baselines
+// and tests. Job code never needs it.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Close releases the pool's connections.
+func (s *Store) Close() error {
+	s.pool.Close()
+	return nil
+}
+
+func (s *Store) wrap(op string, err error) error { return wrapError(s.where, op, err) }
+
+// clock returns t as a statement's time parameter: nil (the statement
+// uses the server's now()) unless the store runs on the caller's clock.
+func (s *Store) clock(t time.Time) any {
+	if !s.cfg.CallerClock || t.IsZero() {
+		return nil
+	}
+	return t
+}
+
+// ts returns t as a nullable timestamptz parameter: the zero time is NULL.
+func ts(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
