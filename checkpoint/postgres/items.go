@@ -124,7 +124,7 @@ func (t *pgTx) PutItems(items []checkpoint.Item) error {
 }
 
 // AcceptItemChanges implements checkpoint.Tx.
-func (t *pgTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item) error {
+func (t *pgTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item, changes []checkpoint.ItemChange) error {
 	steps := make([]string, len(items))
 	keys := make([]string, len(items))
 	fps := make([][]byte, len(items))
@@ -134,6 +134,7 @@ func (t *pgTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item) er
 	b := t.batch()
 	b.Queue(sqlAcceptItems, t.lease.RunID, steps, keys, fps)
 	b.Queue(sqlInsertAudit, a.RunID, a.At, a.Operator, a.Command, a.Reason, a.Details)
+	queueChanges(b, t.lease, changes, checkpoint.ItemChangeAccepted, a.At, a.Operator)
 	br, err := t.send(b)
 	if err != nil {
 		return err
@@ -154,6 +155,9 @@ func (t *pgTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item) er
 		}
 	}
 	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil && len(changes) > 0 {
 		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {

@@ -218,7 +218,7 @@ func TestItemsChunkPlansAndCounts(t *testing.T) {
 	// Accepting changed items replaces fingerprints only, with an audit row.
 	err = st.InTx(ctx, c.Lease, func(tx checkpoint.Tx) error {
 		return tx.AcceptItemChanges(checkpoint.Audit{RunID: runID, At: t0, Operator: "ops", Command: "accept-changed", Reason: "source fixed"},
-			[]checkpoint.Item{{Step: "post", Key: "T-1", Fingerprint: fp("z")}})
+			[]checkpoint.Item{{Step: "post", Key: "T-1", Fingerprint: fp("z")}}, nil)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -232,7 +232,7 @@ func TestItemsChunkPlansAndCounts(t *testing.T) {
 	}
 	err = st.InTx(ctx, c.Lease, func(tx checkpoint.Tx) error {
 		return tx.AcceptItemChanges(checkpoint.Audit{RunID: runID, At: t0, Operator: "ops", Command: "accept-changed"},
-			[]checkpoint.Item{{Step: "post", Key: "T-404"}})
+			[]checkpoint.Item{{Step: "post", Key: "T-404"}}, nil)
 	})
 	if !errors.Is(err, checkpoint.ErrNotFound) {
 		t.Fatalf("accepting an unrecorded item: %v; want ErrNotFound", err)
