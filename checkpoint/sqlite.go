@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"modernc.org/sqlite"
@@ -75,9 +76,14 @@ type SQLite struct {
 	path string
 	cfg  Config
 	stmt preparedStatements
+
+	tmu sync.Mutex
+	// tables and readTables are the same-store effect target tables
+	// opened so far, prepared on the writer and on the read pool.
+	tables, readTables map[Table]*tableHandle
 }
 
-var _ SQLStore = (*SQLite)(nil)
+var _ Store = (*SQLite)(nil)
 
 // DSN returns the modernc.org/sqlite data source name Open uses for cfg:
 // WAL, the busy timeout, the synchronous level and immediate transactions.
@@ -139,7 +145,7 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 	db.SetMaxOpenConns(1)
 	db.SetMaxIdleConns(1)
 	db.SetConnMaxLifetime(0)
-	s := &SQLite{db: db, path: path, cfg: cfg}
+	s := &SQLite{db: db, path: path, cfg: cfg, tables: map[Table]*tableHandle{}, readTables: map[Table]*tableHandle{}}
 	if err := s.migrateRetrying(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -245,6 +251,14 @@ func (s *SQLite) ReadDB() *sql.DB { return s.rdb }
 // Close releases the database.
 func (s *SQLite) Close() error {
 	s.stmt.close()
+	s.tmu.Lock()
+	for _, m := range []map[Table]*tableHandle{s.tables, s.readTables} {
+		for k, h := range m {
+			h.Close()
+			delete(m, k)
+		}
+	}
+	s.tmu.Unlock()
 	s.rdb.Close()
 	return s.db.Close()
 }

@@ -71,8 +71,6 @@ func (s *SQLite) InTx(ctx context.Context, l Lease, fn func(Tx) error) error {
 	})
 }
 
-func (t *sqliteTx) SQL() *sql.Tx { return t.tx }
-
 func (t *sqliteTx) PutStep(st Step) error {
 	res, err := t.put.ExecContext(t.ctx, t.lease.RunID, st.ID, st.Status, st.Output, st.InputHash, st.Error,
 		st.Tries, t.lease.Attempt, fmtTime(st.StartedAt), fmtTime(st.FinishedAt), t.lease.Fence, st.Plan)

@@ -2,7 +2,6 @@ package checkpoint
 
 import (
 	"context"
-	"database/sql"
 	"strings"
 	"time"
 )
@@ -43,6 +42,12 @@ type Store interface {
 	Runs(ctx context.Context, f RunFilter) ([]Run, error)
 	// Run returns one run and its attempts; ErrNotFound if there is none.
 	Run(ctx context.Context, runID string) (RunInfo, error)
+	// OpenTarget opens an effect target table: in the store's own database
+	// (effects then commit through Tx.Target in the checkpoint's
+	// transaction) or in a separate database the store's backend can open,
+	// with the store's own settings. Which one is decided by database
+	// identity. The caller closes it.
+	OpenTarget(ctx context.Context, spec TargetSpec) (EffectTarget, error)
 	// Close releases the database.
 	Close() error
 }
@@ -78,22 +83,11 @@ type Tx interface {
 	FinishChunk(step, effectID string) error
 	// Enqueue queues an outbox message with the transaction's checkpoint.
 	Enqueue(m Message) error
-	// SQL gives same-store effect targets the underlying transaction, so
-	// their writes commit or roll back with the checkpoint.
-	SQL() *sql.Tx
-}
-
-// SQLStore is a Store kept in a SQL database that effect targets can share:
-// a target table in the same database commits its effects in the
-// checkpoint's own transaction.
-type SQLStore interface {
-	Store
-	// DB is the store's writer handle.
-	DB() *sql.DB
-	// ReadDB is a handle for reads that never waits for the writer.
-	ReadDB() *sql.DB
-	// Path identifies the database (its file, for SQLite).
-	Path() string
+	// Target is the view of a table of the checkpoint database in this
+	// transaction, for same-store effects: its writes commit or roll back
+	// with the checkpoint. A table opened with Store.OpenTarget is served
+	// from prepared statements.
+	Target(t Table) (Target, error)
 }
 
 // Run statuses.

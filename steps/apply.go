@@ -2,7 +2,6 @@ package steps
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -153,28 +152,14 @@ type DryPlan struct {
 	Items int `json:"items,omitempty"`
 }
 
-// readTarget reads keys' current state in one read transaction (a
-// deferred BEGIN: reading takes no write lock from the target's other
-// writers).
+// readTarget reads keys' current state in one read-only transaction, which
+// takes no write lock from the target's other writers.
 func readTarget(ctx context.Context, ot *openTarget, keys []string) (map[string]checkpoint.State, error) {
 	var cur map[string]checkpoint.State
-	err := targetTx(ctx, ot.h.DB(), &sql.TxOptions{ReadOnly: true}, func(tx *sql.Tx) error {
+	err := ot.et.View(ctx, func(tgt checkpoint.Target) error {
 		var err error
-		cur, err = ot.h.Read(ctx, tx, keys)
+		cur, err = tgt.Read(ctx, keys)
 		return err
 	})
 	return cur, err
-}
-
-// targetTx runs fn in one transaction on a target database.
-func targetTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, opts)
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
 }

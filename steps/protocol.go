@@ -2,7 +2,6 @@ package steps
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,8 +50,12 @@ type effectUnit interface {
 func (r *Run) applySame(ctx context.Context, ot *openTarget, u effectUnit) error {
 	writes := 0
 	err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error {
+		tgt, err := tx.Target(ot.table)
+		if err != nil {
+			return err
+		}
 		groups := u.groups()
-		cur, err := ot.h.Read(ctx, tx.SQL(), keysOf(groups...))
+		cur, err := tgt.Read(ctx, keysOf(groups...))
 		if err != nil {
 			return err
 		}
@@ -63,7 +66,7 @@ func (r *Run) applySame(ctx context.Context, ot *openTarget, u effectUnit) error
 		if err := u.planned(res); err != nil {
 			return err
 		}
-		if err := ot.h.Write(ctx, tx.SQL(), res.Writes); err != nil {
+		if err := tgt.Write(ctx, res.Writes); err != nil {
 			return err
 		}
 		writes = len(res.Writes)
@@ -152,15 +155,15 @@ func (r *Run) finishRecorded(ctx context.Context, ot *openTarget, u effectUnit, 
 		return err
 	}
 	applied := false
-	err := targetTx(ctx, ot.h.DB(), nil, func(tx *sql.Tx) error {
+	err := ot.et.Update(ctx, func(tgt checkpoint.Target) error {
 		var err error
-		if applied, err = ot.h.IsApplied(ctx, tx, effectID); err != nil || applied {
+		if applied, err = tgt.IsApplied(ctx, effectID); err != nil || applied {
 			return err
 		}
-		if err := ot.h.Write(ctx, tx, writes); err != nil {
+		if err := tgt.Write(ctx, writes); err != nil {
 			return err
 		}
-		return ot.h.MarkApplied(ctx, tx, effectID, r.lease.RunID, u.stepID(), r.now())
+		return tgt.MarkApplied(ctx, checkpoint.Applied{EffectID: effectID, RunID: r.lease.RunID, StepID: u.stepID(), At: r.now()})
 	})
 	var conflict *checkpoint.VersionConflictError
 	if errors.As(err, &conflict) {
