@@ -6,8 +6,10 @@ import (
 	"time"
 )
 
-// Store is the durable record a runner writes to. SQLite implements it; other
-// stores implement the same methods and pass the same conformance tests.
+// Store is the durable record a runner writes to. Each backend package
+// implements it (checkpoint/sqlite), keeps the promises in the package
+// documentation (fenced at commit, serialised writes, bytewise keys) and
+// passes the same conformance suite.
 type Store interface {
 	// Claim creates the run if it does not exist, or takes it over if it is
 	// not held by a live runner, increments its fence number and records a
@@ -19,9 +21,11 @@ type Store interface {
 	// Finish records how the attempt ended, sets the run's status and
 	// releases the lease, all checked against the fence.
 	Finish(ctx context.Context, l Lease, e Ending) error
-	// InTx runs fn in one write transaction (BEGIN IMMEDIATE). Every write
-	// made through the Tx is checked against the lease's fence; if fn
-	// returns an error or a write is fenced, nothing of it is kept.
+	// InTx runs fn in one write transaction, serialised with the run's
+	// other writes and claims from its start (SQLite: BEGIN IMMEDIATE).
+	// Every write made through the Tx is checked against the lease's
+	// fence, and the fence holds until the commit; if fn returns an error
+	// or a write is fenced, nothing of it is kept.
 	InTx(ctx context.Context, l Lease, fn func(Tx) error) error
 	// Steps calls fn for each checkpoint of the run, in the order the steps
 	// started, with one query.

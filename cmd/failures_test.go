@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
 )
@@ -259,7 +260,7 @@ func (s shown) step(id string) (shownStep, bool) {
 func stateOf(t *testing.T, db, key string) checkpoint.State {
 	t.Helper()
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: db})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: db})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -217,7 +218,7 @@ func audit(t *testing.T, s store, ref outcome) []string {
 	}
 
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: s.db})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: s.db})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -541,7 +542,7 @@ func waitForItems(t *testing.T, c *child, s store, n int) {
 				continue
 			}
 			var err error
-			if db, err = checkpoint.OpenTargetReader(context.Background(), checkpoint.Config{Path: s.db}); err != nil {
+			if db, err = sqlite.OpenTargetReader(context.Background(), sqlite.Config{Path: s.db}); err != nil {
 				t.Fatalf("open %s to watch the child: %v", s.db, err)
 			}
 		}

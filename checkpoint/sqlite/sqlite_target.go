@@ -1,4 +1,4 @@
-package checkpoint
+package sqlite
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
 const (
@@ -24,7 +26,7 @@ const (
 // tableHandle is a Table opened on one database, with its statements
 // prepared. Its methods run inside a caller's transaction.
 type tableHandle struct {
-	t                    Table
+	t                    checkpoint.Table
 	db                   *sql.DB // nil when prepared in one transaction
 	inTx                 bool    // the statements belong to one transaction
 	read, update, insert *sql.Stmt
@@ -32,7 +34,7 @@ type tableHandle struct {
 }
 
 // checkTable fails unless t exists through q with its columns.
-func checkTable(ctx context.Context, q querier, t Table) error {
+func checkTable(ctx context.Context, q querier, t checkpoint.Table) error {
 	if err := t.Validate(); err != nil {
 		return err
 	}
@@ -74,7 +76,7 @@ type querier interface {
 // openTable checks that t exists in db with its columns, creates the
 // applied-effects table beside it (when write), and prepares the statements
 // effects use (only the read when !write: nothing is written).
-func openTable(ctx context.Context, db *sql.DB, t Table, write bool) (*tableHandle, error) {
+func openTable(ctx context.Context, db *sql.DB, t checkpoint.Table, write bool) (*tableHandle, error) {
 	if err := checkTable(ctx, db, t); err != nil {
 		return nil, err
 	}
@@ -96,7 +98,7 @@ func (h *tableHandle) stmt(ctx context.Context, tx *sql.Tx, s *sql.Stmt) *sql.St
 
 // prepareTable creates the applied-effects table (when write) and prepares
 // the statements for t through q (a database, or one transaction).
-func prepareTable(ctx context.Context, q querier, t Table, write bool) (*tableHandle, error) {
+func prepareTable(ctx context.Context, q querier, t checkpoint.Table, write bool) (*tableHandle, error) {
 	if write {
 		if _, err := q.ExecContext(ctx, sqlCreateApplied); err != nil {
 			return nil, fmt.Errorf("checkpoint: create stepwise_applied beside %s: %w", t.Name, err)
@@ -139,19 +141,19 @@ func (h *tableHandle) Close() error {
 }
 
 // Read returns the current state of keys, reading through tx.
-func (h *tableHandle) Read(ctx context.Context, tx *sql.Tx, keys []string) (map[string]State, error) {
+func (h *tableHandle) Read(ctx context.Context, tx *sql.Tx, keys []string) (map[string]checkpoint.State, error) {
 	st := h.stmt(ctx, tx, h.read)
-	out := make(map[string]State, len(keys))
+	out := make(map[string]checkpoint.State, len(keys))
 	for _, k := range keys {
 		if _, done := out[k]; done {
 			continue
 		}
-		var s State
+		var s checkpoint.State
 		err := st.QueryRowContext(ctx, k).Scan(&s.Value, &s.Version)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			if !h.t.CreateMissing {
-				return nil, fmt.Errorf("%w: %q in %s; create the row first", ErrMissingKey, k, h.t)
+				return nil, fmt.Errorf("%w: %q in %s; create the row first", checkpoint.ErrMissingKey, k, h.t)
 			}
 		case err != nil:
 			return nil, fmt.Errorf("checkpoint: read %s key %q: %w", h.t.Name, k, err)
@@ -165,7 +167,7 @@ func (h *tableHandle) Read(ctx context.Context, tx *sql.Tx, keys []string) (map[
 
 // Write applies compare-and-set writes through tx. The first write whose
 // version moved returns a *VersionConflictError; the caller rolls back.
-func (h *tableHandle) Write(ctx context.Context, tx *sql.Tx, ws []Write) error {
+func (h *tableHandle) Write(ctx context.Context, tx *sql.Tx, ws []checkpoint.Write) error {
 	upd := h.stmt(ctx, tx, h.update)
 	var ins *sql.Stmt
 	for _, w := range ws {
@@ -189,13 +191,13 @@ func (h *tableHandle) Write(ctx context.Context, tx *sql.Tx, ws []Write) error {
 	return nil
 }
 
-func (h *tableHandle) conflict(ctx context.Context, tx *sql.Tx, w Write) error {
+func (h *tableHandle) conflict(ctx context.Context, tx *sql.Tx, w checkpoint.Write) error {
 	found := int64(-1)
 	var v int64
 	if err := h.stmt(ctx, tx, h.read).QueryRowContext(ctx, w.Key).Scan(&v, &found); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return err
 	}
-	return &VersionConflictError{Table: h.t.Name, Key: w.Key, Expected: w.OldVersion, Found: found}
+	return &checkpoint.VersionConflictError{Table: h.t.Name, Key: w.Key, Expected: w.OldVersion, Found: found}
 }
 
 // IsApplied reports whether the effect ID is recorded in the target's
@@ -214,7 +216,7 @@ func (h *tableHandle) IsApplied(ctx context.Context, tx *sql.Tx, effectID string
 
 // MarkApplied records the effect ID in the target's stepwise_applied table,
 // in the same transaction as the writes.
-func (h *tableHandle) MarkApplied(ctx context.Context, tx *sql.Tx, a Applied) error {
+func (h *tableHandle) MarkApplied(ctx context.Context, tx *sql.Tx, a checkpoint.Applied) error {
 	if _, err := h.stmt(ctx, tx, h.mark).ExecContext(ctx, a.EffectID, a.RunID, a.StepID, fmtTime(a.At)); err != nil {
 		return fmt.Errorf("checkpoint: record effect %s as applied: %w", a.EffectID, err)
 	}
@@ -265,17 +267,19 @@ type txTarget struct {
 	tx *sql.Tx
 }
 
-func (v txTarget) Read(ctx context.Context, keys []string) (map[string]State, error) {
+func (v txTarget) Read(ctx context.Context, keys []string) (map[string]checkpoint.State, error) {
 	return v.h.Read(ctx, v.tx, keys)
 }
 
-func (v txTarget) Write(ctx context.Context, ws []Write) error { return v.h.Write(ctx, v.tx, ws) }
+func (v txTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
+	return v.h.Write(ctx, v.tx, ws)
+}
 
 func (v txTarget) IsApplied(ctx context.Context, effectID string) (bool, error) {
 	return v.h.IsApplied(ctx, v.tx, effectID)
 }
 
-func (v txTarget) MarkApplied(ctx context.Context, a Applied) error {
+func (v txTarget) MarkApplied(ctx context.Context, a checkpoint.Applied) error {
 	return v.h.MarkApplied(ctx, v.tx, a)
 }
 
@@ -289,13 +293,13 @@ type sqliteTarget struct {
 	own  bool         // db and rdb were opened for this target
 }
 
-var _ EffectTarget = (*sqliteTarget)(nil)
+var _ checkpoint.EffectTarget = (*sqliteTarget)(nil)
 
-// OpenTarget implements Store. A location names a SQLite file; it is the
+// OpenTarget implements checkpoint.Store. A location names a SQLite file; it is the
 // same store when it is the checkpoint file itself (os.SameFile: a
 // relative path, a symlink or a hard link to it count), and otherwise it is
 // opened with the store's synchronous level and busy timeout.
-func (s *SQLite) OpenTarget(ctx context.Context, spec TargetSpec) (EffectTarget, error) {
+func (s *Store) OpenTarget(ctx context.Context, spec checkpoint.TargetSpec) (checkpoint.EffectTarget, error) {
 	if spec.Location == "" || s.isSelf(spec.Location) {
 		return s.openSameTarget(ctx, spec)
 	}
@@ -324,7 +328,7 @@ func (s *SQLite) OpenTarget(ctx context.Context, spec TargetSpec) (EffectTarget,
 }
 
 // isSelf reports whether path is the checkpoint database's own file.
-func (s *SQLite) isSelf(path string) bool {
+func (s *Store) isSelf(path string) bool {
 	a, err := os.Stat(path)
 	if err != nil {
 		return false
@@ -336,7 +340,7 @@ func (s *SQLite) isSelf(path string) bool {
 // openSameTarget opens a table of the checkpoint database. Its statements
 // are prepared once per store and shared by every attempt; the table is
 // checked again on each open, so a dropped table is reported at once.
-func (s *SQLite) openSameTarget(ctx context.Context, spec TargetSpec) (EffectTarget, error) {
+func (s *Store) openSameTarget(ctx context.Context, spec checkpoint.TargetSpec) (checkpoint.EffectTarget, error) {
 	t := &sqliteTarget{same: true, db: s.db, rdb: s.rdb}
 	if err := checkTable(ctx, s.rdb, spec.Table); err != nil {
 		return nil, err
@@ -362,28 +366,28 @@ func (s *SQLite) openSameTarget(ctx context.Context, spec TargetSpec) (EffectTar
 	return t, nil
 }
 
-// Same implements EffectTarget.
+// Same implements checkpoint.EffectTarget.
 func (t *sqliteTarget) Same() bool { return t.same }
 
 // ReadDB returns query-only connections to the target's database, for job
 // code that reads its own tables while steps commit.
 func (t *sqliteTarget) ReadDB() *sql.DB { return t.rdb }
 
-// Update implements EffectTarget.
-func (t *sqliteTarget) Update(ctx context.Context, fn func(Target) error) error {
+// Update implements checkpoint.EffectTarget.
+func (t *sqliteTarget) Update(ctx context.Context, fn func(checkpoint.Target) error) error {
 	if t.w == nil {
 		return fmt.Errorf("checkpoint: effect target %s was opened read-only", t.r.t)
 	}
 	return runTx(ctx, t.db, nil, func(tx *sql.Tx) error { return fn(txTarget{h: t.w, tx: tx}) })
 }
 
-// View implements EffectTarget. A separate target written to reads on its
+// View implements checkpoint.EffectTarget. A separate target written to reads on its
 // writer connection in a deferred transaction, which takes no write lock.
-func (t *sqliteTarget) View(ctx context.Context, fn func(Target) error) error {
+func (t *sqliteTarget) View(ctx context.Context, fn func(checkpoint.Target) error) error {
 	return runTx(ctx, t.r.db, &sql.TxOptions{ReadOnly: true}, func(tx *sql.Tx) error { return fn(txTarget{h: t.r, tx: tx}) })
 }
 
-// Close implements EffectTarget.
+// Close implements checkpoint.EffectTarget.
 func (t *sqliteTarget) Close() error {
 	if !t.own {
 		return nil // the store's shared statements and handles stay
@@ -411,10 +415,10 @@ func runTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx
 	return tx.Commit()
 }
 
-// Target implements Tx. A table opened with OpenTarget uses the store's
+// Target implements checkpoint.Tx. A table opened with OpenTarget uses the store's
 // prepared statements; any other is checked and prepared in this
 // transaction.
-func (t *sqliteTx) Target(tb Table) (Target, error) {
+func (t *sqliteTx) Target(tb checkpoint.Table) (checkpoint.Target, error) {
 	t.s.tmu.Lock()
 	h := t.s.tables[tb]
 	t.s.tmu.Unlock()

@@ -1,4 +1,4 @@
-package checkpoint_test
+package sqlite_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 )
 
 // accounts is a user's table for the target tests.
@@ -32,7 +33,7 @@ func TestOpenTargetSameByIdentity(t *testing.T) {
 	dir := t.TempDir()
 	t.Chdir(dir)
 	path := filepath.Join(dir, "stepwise.db")
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: path})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func TestOpenTargetSameByIdentity(t *testing.T) {
 	if err := os.Link(path, filepath.Join(dir, "hard.db")); err != nil {
 		t.Fatal(err)
 	}
-	other, err := checkpoint.Open(ctx, checkpoint.Config{Path: filepath.Join(dir, "other.db")})
+	other, err := sqlite.Open(ctx, sqlite.Config{Path: filepath.Join(dir, "other.db")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,12 +69,12 @@ func TestOpenTargetSameByIdentity(t *testing.T) {
 func TestOpenTargetKeepsStoreSettings(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: filepath.Join(dir, "stepwise.db"), Synchronous: checkpoint.SyncNormal, BusyTimeout: 1234 * time.Millisecond})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: filepath.Join(dir, "stepwise.db"), Synchronous: sqlite.SyncNormal, BusyTimeout: 1234 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	ledger, err := checkpoint.OpenTarget(ctx, checkpoint.Config{Path: filepath.Join(dir, "ledger.db")})
+	ledger, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: filepath.Join(dir, "ledger.db")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,13 +108,13 @@ func TestOpenTargetKeepsStoreSettings(t *testing.T) {
 func TestTargetView(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: filepath.Join(dir, "stepwise.db")})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: filepath.Join(dir, "stepwise.db")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
 	ledgerPath := filepath.Join(dir, "ledger.db")
-	ledger, err := checkpoint.OpenTarget(ctx, checkpoint.Config{Path: ledgerPath})
+	ledger, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: ledgerPath})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,5 +177,44 @@ func TestTargetView(t *testing.T) {
 	defer ro.Close()
 	if err := ro.Update(ctx, func(checkpoint.Target) error { return nil }); err == nil {
 		t.Error("Update on a read-only target succeeded")
+	}
+}
+
+// TestSQLTxCommitsWithTheCheckpoint: job SQL written through SQLTx in a
+// fenced transaction is rolled back with it.
+func TestSQLTxCommitsWithTheCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: filepath.Join(t.TempDir(), "stepwise.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	createAccounts(t, st.DB())
+	now := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+	req := checkpoint.ClaimRequest{RunID: "j/k", Job: "j", RunKey: "k", Params: []byte(`{}`), ParamsHash: "h", Owner: "a:1", Now: now, LeaseFor: time.Minute}
+	old, err := st.Claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Owner, req.Now, req.Force = "b:2", now.Add(2*time.Minute), true
+	if _, err := st.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	err = st.InTx(ctx, old.Lease, func(tx checkpoint.Tx) error {
+		sqlTx, ok := sqlite.SQLTx(tx)
+		if !ok {
+			t.Fatal("SQLTx refused a SQLite transaction")
+		}
+		if _, err := sqlTx.Exec(`UPDATE accounts SET balance = 0 WHERE id = 'a'`); err != nil {
+			return err
+		}
+		return tx.PutStep(checkpoint.Step{ID: "s", Status: checkpoint.StepCompleted, Output: []byte(`1`), StartedAt: now, FinishedAt: now})
+	})
+	if !errors.Is(err, checkpoint.ErrFenced) {
+		t.Fatalf("InTx with a lost lease: %v; want ErrFenced", err)
+	}
+	var bal int64
+	if err := st.ReadDB().QueryRow(`SELECT balance FROM accounts WHERE id = 'a'`).Scan(&bal); err != nil || bal != 100 {
+		t.Errorf("balance = %d (err %v); want 100: the fenced transaction's job SQL was kept", bal, err)
 	}
 }
