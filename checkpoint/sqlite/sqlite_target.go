@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -30,6 +31,7 @@ type tableHandle struct {
 	db                   *sql.DB // nil when prepared in one transaction
 	inTx                 bool    // the statements belong to one transaction
 	read, update, insert *sql.Stmt
+	readMany             *sql.Stmt // every key of a JSON array, in one query
 	isApplied, mark      *sql.Stmt
 }
 
@@ -112,13 +114,15 @@ func prepareTable(ctx context.Context, q querier, t checkpoint.Table, write bool
 		q   string
 	}{
 		{&h.read, "SELECT " + t.Value + ", " + t.Version + " FROM " + t.Name + " WHERE " + t.Key + " = ?"},
+		{&h.readMany, "SELECT " + t.Key + ", " + t.Value + ", " + t.Version + " FROM " + t.Name +
+			" WHERE " + t.Key + " IN (SELECT value FROM json_each(?))"},
 		{&h.update, "UPDATE " + t.Name + " SET " + t.Value + " = ?, " + t.Version + " = ? WHERE " + t.Key + " = ? AND " + t.Version + " = ?"},
 		{&h.insert, "INSERT INTO " + t.Name + " (" + t.Key + ", " + t.Value + ", " + t.Version + ") VALUES (?, ?, 1) ON CONFLICT DO NOTHING"},
 		{&h.isApplied, sqlIsApplied},
 		{&h.mark, sqlMarkApplied},
 	}
 	if !write {
-		prep = prep[:1]
+		prep = prep[:2]
 	}
 	for _, p := range prep {
 		var err error
@@ -132,7 +136,7 @@ func prepareTable(ctx context.Context, q querier, t checkpoint.Table, write bool
 
 // Close releases the prepared statements.
 func (h *tableHandle) Close() error {
-	for _, s := range []*sql.Stmt{h.read, h.update, h.insert, h.isApplied, h.mark} {
+	for _, s := range []*sql.Stmt{h.read, h.readMany, h.update, h.insert, h.isApplied, h.mark} {
 		if s != nil {
 			s.Close()
 		}
@@ -142,6 +146,9 @@ func (h *tableHandle) Close() error {
 
 // Read returns the current state of keys, reading through tx.
 func (h *tableHandle) Read(ctx context.Context, tx *sql.Tx, keys []string) (map[string]checkpoint.State, error) {
+	if len(keys) > 1 && h.readMany != nil {
+		return h.readSet(ctx, tx, keys)
+	}
 	st := h.stmt(ctx, tx, h.read)
 	out := make(map[string]checkpoint.State, len(keys))
 	for _, k := range keys {
@@ -153,7 +160,7 @@ func (h *tableHandle) Read(ctx context.Context, tx *sql.Tx, keys []string) (map[
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			if !h.t.CreateMissing {
-				return nil, fmt.Errorf("%w: %q in %s; create the row first", checkpoint.ErrMissingKey, k, h.t)
+				return nil, h.missing(k)
 			}
 		case err != nil:
 			return nil, fmt.Errorf("checkpoint: read %s key %q: %w", h.t.Name, k, err)
@@ -163,6 +170,47 @@ func (h *tableHandle) Read(ctx context.Context, tx *sql.Tx, keys []string) (map[
 		out[k] = s
 	}
 	return out, nil
+}
+
+// readSet reads many keys with one query, the keys passed as one JSON
+// array.
+func (h *tableHandle) readSet(ctx context.Context, tx *sql.Tx, keys []string) (map[string]checkpoint.State, error) {
+	arg, err := json.Marshal(keys)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := h.stmt(ctx, tx, h.readMany).QueryContext(ctx, string(arg))
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: read %d keys of %s: %w", len(keys), h.t.Name, err)
+	}
+	defer rows.Close()
+	out := make(map[string]checkpoint.State, len(keys))
+	for rows.Next() {
+		var k string
+		s := checkpoint.State{Exists: true}
+		if err := rows.Scan(&k, &s.Value, &s.Version); err != nil {
+			return nil, fmt.Errorf("checkpoint: read %d keys of %s: %w", len(keys), h.t.Name, err)
+		}
+		out[k] = s
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("checkpoint: read %d keys of %s: %w", len(keys), h.t.Name, err)
+	}
+	for _, k := range keys {
+		if _, ok := out[k]; !ok {
+			if !h.t.CreateMissing {
+				return nil, h.missing(k)
+			}
+			out[k] = checkpoint.State{}
+		}
+	}
+	return out, nil
+}
+
+// missing is the error for a key absent from a table that does not create
+// missing keys.
+func (h *tableHandle) missing(k string) error {
+	return fmt.Errorf("%w: %q in %s; create the row first", checkpoint.ErrMissingKey, k, h.t)
 }
 
 // Write applies compare-and-set writes through tx. The first write whose

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -133,9 +134,20 @@ func TestTargetView(t *testing.T) {
 	if want := (checkpoint.State{Value: 100, Version: 3, Exists: true}); cur["a"] != want || len(cur) != 2 {
 		t.Errorf("Read = %+v; want a=%+v and b", cur, want)
 	}
-	err = tgt.View(ctx, func(v checkpoint.Target) error { _, err := v.Read(ctx, []string{"zz"}); return err })
-	if !errors.Is(err, checkpoint.ErrMissingKey) {
-		t.Errorf("Read of a missing key: %v; want ErrMissingKey", err)
+	for _, keys := range [][]string{{"zz"}, {"a", "zz", "b"}} {
+		err = tgt.View(ctx, func(v checkpoint.Target) error { _, err := v.Read(ctx, keys); return err })
+		if !errors.Is(err, checkpoint.ErrMissingKey) || !strings.Contains(err.Error(), `"zz"`) {
+			t.Errorf("Read(%q) with a missing key: %v; want ErrMissingKey naming zz", keys, err)
+		}
+	}
+	state, err := st.OpenTarget(ctx, checkpoint.TargetSpec{Table: checkpoint.StateTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer state.Close()
+	err = state.View(ctx, func(v checkpoint.Target) error { cur, err = v.Read(ctx, []string{"x", "y"}); return err })
+	if err != nil || len(cur) != 2 || cur["x"] != (checkpoint.State{}) {
+		t.Errorf("Read of missing keys of a table that creates them = %+v, %v; want two zero states", cur, err)
 	}
 	err = tgt.Update(ctx, func(v checkpoint.Target) error {
 		if err := v.Write(ctx, []checkpoint.Write{{Key: "a", OldVersion: 3, OldValue: 100, NewValue: 60}, {Key: "b", OldVersion: 1, NewValue: 40}}); err != nil {
