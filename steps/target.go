@@ -18,7 +18,10 @@ type Table = checkpoint.Table
 // in another SQLite database (separate store: plan, apply, record).
 type Target struct {
 	// Path of the SQLite database holding Table. Empty, or the checkpoint
-	// database's own path, means the same store. The file must exist (with
+	// database itself under any name (the store decides by the file's
+	// identity, so a symlink or relative path counts), means the same
+	// store. A separate database is opened by the checkpoint store, with
+	// its durability and lock-wait settings. The file must exist (with
 	// Table in it): a missing one fails with an error wrapping
 	// checkpoint.ErrNoDatabase that names its absolute path, and is never
 	// created. A relative path is resolved against the working directory
