@@ -85,3 +85,8 @@ type StepConflictError struct {
 func (e *StepConflictError) Error() string {
 	return fmt.Sprintf("step %s of run %s is already recorded as %s with a different result", e.StepID, e.RunID, e.Status)
 }
+
+// ErrNoDatabase is returned when a database file opened with
+// Config.MustExist does not exist. The message names its absolute path;
+// nothing was created.
+var ErrNoDatabase = errors.New("checkpoint: database file does not exist")

@@ -2,8 +2,6 @@ package checkpoint
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -19,181 +17,42 @@ type Audit struct {
 	Details  string    `json:"details,omitempty"`
 }
 
-const (
-	sqlInsertAudit = `INSERT INTO audit (run_id, at, operator, command, reason, details) VALUES (?, ?, ?, ?, ?, ?)`
-	sqlAudits      = `SELECT at, operator, command, reason, details FROM audit WHERE run_id = ? ORDER BY id`
-	sqlRecoverRun  = `UPDATE runs SET status = 'failed', fence = fence + 1, lease_owner = NULL, lease_until = NULL,
-    error = ?, updated_at = ? WHERE id = ? AND fence = ?`
-	sqlAbandonRun = `UPDATE runs SET status = 'abandoned', fence = fence + 1, lease_owner = NULL, lease_until = NULL,
-    error = ?, updated_at = ?, finished_at = ? WHERE id = ? AND fence = ?`
-	sqlReopenRun = `UPDATE runs SET status = CASE WHEN status = 'succeeded' THEN 'failed' ELSE status END,
-    error = CASE WHEN status = 'succeeded' THEN ? ELSE error END,
-    fence = fence + 1, updated_at = ?, finished_at = NULL WHERE id = ? AND fence = ?`
-	sqlEndAttempts = `UPDATE attempts SET status = 'lost', finished_at = ?, error = ?
-WHERE run_id = ? AND finished_at IS NULL`
-	sqlDeleteItems      = `DELETE FROM items WHERE run_id = ? AND step_id = ?`
-	sqlDeleteChunkPlans = `DELETE FROM chunk_plans WHERE run_id = ? AND step_id = ?`
-	sqlPrunable         = `SELECT id FROM runs
-WHERE status IN ('succeeded', 'abandoned') AND pruned_at IS NULL AND finished_at IS NOT NULL AND finished_at < ?
-ORDER BY finished_at`
-	sqlPayloadSize = `SELECT
-    (SELECT count(*) FROM steps WHERE run_id = ?1),
-    (SELECT COALESCE(sum(length(output) + COALESCE(length(plan), 0)), 0) FROM steps WHERE run_id = ?1),
-    (SELECT count(*) FROM items WHERE run_id = ?1),
-    (SELECT COALESCE(sum(COALESCE(length(output), 0) + length(error) + length(item_key)), 0) FROM items WHERE run_id = ?1)`
-	sqlPruneSteps      = `UPDATE steps SET output = NULL, plan = NULL WHERE run_id = ?`
-	sqlPruneItems      = `DELETE FROM items WHERE run_id = ?`
-	sqlPruneChunkPlans = `DELETE FROM chunk_plans WHERE run_id = ?`
-	sqlMarkPruned      = `UPDATE runs SET pruned_at = ?, updated_at = ? WHERE id = ?`
-)
-
 // OperateOption changes how a manual operation (Recover, Abandon,
 // ResetSteps, ResolveStep) judges the runner holding the run.
-type OperateOption func(*operateOptions)
+type OperateOption func(*OperateOptions)
 
-type operateOptions struct{ ownerGone func(owner string) bool }
+// OperateOptions are a manual operation's options, gathered by
+// NewOperateOptions for a store to read.
+type OperateOptions struct {
+	// OwnerGone reports whether a lease's owner is known to be dead (see
+	// WithOwnerGone); nil means never.
+	OwnerGone func(owner string) bool
+}
 
 // WithOwnerGone gives a manual operation the dead-owner check a claim takes
 // (ClaimRequest.OwnerGone): a run whose lease has not expired but whose
 // owner fn reports gone is treated as stale, as a claim treats it, instead
 // of being refused as held.
 func WithOwnerGone(fn func(owner string) bool) OperateOption {
-	return func(o *operateOptions) { o.ownerGone = fn }
+	return func(o *OperateOptions) { o.OwnerGone = fn }
 }
 
-// held reports whether run is held by a live runner at now: running, with
+// Held reports whether run is held by a live runner at now: running, with
 // an unexpired lease whose owner is not known to be gone.
-func (o operateOptions) held(run Run, now time.Time) bool {
+func (o OperateOptions) Held(run Run, now time.Time) bool {
 	if run.Status != RunRunning || !now.Before(run.LeaseUntil) {
 		return false
 	}
-	return o.ownerGone == nil || !o.ownerGone(run.LeaseOwner)
+	return o.OwnerGone == nil || !o.OwnerGone(run.LeaseOwner)
 }
 
-func newOperateOptions(opts []OperateOption) operateOptions {
-	var o operateOptions
+// NewOperateOptions applies opts, for a store implementing an operation.
+func NewOperateOptions(opts []OperateOption) OperateOptions {
+	var o OperateOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
 	return o
-}
-
-// operate runs fn on the run in one write transaction and records the audit
-// row with it. Unless allowLive, it refuses a run held by a live runner.
-func (s *SQLite) operate(ctx context.Context, a Audit, now time.Time, o operateOptions, allowLive bool, fn func(tx *sql.Tx, run Run) error) error {
-	return s.tx(ctx, a.Command+" "+a.RunID, func(tx *sql.Tx) error {
-		run, err := scanRun(tx.QueryRowContext(ctx, sqlSelectRun, a.RunID))
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("%w: no run %q in %s", ErrNotFound, a.RunID, s.path)
-		}
-		if err != nil {
-			return err
-		}
-		if !allowLive && o.held(run, now) {
-			return &LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil}
-		}
-		if err := fn(tx, run); err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details)
-		return err
-	})
-}
-
-// Recover marks a stale run (running, lease expired or owner gone: its
-// runner died) as failed, so it is resumable and no longer listed as
-// running. The fence grows, so the old runner, should it wake, writes
-// nothing. A run held by a live runner is refused with ErrNotStale unless
-// force.
-func (s *SQLite) Recover(ctx context.Context, a Audit, now time.Time, force bool, opts ...OperateOption) error {
-	o := newOperateOptions(opts)
-	return s.operate(ctx, a, now, o, true, func(tx *sql.Tx, run Run) error {
-		if run.Status != RunRunning {
-			return fmt.Errorf("%w: %s is %s, not running; nothing to recover", ErrNotStale, run.ID, run.Status)
-		}
-		if o.held(run, now) && !force {
-			return fmt.Errorf("%w: %w", ErrNotStale, &LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil})
-		}
-		msg := "recovered by " + a.Operator + ": " + a.Reason
-		if _, err := tx.ExecContext(ctx, sqlRecoverRun, msg, fmtTime(now), run.ID, run.Fence); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, sqlEndAttempts, fmtTime(now), msg, run.ID)
-		return err
-	})
-}
-
-// Abandon marks a run abandoned: run and resume refuse it unless forced.
-// A run held by a live runner is refused with a *LeaseHeldError, a
-// succeeded one with ErrAlreadySucceeded.
-func (s *SQLite) Abandon(ctx context.Context, a Audit, now time.Time, opts ...OperateOption) error {
-	return s.operate(ctx, a, now, newOperateOptions(opts), false, func(tx *sql.Tx, run Run) error {
-		if run.Status == RunAbandoned {
-			return fmt.Errorf("%w: %s is already abandoned", ErrAbandoned, run.ID)
-		}
-		if run.Status == RunSucceeded {
-			// Its effects applied and stay: marking it abandoned would
-			// misstate a finished day as given up.
-			return fmt.Errorf("%w: %s finished at %s; a succeeded run is not abandoned",
-				ErrAlreadySucceeded, run.ID, run.FinishedAt.Format(time.RFC3339))
-		}
-		msg := "abandoned by " + a.Operator + ": " + a.Reason
-		if _, err := tx.ExecContext(ctx, sqlAbandonRun, msg, fmtTime(now), fmtTime(now), run.ID, run.Fence); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, sqlEndAttempts, fmtTime(now), msg, run.ID)
-		return err
-	})
-}
-
-// ResetSteps deletes the checkpoints (and batch items and chunk plans) of
-// the given steps so they run again, grows the fence, and reopens a
-// succeeded run as failed. It does not undo effects. A run held by a live
-// runner is refused with a *LeaseHeldError.
-func (s *SQLite) ResetSteps(ctx context.Context, a Audit, now time.Time, stepIDs []string, opts ...OperateOption) error {
-	return s.operate(ctx, a, now, newOperateOptions(opts), false, func(tx *sql.Tx, run Run) error {
-		if !run.PrunedAt.IsZero() {
-			return fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so its steps cannot run again",
-				ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))
-		}
-		for _, id := range stepIDs {
-			for _, q := range []string{sqlDeleteStep, sqlDeleteItems, sqlDeleteChunkPlans, sqlDeleteChanges} {
-				if _, err := tx.ExecContext(ctx, q, run.ID, id); err != nil {
-					return err
-				}
-			}
-		}
-		msg := "reopened by " + a.Operator + " (" + a.Command + "): " + a.Reason
-		_, err := tx.ExecContext(ctx, sqlReopenRun, msg, fmtTime(now), run.ID, run.Fence)
-		return err
-	})
-}
-
-// RecordAudit stores a manual operation that changed nothing else (a forced
-// rerun, say).
-func (s *SQLite) RecordAudit(ctx context.Context, a Audit) error {
-	_, err := s.db.ExecContext(ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details)
-	return s.wrap("record audit of "+a.RunID, err)
-}
-
-// Audits returns a run's manual operations, oldest first.
-func (s *SQLite) Audits(ctx context.Context, runID string) ([]Audit, error) {
-	rows, err := s.rdb.QueryContext(ctx, sqlAudits, runID)
-	if err != nil {
-		return nil, s.wrap("read audit of "+runID, err)
-	}
-	defer rows.Close()
-	var out []Audit
-	for rows.Next() {
-		a := Audit{RunID: runID}
-		var at sql.NullString
-		if err := rows.Scan(&at, &a.Operator, &a.Command, &a.Reason, &a.Details); err != nil {
-			return nil, s.wrap("read audit of "+runID, err)
-		}
-		a.At = parseTime(at)
-		out = append(out, a)
-	}
-	return out, s.wrap("read audit of "+runID, rows.Err())
 }
 
 // PruneResult says what Prune removed (or would remove, in a dry run).
@@ -204,75 +63,6 @@ type PruneResult struct {
 	Bytes int64    `json:"bytes"` // payload bytes freed
 }
 
-// Prune deletes the payloads of succeeded and abandoned runs that finished
-// before cutoff: step outputs and plans, item checkpoints and chunk plans.
-// Each run's row stays as a tombstone, so a later start of its key is
-// refused with ErrPruned instead of silently running again. With dryRun it
-// only counts.
-func (s *SQLite) Prune(ctx context.Context, a Audit, cutoff time.Time, dryRun bool) (PruneResult, error) {
-	var res PruneResult
-	rows, err := s.rdb.QueryContext(ctx, sqlPrunable, fmtTime(cutoff))
-	if err != nil {
-		return res, s.wrap("find runs to prune", err)
-	}
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return res, s.wrap("find runs to prune", err)
-		}
-		res.Runs = append(res.Runs, id)
-	}
-	rows.Close()
-	candidates := res.Runs
-	res.Runs = nil
-	for _, id := range candidates {
-		var steps, stepBytes, items, itemBytes int64
-		if err := s.rdb.QueryRowContext(ctx, sqlPayloadSize, id).Scan(&steps, &stepBytes, &items, &itemBytes); err != nil {
-			return res, s.wrap("measure run "+id, err)
-		}
-		if dryRun {
-			res.Runs = append(res.Runs, id)
-			res.Steps += steps
-			res.Items += items
-			res.Bytes += stepBytes + itemBytes
-			continue
-		}
-		ra := a
-		ra.RunID = id
-		ra.Details = fmt.Sprintf("%d steps, %d items, %d bytes", steps, items, stepBytes+itemBytes)
-		err := s.operate(ctx, ra, ra.At, operateOptions{}, false, func(tx *sql.Tx, run Run) error {
-			// Re-checked inside the transaction: the run may have been
-			// rerun since it was listed.
-			if (run.Status != RunSucceeded && run.Status != RunAbandoned) || !run.PrunedAt.IsZero() ||
-				run.FinishedAt.IsZero() || !run.FinishedAt.Before(cutoff) {
-				return errSkipPrune
-			}
-			for _, q := range []string{sqlPruneSteps, sqlPruneItems, sqlPruneChunkPlans, sqlPruneChanges} {
-				if _, err := tx.ExecContext(ctx, q, id); err != nil {
-					return err
-				}
-			}
-			_, err := tx.ExecContext(ctx, sqlMarkPruned, fmtTime(ra.At), fmtTime(ra.At), id)
-			return err
-		})
-		if errors.Is(err, errSkipPrune) {
-			continue
-		}
-		if err != nil {
-			return res, err
-		}
-		res.Runs = append(res.Runs, id)
-		res.Steps += steps
-		res.Items += items
-		res.Bytes += stepBytes + itemBytes
-	}
-	return res, nil
-}
-
-// errSkipPrune rolls back the pruning of a run that no longer qualifies.
-var errSkipPrune = errors.New("run no longer qualifies for pruning")
-
 // JoinIDs is a short list of IDs for messages.
 func JoinIDs(ids []string, max int) string {
 	if len(ids) <= max {
@@ -281,34 +71,36 @@ func JoinIDs(ids []string, max int) string {
 	return strings.Join(ids[:max], ", ") + fmt.Sprintf(" and %d more", len(ids)-max)
 }
 
-const (
-	sqlStepStatus  = `SELECT status FROM steps WHERE run_id = ? AND step_id = ?`
-	sqlResolveStep = `UPDATE steps SET status = ?, output = ?, error = ?, finished_at = ? WHERE run_id = ? AND step_id = ?`
-)
-
-// ResolveStep settles an outside call whose outcome is unknown: done
-// records it as completed with output (JSON), otherwise it is marked failed
-// so the next run calls again. Only a step awaiting that decision can be
-// resolved; a run held by a live runner is refused with a *LeaseHeldError.
-func (s *SQLite) ResolveStep(ctx context.Context, a Audit, now time.Time, stepID string, done bool, output []byte, opts ...OperateOption) error {
-	return s.operate(ctx, a, now, newOperateOptions(opts), false, func(tx *sql.Tx, run Run) error {
-		var status string
-		err := tx.QueryRowContext(ctx, sqlStepStatus, run.ID, stepID).Scan(&status)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("%w: run %s has no step %q", ErrNotFound, run.ID, stepID)
-		}
-		if err != nil {
-			return err
-		}
-		if status != StepCalling {
-			return fmt.Errorf("%w: step %s of %s is %s, not an outside call of unknown outcome; nothing to resolve",
-				ErrNotUnknown, stepID, run.ID, status)
-		}
-		newStatus, errText := StepFailed, "resolved by "+a.Operator+" as not done: "+a.Reason
-		if done {
-			newStatus, errText = StepCompleted, ""
-		}
-		_, err = tx.ExecContext(ctx, sqlResolveStep, newStatus, output, errText, fmtTime(now), run.ID, stepID)
-		return err
-	})
+// Operator is a store's manual operations, each recorded in the run's
+// audit log with who, when and why. Every operation that changes a run
+// grows its fence in the same transaction, so a runner that still holds
+// it writes nothing more; a run held by a live runner is refused (with a
+// *LeaseHeldError, or ErrNotStale for Recover) unless the operation says
+// otherwise.
+type Operator interface {
+	// Recover marks a stale run (running, lease expired or owner gone) as
+	// failed, so it is resumable and no longer listed as running. A run
+	// held by a live runner is refused with ErrNotStale unless force.
+	Recover(ctx context.Context, a Audit, now time.Time, force bool, opts ...OperateOption) error
+	// Abandon marks a run abandoned: claims refuse it unless forced.
+	Abandon(ctx context.Context, a Audit, now time.Time, opts ...OperateOption) error
+	// ResetSteps deletes the checkpoints (and batch items and chunk plans)
+	// of the given steps so they run again, and reopens a succeeded run as
+	// failed. It does not undo effects.
+	ResetSteps(ctx context.Context, a Audit, now time.Time, stepIDs []string, opts ...OperateOption) error
+	// ResolveStep settles an outside call whose outcome is unknown: done
+	// records it as completed with output (JSON), otherwise it is marked
+	// failed so the next run calls again. Only a step awaiting that
+	// decision can be resolved (ErrNotUnknown otherwise).
+	ResolveStep(ctx context.Context, a Audit, now time.Time, stepID string, done bool, output []byte, opts ...OperateOption) error
+	// RecordAudit stores a manual operation that changed nothing else (a
+	// forced rerun, say).
+	RecordAudit(ctx context.Context, a Audit) error
+	// Audits returns a run's manual operations, oldest first.
+	Audits(ctx context.Context, runID string) ([]Audit, error)
+	// Prune deletes the payloads of succeeded and abandoned runs that
+	// finished before cutoff: step outputs and plans, item checkpoints and
+	// chunk plans. Each run's row stays as a tombstone, so a later start of
+	// its key is refused with ErrPruned. With dryRun it only counts.
+	Prune(ctx context.Context, a Audit, cutoff time.Time, dryRun bool) (PruneResult, error)
 }

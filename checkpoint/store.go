@@ -2,13 +2,14 @@ package checkpoint
 
 import (
 	"context"
-	"database/sql"
 	"strings"
 	"time"
 )
 
-// Store is the durable record a runner writes to. SQLite implements it; other
-// stores implement the same methods and pass the same conformance tests.
+// Store is the durable record a runner writes to. Each backend package
+// implements it (checkpoint/sqlite), keeps the promises in the package
+// documentation (fenced at commit, serialised writes, bytewise keys) and
+// passes the same conformance suite.
 type Store interface {
 	// Claim creates the run if it does not exist, or takes it over if it is
 	// not held by a live runner, increments its fence number and records a
@@ -20,9 +21,11 @@ type Store interface {
 	// Finish records how the attempt ended, sets the run's status and
 	// releases the lease, all checked against the fence.
 	Finish(ctx context.Context, l Lease, e Ending) error
-	// InTx runs fn in one write transaction (BEGIN IMMEDIATE). Every write
-	// made through the Tx is checked against the lease's fence; if fn
-	// returns an error or a write is fenced, nothing of it is kept.
+	// InTx runs fn in one write transaction, serialised with the run's
+	// other writes and claims from its start (SQLite: BEGIN IMMEDIATE).
+	// Every write made through the Tx is checked against the lease's
+	// fence, and the fence holds until the commit; if fn returns an error
+	// or a write is fenced, nothing of it is kept.
 	InTx(ctx context.Context, l Lease, fn func(Tx) error) error
 	// Steps calls fn for each checkpoint of the run, in the order the steps
 	// started, with one query.
@@ -46,6 +49,12 @@ type Store interface {
 	Runs(ctx context.Context, f RunFilter) ([]Run, error)
 	// Run returns one run and its attempts; ErrNotFound if there is none.
 	Run(ctx context.Context, runID string) (RunInfo, error)
+	// OpenTarget opens an effect target table: in the store's own database
+	// (effects then commit through Tx.Target in the checkpoint's
+	// transaction) or in a separate database the store's backend can open,
+	// with the store's own settings. Which one is decided by database
+	// identity. The caller closes it.
+	OpenTarget(ctx context.Context, spec TargetSpec) (EffectTarget, error)
 	// Close releases the database.
 	Close() error
 }
@@ -85,22 +94,11 @@ type Tx interface {
 	FinishChunk(step, effectID string) error
 	// Enqueue queues an outbox message with the transaction's checkpoint.
 	Enqueue(m Message) error
-	// SQL gives same-store effect targets the underlying transaction, so
-	// their writes commit or roll back with the checkpoint.
-	SQL() *sql.Tx
-}
-
-// SQLStore is a Store kept in a SQL database that effect targets can share:
-// a target table in the same database commits its effects in the
-// checkpoint's own transaction.
-type SQLStore interface {
-	Store
-	// DB is the store's writer handle.
-	DB() *sql.DB
-	// ReadDB is a handle for reads that never waits for the writer.
-	ReadDB() *sql.DB
-	// Path identifies the database (its file, for SQLite).
-	Path() string
+	// Target is the view of a table of the checkpoint database in this
+	// transaction, for same-store effects: its writes commit or roll back
+	// with the checkpoint. A table opened with Store.OpenTarget is served
+	// from prepared statements.
+	Target(t Table) (Target, error)
 }
 
 // Run statuses.

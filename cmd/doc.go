@@ -10,7 +10,9 @@
 // prints a result takes --json.
 //
 // Import rule: cmd imports runner, jobs, steps and checkpoint; nothing
-// imports cmd but main packages.
+// imports cmd but main packages. It holds a checkpoint.Backend; the one
+// file that knows the stores (store.go) parses --db and opens the store
+// it names: a path opens SQLite (checkpoint/sqlite).
 //
 // Exit codes, decided in one place (ExitCode):
 //

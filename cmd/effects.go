@@ -56,7 +56,7 @@ var errStopPlans = errors.New("stop reading chunk plans")
 
 // stepChunkPlans calls fn for each chunk plan of one batch step, in effect
 // ID order, one at a time (a big run's plans are never all in memory).
-func stepChunkPlans(env *Env, st *checkpoint.SQLite, runID, step string, fn func(chunkPlanView) error) error {
+func stepChunkPlans(env *Env, st checkpoint.Backend, runID, step string, fn func(chunkPlanView) error) error {
 	err := st.RunChunkPlans(env.Ctx, runID, checkpoint.Page{AfterStep: step}, func(p checkpoint.ChunkPlan) error {
 		if p.Step != step {
 			return errStopPlans
@@ -82,7 +82,7 @@ type netEffects struct {
 
 // batchNetEffects sums the writes of a batch step's applied and planned
 // chunk plans (superseded ones applied nothing).
-func batchNetEffects(env *Env, st *checkpoint.SQLite, runID, step string) (netEffects, error) {
+func batchNetEffects(env *Env, st checkpoint.Backend, runID, step string) (netEffects, error) {
 	n := netEffects{delta: map[string]int64{}}
 	err := stepChunkPlans(env, st, runID, step, func(p chunkPlanView) error {
 		if p.Status == checkpoint.ChunkSuperseded {

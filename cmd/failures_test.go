@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
@@ -260,23 +261,18 @@ func (s shown) step(id string) (shownStep, bool) {
 func stateOf(t *testing.T, db, key string) checkpoint.State {
 	t.Helper()
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: db})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: db})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	h, err := checkpoint.OpenTable(ctx, st.DB(), checkpoint.StateTable)
+	tgt, err := st.OpenTarget(ctx, checkpoint.TargetSpec{Table: checkpoint.StateTable, ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Close()
-	tx, err := st.DB().BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	got, err := h.Read(ctx, tx, []string{key})
-	if err != nil {
+	defer tgt.Close()
+	var got map[string]checkpoint.State
+	if err := tgt.View(ctx, func(v checkpoint.Target) error { got, err = v.Read(ctx, []string{key}); return err }); err != nil {
 		t.Fatal(err)
 	}
 	return got[key]

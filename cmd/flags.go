@@ -29,6 +29,7 @@ func cliConventions() []kong.Option {
 		kong.TypeMapper(reflect.TypeFor[time.Duration](), durationMapper{}),
 		kong.KindMapper(reflect.Int, intMapper{}),
 		kong.KindMapper(reflect.Int64, intMapper{signed: true}),
+		kong.NamedMapper("database", dbMapper{}),
 	}
 }
 

@@ -167,7 +167,7 @@ func (c *RunsCmd) Run(env *Env) error {
 // checkJob refuses --job naming a job this program does not register and
 // the database has no runs of (a typo, most likely). A job no longer
 // registered whose runs are still recorded is listed, with a note.
-func (c *RunsCmd) checkJob(env *Env, st *checkpoint.SQLite, found bool) error {
+func (c *RunsCmd) checkJob(env *Env, st checkpoint.Backend, found bool) error {
 	if c.Job == "" {
 		return nil
 	}
@@ -194,7 +194,7 @@ func (c *RunsCmd) checkJob(env *Env, st *checkpoint.SQLite, found bool) error {
 		registered = strings.Join(names, ", ")
 	}
 	return usageError{fmt.Errorf("--job %q: no such job: %s registers %s, and %s has no runs of it; `%s jobs` lists the jobs",
-		c.Job, env.Name, registered, st.Path(), env.Name)}
+		c.Job, env.Name, registered, env.storeName(), env.Name)}
 }
 
 func preview(s string, n int) string {

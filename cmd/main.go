@@ -244,7 +244,7 @@ type Env struct {
 	// Now is the clock of manual operations and listings. Defaults to
 	// time.Now.
 	Now    func() time.Time
-	store  *checkpoint.SQLite
+	store  checkpoint.Backend
 	parser *kong.Kong
 }
 
@@ -257,23 +257,18 @@ func (e *Env) now() time.Time {
 
 // Store opens the checkpoint database named by --db (once per command),
 // creating it if it is missing.
-func (e *Env) Store() (*checkpoint.SQLite, error) { return e.openStore(false) }
+func (e *Env) Store() (checkpoint.Backend, error) { return e.openStore(false) }
 
 // ExistingStore is Store for commands that only read (listings, dry runs,
 // resuming a recorded run): a missing database is not created but is a
 // usage error naming its absolute path.
-func (e *Env) ExistingStore() (*checkpoint.SQLite, error) { return e.openStore(true) }
+func (e *Env) ExistingStore() (checkpoint.Backend, error) { return e.openStore(true) }
 
-func (e *Env) openStore(mustExist bool) (*checkpoint.SQLite, error) {
+func (e *Env) openStore(mustExist bool) (checkpoint.Backend, error) {
 	if e.store != nil {
 		return e.store, nil
 	}
-	st, err := checkpoint.Open(e.Ctx, checkpoint.Config{
-		Path: e.Globals.DB, Synchronous: e.Globals.Synchronous, BusyTimeout: e.Globals.BusyTimeout, MustExist: mustExist,
-	})
-	if errors.Is(err, checkpoint.ErrNoDatabase) {
-		return nil, usageError{fmt.Errorf("%w; check --db or $STEPWISE_DB (this command only reads a checkpoint database)", err)}
-	}
+	st, err := openBackend(e, mustExist)
 	if err != nil {
 		return nil, err
 	}

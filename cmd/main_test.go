@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
@@ -274,7 +275,7 @@ type runState struct {
 func readRun(t *testing.T, db, runID string) runState {
 	t.Helper()
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: db})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: db})
 	if err != nil {
 		t.Fatalf("open %s: %v", db, err)
 	}
@@ -418,7 +419,7 @@ func touch(t *testing.T, path string) {
 // createDB creates the checkpoint database at path with its schema.
 func createDB(t *testing.T, path string) {
 	t.Helper()
-	st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: path})
+	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: path})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -242,7 +242,7 @@ func (c *RerunCmd) resume(env *Env, force bool) error {
 }
 
 // runSteps returns a run's step checkpoints in the order they started.
-func runSteps(env *Env, st *checkpoint.SQLite, runID string) ([]checkpoint.Step, error) {
+func runSteps(env *Env, st checkpoint.Backend, runID string) ([]checkpoint.Step, error) {
 	if _, err := st.Run(env.Ctx, runID); err != nil {
 		return nil, err
 	}
@@ -305,7 +305,7 @@ func (k keptEffects) any() bool { return len(k.lines) > 0 }
 // separate-store plan recorded but not known to be applied; the completed
 // items of a batch step with a target, finished or not, with the net amount
 // per key of their chunk plans.
-func appliedEffects(env *Env, st *checkpoint.SQLite, runID string, ss []checkpoint.Step) (keptEffects, error) {
+func appliedEffects(env *Env, st checkpoint.Backend, runID string, ss []checkpoint.Step) (keptEffects, error) {
 	var out keptEffects
 	var counts []checkpoint.ItemCount
 	for _, s := range ss {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
 )
@@ -98,7 +99,7 @@ func opsRegistry() *jobs.Registry {
 type opsCLI struct {
 	t        *testing.T
 	db, side string
-	st       *checkpoint.SQLite
+	st       *sqlite.Store
 }
 
 func newOpsCLI(t *testing.T) *opsCLI {
@@ -152,7 +153,7 @@ func (c *opsCLI) runCrashy(key string) {
 }
 
 // store is a store on the database, open for the rest of the test.
-func (c *opsCLI) store() *checkpoint.SQLite {
+func (c *opsCLI) store() *sqlite.Store {
 	if c.st == nil {
 		c.st = checkpointtest.OpenPath(c.t, c.db)
 	}

@@ -69,7 +69,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		}()
 		where = "; /healthz and /metrics on http://" + addr
 	}
-	fmt.Fprintf(env.Stdout, "%s serve: firing %d schedules from %s%s\n", env.Name, len(scheds), st.Path(), where)
+	fmt.Fprintf(env.Stdout, "%s serve: firing %d schedules from %s%s\n", env.Name, len(scheds), env.storeName(), where)
 	if err := sched.Run(env.Ctx); err != nil {
 		return err
 	}

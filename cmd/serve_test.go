@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/runner"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
@@ -202,7 +203,7 @@ func TestServeRealProcess(t *testing.T) {
 }
 
 // latestRun returns the fire time of the latest succeeded run in the store.
-func latestRun(t *testing.T, st *checkpoint.SQLite) time.Time {
+func latestRun(t *testing.T, st *sqlite.Store) time.Time {
 	t.Helper()
 	runs, err := st.Runs(context.Background(), checkpoint.RunFilter{Job: "crashy", Status: checkpoint.RunSucceeded, Limit: 1})
 	if err != nil {
@@ -218,9 +219,9 @@ func latestRun(t *testing.T, st *checkpoint.SQLite) time.Time {
 	return at
 }
 
-func openStoreAt(t *testing.T, db string) *checkpoint.SQLite {
+func openStoreAt(t *testing.T, db string) *sqlite.Store {
 	t.Helper()
-	st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: db})
+	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: db})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -275,7 +275,7 @@ func stoppedAs(s checkpoint.Step, info checkpoint.RunInfo, now time.Time) string
 }
 
 // chunkPlans reads up to limit chunk plans of the run (0: all) into v.
-func (c *ShowCmd) chunkPlans(env *Env, st *checkpoint.SQLite, v *showView, limit int) error {
+func (c *ShowCmd) chunkPlans(env *Env, st checkpoint.Backend, v *showView, limit int) error {
 	counts, err := st.ChunkPlanCounts(env.Ctx, c.RunID)
 	if err != nil {
 		return err
@@ -295,7 +295,7 @@ func (c *ShowCmd) chunkPlans(env *Env, st *checkpoint.SQLite, v *showView, limit
 }
 
 // items reads one page of the run's items with status c.Items.
-func (c *ShowCmd) items(env *Env, st *checkpoint.SQLite, limit int, after [2]string) (*itemsPage, error) {
+func (c *ShowCmd) items(env *Env, st checkpoint.Backend, limit int, after [2]string) (*itemsPage, error) {
 	page := &itemsPage{Status: c.Items, Items: []listedItem{}}
 	counts, err := st.ItemCounts(env.Ctx, c.RunID)
 	if err != nil {
@@ -511,7 +511,7 @@ func printWrites(env *Env, ws []checkpoint.Write) {
 
 // batches counts each batch step's items by status and lists its skipped
 // items (retried with --retry-skipped).
-func batches(env *Env, st *checkpoint.SQLite, runID string, recorded []checkpoint.Step) ([]batchView, error) {
+func batches(env *Env, st checkpoint.Backend, runID string, recorded []checkpoint.Step) ([]batchView, error) {
 	counts, err := st.ItemCounts(env.Ctx, runID)
 	if err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
 )
@@ -238,7 +239,7 @@ func TestExitCodesOfRefusals(t *testing.T) {
 // returns its release.
 func holdWriteLock(t *testing.T, db string) (release func()) {
 	t.Helper()
-	dsn, err := checkpoint.DSN(checkpoint.Config{Path: db})
+	dsn, err := sqlite.DSN(sqlite.Config{Path: db})
 	if err != nil {
 		t.Fatal(err)
 	}

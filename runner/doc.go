@@ -2,8 +2,9 @@
 // records the attempt, drives the job function with a steps.Run, heartbeats
 // the lease, and records how the attempt ended.
 //
-// Import rule: runner imports jobs, steps and checkpoint; only cmd imports
-// runner.
+// Import rule: runner imports jobs, steps and checkpoint (the contract,
+// never a store's package: it is handed a checkpoint.Store); only cmd
+// imports runner.
 //
 // The common case:
 //

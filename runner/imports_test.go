@@ -13,19 +13,41 @@ const modulePath = "github.com/stepwise-run/stepwise"
 
 // layerAllows says which Stepwise layers each layer may import, besides
 // itself: imports flow one way, cmd -> runner -> jobs -> steps ->
-// checkpoint, and examples use jobs and steps only.
+// checkpoint, and examples use jobs and steps only. The checkpoint
+// contract imports no other layer; a backend (checkpoint/sqlite, and any
+// store beside it) implements the contract, and only cmd, which opens the
+// store --db names, may import one outside tests.
 var layerAllows = map[string][]string{
-	"checkpoint": {},
-	"steps":      {"checkpoint"},
-	"jobs":       {"steps", "checkpoint"},
-	"runner":     {"jobs", "steps", "checkpoint"},
-	"examples":   {"jobs", "steps"},
-	"cmd":        {"runner", "jobs", "steps", "checkpoint", "examples"},
+	"checkpoint":     {},
+	"backend":        {"checkpoint"},
+	"checkpointtest": {"checkpoint", "backend"},
+	"steps":          {"checkpoint"},
+	"jobs":           {"steps", "checkpoint"},
+	"runner":         {"jobs", "steps", "checkpoint"},
+	"examples":       {"jobs", "steps"},
+	"cmd":            {"runner", "jobs", "steps", "checkpoint", "backend", "examples"},
 }
 
-// layerOf returns the top-level directory of a Stepwise package ("" for the
-// modulePath root), and whether path is a Stepwise package at all.
-func layerOf(path string) (string, bool) {
+// testAllows are the layers a layer's own test files may import besides
+// layerAllows: the real stores the tests open.
+var testAllows = map[string][]string{
+	"steps":  {"checkpointtest", "backend"},
+	"jobs":   {"checkpointtest", "backend"},
+	"runner": {"checkpointtest", "backend"},
+	"cmd":    {"checkpointtest"},
+}
+
+// forbidden lists the imports (a path or a path prefix ending in /) a layer
+// must not have outside its tests: the contract knows no database driver.
+var forbidden = map[string][]string{
+	"checkpoint": {"database/sql", "modernc.org/", "github.com/jackc/"},
+}
+
+// layerOf returns the layer of a Stepwise package: its top-level directory
+// ("" for the modulePath root), except below checkpoint, where a package
+// whose name ends in "test" is a test helper ("checkpointtest") and any
+// other is a backend. ok is false for a package outside the module.
+func layerOf(path string) (layer string, ok bool) {
 	if path == modulePath {
 		return "", true
 	}
@@ -33,15 +55,27 @@ func layerOf(path string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	layer, _, _ := strings.Cut(rest, "/")
+	layer, sub, _ := strings.Cut(rest, "/")
+	if layer == "checkpoint" && sub != "" {
+		if strings.HasSuffix(sub, "test") {
+			return "checkpointtest", true
+		}
+		return "backend", true
+	}
 	return layer, true
 }
 
+// pkgImports are one package's imports: of its own code, and of its
+// in-package test files (compiled into it).
+type pkgImports struct {
+	Imports, TestImports []string
+}
+
 // importViolations checks each package's Stepwise imports against
-// layerAllows and describes every wrong arrow.
-func importViolations(imports map[string][]string) []string {
+// layerAllows, testAllows and forbidden, and describes every wrong arrow.
+func importViolations(pkgs map[string]pkgImports) []string {
 	var bad []string
-	for pkg, deps := range imports {
+	for pkg, deps := range pkgs {
 		from, ok := layerOf(pkg)
 		if !ok {
 			continue
@@ -51,15 +85,26 @@ func importViolations(imports map[string][]string) []string {
 			bad = append(bad, pkg+" is outside the fixed layout (checkpoint, steps, jobs, runner, cmd, examples)")
 			continue
 		}
-		for _, dep := range deps {
-			to, ok := layerOf(dep)
-			if !ok || to == from {
-				continue
-			}
-			if !slices.Contains(allowed, to) {
-				bad = append(bad, pkg+" imports "+dep+" ("+from+" may import only "+strings.Join(allowed, ", ")+")")
+		for _, dep := range deps.Imports {
+			for _, f := range forbidden[from] {
+				if dep == f || strings.HasSuffix(f, "/") && strings.HasPrefix(dep, f) {
+					bad = append(bad, pkg+" imports "+dep+" (the "+from+" layer imports no database driver)")
+				}
 			}
 		}
+		check := func(deps []string, allowed []string) {
+			for _, dep := range deps {
+				to, ok := layerOf(dep)
+				if !ok || to == from {
+					continue
+				}
+				if !slices.Contains(allowed, to) {
+					bad = append(bad, pkg+" imports "+dep+" ("+from+" may import only "+strings.Join(allowed, ", ")+")")
+				}
+			}
+		}
+		check(deps.Imports, allowed)
+		check(deps.TestImports, append(slices.Clone(allowed), testAllows[from]...))
 	}
 	slices.Sort(bad)
 	return bad
@@ -67,22 +112,28 @@ func importViolations(imports map[string][]string) []string {
 
 func TestImportViolationsCatchesWrongArrows(t *testing.T) {
 	p := func(s string) string { return modulePath + "/" + s }
-	got := importViolations(map[string][]string{
-		p("checkpoint"):                {"database/sql", p("checkpoint/checkpointtest")},
-		p("checkpoint/checkpointtest"): {p("checkpoint")},
-		p("steps"):                     {p("checkpoint"), p("jobs")},
-		p("jobs"):                      {p("steps"), p("runner")},
-		p("runner"):                    {p("jobs"), p("cmd")},
-		p("examples/report"):           {p("jobs"), p("steps"), p("checkpoint")},
-		p("cmd/stepwise"):              {p("cmd"), p("examples/report")},
-		p("internal/x"):                nil,
-		"example.com/other":            {p("cmd")},
+	got := importViolations(map[string]pkgImports{
+		p("checkpoint"):                {Imports: []string{"database/sql", p("checkpoint/checkpointtest")}},
+		p("checkpoint/checkpointtest"): {Imports: []string{p("checkpoint"), p("checkpoint/sqlite")}},
+		p("checkpoint/sqlite"):         {Imports: []string{p("checkpoint"), "database/sql", "modernc.org/sqlite", p("steps")}},
+		p("steps"):                     {Imports: []string{p("checkpoint"), p("jobs"), p("checkpoint/sqlite")}, TestImports: []string{p("checkpoint/sqlite")}},
+		p("jobs"):                      {Imports: []string{p("steps"), p("runner")}},
+		p("runner"):                    {Imports: []string{p("jobs"), p("cmd")}, TestImports: []string{p("checkpoint/checkpointtest")}},
+		p("examples/report"):           {Imports: []string{p("jobs"), p("steps"), p("checkpoint")}},
+		p("cmd"):                       {Imports: []string{p("checkpoint/sqlite")}},
+		p("cmd/stepwise"):              {Imports: []string{p("cmd"), p("examples/report")}},
+		p("internal/x"):                {},
+		"example.com/other":            {Imports: []string{p("cmd")}},
 	})
 	want := []string{
+		p("checkpoint") + " imports database/sql",
+		p("checkpoint") + " imports " + p("checkpoint/checkpointtest"),
+		p("checkpoint/sqlite") + " imports " + p("steps"),
 		p("examples/report") + " imports " + p("checkpoint"),
 		p("internal/x") + " is outside",
 		p("jobs") + " imports " + p("runner"),
 		p("runner") + " imports " + p("cmd"),
+		p("steps") + " imports " + p("checkpoint/sqlite"),
 		p("steps") + " imports " + p("jobs"),
 	}
 	if len(got) != len(want) {
@@ -104,7 +155,7 @@ func TestImportsFlowOneWay(t *testing.T) {
 		t.Fatalf("the go command is needed to list imports: %v", err)
 	}
 	cmd := exec.Command(goTool, "list", "-f",
-		`{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}}`, modulePath+"/...")
+		`{{.ImportPath}}|{{join .Imports " "}}|{{join .TestImports " "}}`, modulePath+"/...")
 	cmd.Dir = ".."
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -112,16 +163,16 @@ func TestImportsFlowOneWay(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, stderr.String())
 	}
-	imports := map[string][]string{}
+	imports := map[string]pkgImports{}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) == 0 {
+		fields := strings.Split(sc.Text(), "|")
+		if len(fields) != 3 {
 			continue
 		}
-		imports[fields[0]] = fields[1:]
+		imports[fields[0]] = pkgImports{Imports: strings.Fields(fields[1]), TestImports: strings.Fields(fields[2])}
 	}
-	for _, must := range []string{"checkpoint", "steps", "jobs", "runner", "cmd"} {
+	for _, must := range []string{"checkpoint", "checkpoint/sqlite", "steps", "jobs", "runner", "cmd"} {
 		if _, ok := imports[modulePath+"/"+must]; !ok {
 			t.Fatalf("go list did not report %s/%s; got %d packages:\n%s", modulePath, must, len(imports), out)
 		}

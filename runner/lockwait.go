@@ -2,7 +2,6 @@ package runner
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -27,28 +26,15 @@ type lockWaiter struct {
 	log zerolog.Logger
 }
 
-// lockWaiterSQL is a lockWaiter over a SQLStore, so that same-store effect
-// targets still find the checkpoint database's handles.
-type lockWaiterSQL struct {
-	lockWaiter
-	sql checkpoint.SQLStore
-}
-
-func (w lockWaiterSQL) DB() *sql.DB     { return w.sql.DB() }
-func (w lockWaiterSQL) ReadDB() *sql.DB { return w.sql.ReadDB() }
-func (w lockWaiterSQL) Path() string    { return w.sql.Path() }
-
 // waitingStore returns the store an attempt writes through: st itself
 // unless the runner waits for locks.
 func (r *Runner) waitingStore(st checkpoint.Store, log zerolog.Logger) checkpoint.Store {
 	if !r.cfg.Wait {
 		return st
 	}
-	w := lockWaiter{Store: st, r: r, log: log}
-	if s, ok := st.(checkpoint.SQLStore); ok {
-		return lockWaiterSQL{lockWaiter: w, sql: s}
-	}
-	return w
+	// Store.OpenTarget is forwarded by embedding: a same-store target's
+	// writes go through InTx, which waits here.
+	return lockWaiter{Store: st, r: r, log: log}
 }
 
 // InTx implements checkpoint.Store, waiting out a locked database.

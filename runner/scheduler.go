@@ -722,14 +722,9 @@ func (l *loop) publish(time.Time) {
 }
 
 // countClaims wraps the runs' store so each claimed run is counted as
-// started the moment it is claimed. A SQL store stays one, for same-store
-// effect targets.
+// started the moment it is claimed.
 func countClaims(st checkpoint.Store, m *Metrics) checkpoint.Store {
-	c := claimCounter{Store: st, m: m}
-	if sq, ok := st.(checkpoint.SQLStore); ok {
-		return &sqlClaimCounter{SQLStore: sq, c: c}
-	}
-	return &c
+	return &claimCounter{Store: st, m: m}
 }
 
 type claimCounter struct {
@@ -743,13 +738,4 @@ func (c *claimCounter) Claim(ctx context.Context, req checkpoint.ClaimRequest) (
 		c.m.runStarted(req.Job, cl)
 	}
 	return cl, err
-}
-
-type sqlClaimCounter struct {
-	checkpoint.SQLStore
-	c claimCounter
-}
-
-func (c *sqlClaimCounter) Claim(ctx context.Context, req checkpoint.ClaimRequest) (checkpoint.Claim, error) {
-	return c.c.Claim(ctx, req)
 }

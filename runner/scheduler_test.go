@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
 	"github.com/stepwise-run/stepwise/steps"
@@ -113,7 +114,7 @@ type started struct {
 }
 
 // startScheduler starts a scheduler on st for the tick job.
-func startScheduler(t *testing.T, k *ticks, st *checkpoint.SQLite, owner string, scheds []runner.Schedule, mod func(*runner.SchedulerConfig)) *started {
+func startScheduler(t *testing.T, k *ticks, st *sqlite.Store, owner string, scheds []runner.Schedule, mod func(*runner.SchedulerConfig)) *started {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	m, err := runner.NewMetrics(reg)
@@ -188,14 +189,14 @@ func (r *started) value(t *testing.T, name string, labels ...string) float64 {
 // openStore opens a fresh store for a scheduler test. synchronous=normal
 // skips the fsync per commit: these tests crash no machine, and hours of
 // fake time make many commits.
-func openStore(t *testing.T) *checkpoint.SQLite {
+func openStore(t *testing.T) *sqlite.Store {
 	t.Helper()
 	return openStoreAt(t, filepath.Join(t.TempDir(), "stepwise.db"))
 }
 
-func openStoreAt(t *testing.T, path string) *checkpoint.SQLite {
+func openStoreAt(t *testing.T, path string) *sqlite.Store {
 	t.Helper()
-	st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: path, Synchronous: checkpoint.SyncNormal})
+	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: path, Synchronous: sqlite.SyncNormal})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package steps
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,15 +61,12 @@ func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func
 			return settle[T](ctx, r, cp, r.dryApply(ctx, ot, &cp, PlanRecord{Target: pr.Target, Ops: pr.Ops}))
 		}
 		r.log.Info().Str(FieldStepID, id).Str("effect_id", pr.EffectID).Msg("finishing a recorded plan")
-		err := r.finishPlanned(ctx, ot, &cp, pr)
-		var conflict *checkpoint.VersionConflictError
-		if errors.As(err, &conflict) {
+		u := &stepUnit{r: r, cp: &cp, pr: pr}
+		err := r.resumeRecorded(ctx, ot, u, pr.EffectID, pr.Writes, func() (effectUnit, error) {
 			// Another writer moved a key before our plan applied, so
 			// nothing of ours applied: plan again from the recorded ops.
-			r.log.Warn().Str(FieldStepID, id).Str("key", conflict.Key).Msg("recorded plan is stale; re-planning")
-			r.count(func(s *Stats) { s.Conflicts++; s.Replans++ })
-			err = r.applySeparate(ctx, ot, &cp, PlanRecord{Target: pr.Target, Ops: pr.Ops})
-		}
+			return &stepUnit{r: r, cp: &cp, pr: PlanRecord{Target: pr.Target, Ops: pr.Ops}}, nil
+		})
 		return settle[T](ctx, r, cp, err)
 	}
 	var e Effects
@@ -90,9 +86,11 @@ func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func
 	case r.dryRun:
 		err = r.dryApply(ctx, ot, &cp, pr)
 	case ot.same:
-		err = r.applySame(ctx, ot, &cp, pr)
+		if err = r.applySame(ctx, ot, &stepUnit{r: r, cp: &cp, pr: pr}); err == nil {
+			crashStep(cp.ID, "after-commit")
+		}
 	default:
-		err = r.applySeparate(ctx, ot, &cp, pr)
+		err = r.applySeparate(ctx, ot, &stepUnit{r: r, cp: &cp, pr: pr})
 	}
 	return settle[T](ctx, r, cp, err)
 }
@@ -109,143 +107,6 @@ func settle[T any](ctx context.Context, r *Run, cp checkpoint.Step, err error) (
 		return zero, err
 	}
 	return finish[T](r, cp)
-}
-
-// applySame reads, plans, writes and checkpoints in one transaction. A
-// guard failure rolls back and is returned as a *GuardError.
-func (r *Run) applySame(ctx context.Context, ot *openTarget, cp *checkpoint.Step, pr PlanRecord) error {
-	err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error {
-		cur, err := ot.h.Read(ctx, tx.SQL(), keysOf(pr.Ops))
-		if err != nil {
-			return err
-		}
-		res, err := Plan(cur, pr.Ops)
-		if err != nil {
-			return err
-		}
-		if g := res.Rejected[0]; g != nil {
-			return g
-		}
-		if err := ot.h.Write(ctx, tx.SQL(), res.Writes); err != nil {
-			return err
-		}
-		pr.Writes = res.Writes
-		cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
-		if cp.Plan, err = json.Marshal(pr); err != nil {
-			return err
-		}
-		crashStep(cp.ID, "before-commit")
-		return tx.PutStep(*cp)
-	})
-	if err != nil {
-		var g *GuardError
-		if errors.As(err, &g) {
-			return g
-		}
-		return fmt.Errorf("steps: step %s: apply effects to %s: %w", cp.ID, ot.name, err)
-	}
-	r.count(func(s *Stats) { s.Effects += len(pr.Writes) })
-	crashStep(cp.ID, "after-commit")
-	return nil
-}
-
-// applySeparate plans against the target's current state, records the plan
-// in the checkpoint store, applies it in one target transaction, and records
-// the step done. A version conflict (another writer moved a key) re-plans.
-func (r *Run) applySeparate(ctx context.Context, ot *openTarget, cp *checkpoint.Step, pr PlanRecord) error {
-	for replan := 0; ; replan++ {
-		cur, err := readTarget(ctx, ot, keysOf(pr.Ops))
-		if err != nil {
-			return fmt.Errorf("steps: step %s: read %s: %w", cp.ID, ot.name, err)
-		}
-		res, err := Plan(cur, pr.Ops)
-		if err != nil {
-			return fmt.Errorf("steps: step %s: plan effects on %s: %w", cp.ID, ot.name, err)
-		}
-		if g := res.Rejected[0]; g != nil {
-			return g
-		}
-		pr.Writes = res.Writes
-		pr.EffectID = fmt.Sprintf("%s/%s@%d.%d", r.lease.RunID, cp.ID, r.lease.Fence, replan)
-		cp.Status, cp.FinishedAt = checkpoint.StepPlanned, r.now()
-		if cp.Plan, err = json.Marshal(pr); err != nil {
-			return err
-		}
-		if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(*cp) }); err != nil {
-			return fmt.Errorf("steps: step %s: record plan: %w", cp.ID, err)
-		}
-		crashStep(cp.ID, "after-plan")
-		err = r.finishPlanned(ctx, ot, cp, pr)
-		var conflict *checkpoint.VersionConflictError
-		if !errors.As(err, &conflict) {
-			return err
-		}
-		r.count(func(s *Stats) { s.Conflicts++ })
-		if replan+1 >= MaxReplans {
-			return err
-		}
-		r.count(func(s *Stats) { s.Replans++ })
-		r.log.Warn().Str(FieldStepID, cp.ID).Str("key", conflict.Key).Int64("expected", conflict.Expected).
-			Int64("found", conflict.Found).Msg("another writer moved a key; re-planning")
-	}
-}
-
-// finishPlanned brings a recorded separate-store plan to completion: if the
-// target already holds its effect ID it applied (record it); otherwise apply
-// it if every expected version still matches; otherwise it returns the
-// *checkpoint.VersionConflictError: nothing of ours applied, and the caller
-// re-plans from the recorded operations.
-func (r *Run) finishPlanned(ctx context.Context, ot *openTarget, cp *checkpoint.Step, pr PlanRecord) error {
-	if err := r.checkFence(ctx); err != nil {
-		return err
-	}
-	applied := false
-	err := targetTx(ctx, ot.h.DB(), nil, func(tx *sql.Tx) error {
-		var err error
-		if applied, err = ot.h.IsApplied(ctx, tx, pr.EffectID); err != nil || applied {
-			return err
-		}
-		if err := ot.h.Write(ctx, tx, pr.Writes); err != nil {
-			return err
-		}
-		return ot.h.MarkApplied(ctx, tx, pr.EffectID, r.lease.RunID, cp.ID, r.now())
-	})
-	if err == nil && !applied {
-		r.count(func(s *Stats) { s.Effects += len(pr.Writes) })
-	}
-	var conflict *checkpoint.VersionConflictError
-	if errors.As(err, &conflict) {
-		return conflict
-	}
-	if err != nil {
-		return fmt.Errorf("steps: step %s: apply plan %s to %s: %w", cp.ID, pr.EffectID, ot.name, err)
-	}
-	if applied {
-		r.log.Info().Str(FieldStepID, cp.ID).Str("effect_id", pr.EffectID).Msg("plan had already applied; recording it")
-	}
-	crashStep(cp.ID, "after-apply")
-	cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
-	if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(*cp) }); err != nil {
-		return fmt.Errorf("steps: step %s: record applied plan: %w", cp.ID, err)
-	}
-	return nil
-}
-
-// checkFence fails with checkpoint.ErrFenced if another runner claimed the
-// run, so a runner that lost its lease does not touch a separate target
-// with a plan recorded by an earlier attempt. (A takeover between this
-// check and the target's commit can still let the old runner apply its own
-// recorded plan once; the new owner then finds its effect ID, so the effect
-// is still applied exactly once.)
-func (r *Run) checkFence(ctx context.Context) error {
-	fence, err := r.store.Fence(ctx, r.lease.RunID)
-	if err != nil {
-		return err
-	}
-	if fence != r.lease.Fence {
-		return fmt.Errorf("%w: run %s is at fence %d, this attempt holds %d", checkpoint.ErrFenced, r.lease.RunID, fence, r.lease.Fence)
-	}
-	return nil
 }
 
 // dryApply plans against current values (and earlier dry-run plans) and
@@ -291,28 +152,14 @@ type DryPlan struct {
 	Items int `json:"items,omitempty"`
 }
 
-// readTarget reads keys' current state in one read transaction (a
-// deferred BEGIN: reading takes no write lock from the target's other
-// writers).
+// readTarget reads keys' current state in one read-only transaction, which
+// takes no write lock from the target's other writers.
 func readTarget(ctx context.Context, ot *openTarget, keys []string) (map[string]checkpoint.State, error) {
 	var cur map[string]checkpoint.State
-	err := targetTx(ctx, ot.h.DB(), &sql.TxOptions{ReadOnly: true}, func(tx *sql.Tx) error {
+	err := ot.et.View(ctx, func(tgt checkpoint.Target) error {
 		var err error
-		cur, err = ot.h.Read(ctx, tx, keys)
+		cur, err = tgt.Read(ctx, keys)
 		return err
 	})
 	return cur, err
-}
-
-// targetTx runs fn in one transaction on a target database.
-func targetTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, opts)
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -39,7 +40,7 @@ func balance(t *testing.T, db *sql.DB, id string) (value, version int64) {
 }
 
 // beginEffects claims runID afresh (a new attempt) and opens its steps.Run.
-func beginEffects(t *testing.T, st *checkpoint.SQLite, runID string) *steps.Run {
+func beginEffects(t *testing.T, st *sqlite.Store, runID string) *steps.Run {
 	t.Helper()
 	ctx := context.Background()
 	c, err := st.Claim(ctx, checkpoint.ClaimRequest{RunID: runID, Job: "j", RunKey: "k", Params: []byte("{}"), ParamsHash: "h",
@@ -120,7 +121,7 @@ func TestApplySeparateStore(t *testing.T) {
 	ctx := context.Background()
 	st := checkpointtest.Open(t)
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	db, err := checkpoint.OpenTarget(ctx, checkpoint.Config{Path: path})
+	db, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: path})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,13 +10,14 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
 // These benchmarks measure the per-step durable rate (one steps.Do, one
 // committed checkpoint) against the store's raw limit: one hand-written
 // BEGIN IMMEDIATE / INSERT / COMMIT of a row of the same shape into an
-// identical steps table, with the very same DSN (checkpoint.DSN), so both
+// identical steps table, with the very same DSN (sqlite.DSN), so both
 // sides pay the same fsync per commit. Absolute rates wander on a shared
 // machine; the number to read is the ratio from BenchmarkStepVsRaw, whose two
 // sides interleave within one run. The goal is ratio >= 0.9 at sync=full.
@@ -30,7 +31,7 @@ import (
 
 // benchSyncs are the synchronous levels each benchmark runs at: full is the
 // default and the goal's level; normal is for reference.
-var benchSyncs = []string{checkpoint.SyncFull, checkpoint.SyncNormal}
+var benchSyncs = []string{sqlite.SyncFull, sqlite.SyncNormal}
 
 const (
 	benchRunID  = "bench/1"
@@ -49,14 +50,14 @@ func benchStepIDs(from, n int) []string {
 
 // stepBench is a claimed run ready for steps.Do.
 type stepBench struct {
-	store *checkpoint.SQLite
+	store *sqlite.Store
 	run   *steps.Run
 }
 
 func openStepBench(b *testing.B, dir, sync string) *stepBench {
 	b.Helper()
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: filepath.Join(dir, "stepwise.db"), Synchronous: sync})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: filepath.Join(dir, "stepwise.db"), Synchronous: sync})
 	if err != nil {
 		b.Fatalf("open store: %v", err)
 	}
@@ -126,7 +127,7 @@ func openRawBench(b *testing.B, dir, sync string, schemaFrom *sql.DB) *rawBench 
 	}
 	rows.Close()
 
-	dsn, err := checkpoint.DSN(checkpoint.Config{Path: filepath.Join(dir, "raw.db"), Synchronous: sync})
+	dsn, err := sqlite.DSN(sqlite.Config{Path: filepath.Join(dir, "raw.db"), Synchronous: sync})
 	if err != nil {
 		b.Fatalf("dsn: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -63,7 +64,7 @@ func beginCall(t *testing.T, st checkpoint.Store, clock *callClock, cfg steps.Co
 	return run
 }
 
-func callStep(t *testing.T, st *checkpoint.SQLite, id string) checkpoint.Step {
+func callStep(t *testing.T, st *sqlite.Store, id string) checkpoint.Step {
 	t.Helper()
 	var out checkpoint.Step
 	err := st.Steps(context.Background(), "pay/d", func(s checkpoint.Step) error {
@@ -408,7 +409,7 @@ func TestCallContextEndsBeforeTheLease(t *testing.T) {
 	}
 }
 
-func run2Lease(t *testing.T, st *checkpoint.SQLite) checkpoint.Lease {
+func run2Lease(t *testing.T, st *sqlite.Store) checkpoint.Lease {
 	t.Helper()
 	info, err := st.Run(context.Background(), "pay/d")
 	if err != nil {

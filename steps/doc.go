@@ -2,8 +2,10 @@
 // have its output checkpointed, and get the recorded output back without
 // running it again when the run is resumed.
 //
-// Import rule: steps imports checkpoint and nothing else of Stepwise; jobs,
-// runner and cmd import it.
+// Import rule: steps imports checkpoint (the contract, never a store's
+// package) and nothing else of Stepwise; jobs, runner and cmd import it.
+// Effects reach their target through checkpoint.Tx.Target and
+// checkpoint.Store.OpenTarget, so the same code runs on every store.
 //
 // The common case, inside a job function:
 //

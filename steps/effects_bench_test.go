@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -19,7 +20,7 @@ import (
 // built-in state table (steps.Apply on steps.State: read, compare-and-set,
 // checkpoint, one commit) beside a hand-written transaction doing the same
 // work through database/sql prepared statements on the same DSN
-// (checkpoint.DSN): SELECT value and version, UPDATE ... WHERE version = ?,
+// (sqlite.DSN): SELECT value and version, UPDATE ... WHERE version = ?,
 // INSERT the checkpoint row, COMMIT. BenchmarkEffectSeparateVsSame puts
 // separate-store steps (plan, apply, record: three commits in two files)
 // beside same-store ones. Both sides of each benchmark alternate within one
@@ -33,7 +34,7 @@ import (
 // fxBenchSyncs are the synchronous levels each benchmark runs at: full is
 // the default and the goal's level; normal shows the CPU cost undiluted by
 // fsync.
-var fxBenchSyncs = []string{checkpoint.SyncFull, checkpoint.SyncNormal}
+var fxBenchSyncs = []string{sqlite.SyncFull, sqlite.SyncNormal}
 
 const (
 	fxBenchOutput = 42 // every step returns it; the raw side stores its JSON
@@ -98,10 +99,10 @@ func fxAlternate(b *testing.B, base, other *fxSide) {
 
 // fxBenchStore opens a checkpoint store in dir, seeds fxBenchKeys keys of the
 // built-in state table at 0 and claims a run on it.
-func fxBenchStore(b *testing.B, dir, sync string) (*checkpoint.SQLite, *steps.Run) {
+func fxBenchStore(b *testing.B, dir, sync string) (*sqlite.Store, *steps.Run) {
 	b.Helper()
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: filepath.Join(dir, "stepwise.db"), Synchronous: sync})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: filepath.Join(dir, "stepwise.db"), Synchronous: sync})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -190,7 +191,7 @@ WHERE tbl_name IN ('steps', 'stepwise_state') AND sql IS NOT NULL ORDER BY type 
 	if err := rows.Close(); err != nil || len(ddl) < 2 {
 		b.Fatalf("read schema: %v (%d statements)", err, len(ddl))
 	}
-	dsn, err := checkpoint.DSN(checkpoint.Config{Path: filepath.Join(dir, "raw.db"), Synchronous: sync})
+	dsn, err := sqlite.DSN(sqlite.Config{Path: filepath.Join(dir, "raw.db"), Synchronous: sync})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -310,7 +311,7 @@ func BenchmarkEffectSeparateVsSame(b *testing.B) {
 			dir := b.TempDir()
 			st, run := fxBenchStore(b, dir, sync)
 			path := filepath.Join(dir, "ledger.db")
-			db, err := checkpoint.OpenTarget(ctx, checkpoint.Config{Path: path, Synchronous: sync})
+			db, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: path, Synchronous: sync})
 			if err != nil {
 				b.Fatal(err)
 			}

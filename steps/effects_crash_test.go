@@ -18,6 +18,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
@@ -118,7 +119,7 @@ func TestFxChild(t *testing.T) {
 	if err := json.Unmarshal([]byte(os.Getenv(fxTransfersEnv)), &ts); err != nil {
 		t.Fatalf("decode %s: %v", fxTransfersEnv, err)
 	}
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: os.Getenv(fxDBEnv)})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: os.Getenv(fxDBEnv)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +163,7 @@ type fxLedger struct {
 	dir        string
 	dbPath     string
 	ledgerPath string // "" for the same store
-	store      *checkpoint.SQLite
+	store      *sqlite.Store
 	target     *sql.DB // where the accounts table lives
 	opening    map[string]int64
 	transfers  []fxTransfer
@@ -177,7 +178,7 @@ func fxNewLedger(t *testing.T, separate bool, opening map[string]int64, ts []fxT
 	l.target = l.store.DB()
 	if separate {
 		l.ledgerPath = filepath.Join(dir, "ledger.db")
-		db, err := checkpoint.OpenTarget(context.Background(), checkpoint.Config{Path: l.ledgerPath})
+		db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: l.ledgerPath})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -570,13 +571,13 @@ func TestFxABAReplansOnVersion(t *testing.T) {
 // recorded a planned step commits, afterPlan runs, so a test can act at the
 // separate store's "after plan, before apply" boundary in process.
 type fxHookStore struct {
-	*checkpoint.SQLite
+	*sqlite.Store
 	afterPlan func(stepID string)
 	afterRun  func() // runs once, after the next Fence (the fence check) returns
 }
 
 func (s *fxHookStore) Fence(ctx context.Context, runID string) (int64, error) {
-	fence, err := s.SQLite.Fence(ctx, runID)
+	fence, err := s.Store.Fence(ctx, runID)
 	if f := s.afterRun; f != nil {
 		s.afterRun = nil
 		f()
@@ -586,7 +587,7 @@ func (s *fxHookStore) Fence(ctx context.Context, runID string) (int64, error) {
 
 func (s *fxHookStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
 	var planned []string
-	err := s.SQLite.InTx(ctx, l, func(tx checkpoint.Tx) error {
+	err := s.Store.InTx(ctx, l, func(tx checkpoint.Tx) error {
 		return fn(fxPlanTx{Tx: tx, planned: &planned})
 	})
 	if err == nil && s.afterPlan != nil {
@@ -612,7 +613,7 @@ func (tx fxPlanTx) PutStep(st checkpoint.Step) error {
 
 // fxClaim claims the run as owner (taking it over from anyone) and begins
 // its steps on store, which may wrap st.
-func fxClaim(t *testing.T, st *checkpoint.SQLite, store checkpoint.Store, owner string) (checkpoint.Lease, *steps.Run) {
+func fxClaim(t *testing.T, st *sqlite.Store, store checkpoint.Store, owner string) (checkpoint.Lease, *steps.Run) {
 	t.Helper()
 	ctx := context.Background()
 	c, err := st.Claim(ctx, fxClaimRequest(owner))
@@ -690,7 +691,7 @@ func TestFxFencedRunnerWritesNothing(t *testing.T) {
 				ctx := context.Background()
 				l := fxNewLedger(t, separate, map[string]int64{"A": 1000, "B": 0}, []fxTransfer{tr, next})
 				target := fxTarget(l.ledgerPath)
-				hook := &fxHookStore{SQLite: l.store}
+				hook := &fxHookStore{Store: l.store}
 				_, stale := fxClaim(t, l.store, hook, "fx:stale")
 
 				var snapshot string
@@ -759,9 +760,9 @@ func TestFxConcurrentWriterIsNeverOverwritten(t *testing.T) {
 	}
 	l := fxNewLedger(t, true, map[string]int64{"A": 1_000_000, "B": 0}, ts)
 	var plans atomic.Int64
-	hook := &fxHookStore{SQLite: l.store, afterPlan: func(string) { plans.Add(1) }}
+	hook := &fxHookStore{Store: l.store, afterPlan: func(string) { plans.Add(1) }}
 	_, run := fxClaim(t, l.store, hook, "fx:runner")
-	writer, err := checkpoint.OpenTarget(ctx, checkpoint.Config{Path: l.ledgerPath})
+	writer, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: l.ledgerPath})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -843,7 +844,7 @@ func TestFxConflictAfterMaxReplans(t *testing.T) {
 			ctx := context.Background()
 			l := fxNewLedger(t, true, map[string]int64{"A": 1000, "B": 0}, []fxTransfer{tr})
 			plans := 0
-			hook := &fxHookStore{SQLite: l.store, afterPlan: func(string) {
+			hook := &fxHookStore{Store: l.store, afterPlan: func(string) {
 				plans++
 				if plans <= bumps {
 					if _, err := l.target.Exec(fxBumpB); err != nil {
@@ -918,7 +919,7 @@ func TestFxFenceCheckRaceStaysExactlyOnce(t *testing.T) {
 	ctx := context.Background()
 	tr := fxTransfer{"T-1", "A", "B", 300}
 	l := fxNewLedger(t, true, map[string]int64{"A": 1000, "B": 0}, []fxTransfer{tr})
-	hook := &fxHookStore{SQLite: l.store}
+	hook := &fxHookStore{Store: l.store}
 	_, stale := fxClaim(t, l.store, hook, "fx:stale")
 	tookOver := false
 	hook.afterRun = func() {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -24,7 +25,7 @@ func ExampleCall() {
 	}
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: filepath.Join(dir, "stepwise.db")})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: filepath.Join(dir, "stepwise.db")})
 	if err != nil {
 		log.Fatal(err)
 	}

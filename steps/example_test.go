@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -38,7 +39,7 @@ func Example_resume() {
 	}
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: filepath.Join(dir, "stepwise.db")})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: filepath.Join(dir, "stepwise.db")})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -22,7 +23,7 @@ import (
 // that tests change between attempts, and a run to resume.
 type fpBatch struct {
 	t      *testing.T
-	st     *checkpoint.SQLite
+	st     *sqlite.Store
 	store  checkpoint.Store // st, or a wrapper of it
 	ledger *sql.DB
 	target steps.Target
@@ -40,7 +41,7 @@ func newFPBatch(t *testing.T, separate bool, n int) *fpBatch {
 	b := &fpBatch{t: t, st: st, store: st, ledger: st.DB(), target: steps.Target{Table: accountsTable}}
 	if separate {
 		path := filepath.Join(t.TempDir(), "ledger.db")
-		db, err := checkpoint.OpenTarget(context.Background(), checkpoint.Config{Path: path})
+		db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: path})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -560,18 +561,18 @@ func TestBeginRefusesAnAcceptanceWithoutOperator(t *testing.T) {
 
 // itemReads counts the store's item reads.
 type itemReads struct {
-	*checkpoint.SQLite
+	*sqlite.Store
 	n int
 }
 
 func (s *itemReads) Items(ctx context.Context, q checkpoint.ItemQuery, fn func(checkpoint.Item) error) error {
 	s.n++
-	return s.SQLite.Items(ctx, q, fn)
+	return s.Store.Items(ctx, q, fn)
 }
 
 func TestForEachFreshAscendingReadsNothingBack(t *testing.T) {
 	b := newFPBatch(t, false, 30)
-	reads := &itemReads{SQLite: b.st}
+	reads := &itemReads{Store: b.st}
 	b.store = reads
 	if _, err := b.settle(b.paged(30), ""); err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package steps
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -478,42 +477,15 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 			return fmt.Errorf("steps: commit chunk %d of %s: %w", b.chunk, b.name, err)
 		}
 	case b.target.same:
-		crashStep(point, "before-commit")
-		writes := 0
-		err := b.r.store.InTx(ctx, b.r.lease, func(tx checkpoint.Tx) error {
-			cur, err := b.target.h.Read(ctx, tx.SQL(), keysOf(b.groups...))
-			if err != nil {
-				return err
-			}
-			res, err := Plan(cur, b.groups...)
-			if err != nil {
-				return b.planError(err)
-			}
-			b.pinRejected(res.Rejected)
-			if err := b.target.h.Write(ctx, tx.SQL(), res.Writes); err != nil {
-				return err
-			}
-			writes = len(res.Writes)
-			if err := tx.PutItems(b.recs); err != nil {
-				return err
-			}
-			// The plan is recorded applied with the writes it describes:
-			// what each chunk changed (key, before, after) stays auditable.
-			plan, err := b.samePlan(res.Writes)
-			if err != nil || plan.EffectID == "" {
-				return err
-			}
-			return tx.PutChunkPlan(plan)
-		})
-		if err != nil {
-			return fmt.Errorf("steps: commit chunk %d of %s to %s: %w", b.chunk, b.name, b.target.name, err)
-		}
-		b.r.count(func(s *Stats) { s.Effects += writes })
-	default:
-		crashStep(point, "before-commit") // before the plan is recorded
-		if err := b.commitSeparate(ctx, point, "c"+strconv.Itoa(b.chunk), ""); err != nil {
+		if err := b.r.applySame(ctx, b.target, b.unit(point, "")); err != nil {
 			return err
 		}
+	default:
+		crashStep(point, "before-commit") // before the plan is recorded
+		if err := b.r.applySeparate(ctx, b.target, b.unit(point, "c"+strconv.Itoa(b.chunk))); err != nil {
+			return err
+		}
+		b.settlePlanned()
 	}
 	crashStep(point, "after-commit")
 	for _, rec := range b.recs {
@@ -540,12 +512,7 @@ func (b *batch[I, O]) samePlan(writes []checkpoint.Write) (checkpoint.ChunkPlan,
 	}
 	pr := chunkPlanRecord{Target: b.target.name, Writes: writes,
 		EffectID: fmt.Sprintf("%s/%s@%d.s%d", b.r.lease.RunID, b.name, b.r.lease.Fence, b.chunk)}
-	pr.Items = make([]itemPlan, 0, len(b.groups))
-	for gi, ops := range b.groups {
-		if ops != nil { // nil: rejected by a guard, nothing of it applied
-			pr.Items = append(pr.Items, itemPlan{Key: b.recs[b.owners[gi]].Key, Ops: ops})
-		}
-	}
+	pr.Items = b.planItems()
 	raw, err := json.Marshal(pr)
 	if err != nil {
 		return checkpoint.ChunkPlan{}, fmt.Errorf("steps: encode plan of chunk %d of %s: %w", b.chunk, b.name, err)
@@ -574,117 +541,103 @@ func (b *batch[I, O]) pinRejected(rejected map[int]*GuardError) {
 	}
 }
 
-// commitSeparate records the chunk's plan with its items (planned), applies
-// it in one target transaction with its effect ID, and marks it done. A
-// version conflict re-plans the chunk's accepted items. tag names the
-// chunk in its effect IDs; supersedes names a stale plan this one replaces.
-func (b *batch[I, O]) commitSeparate(ctx context.Context, point, tag, supersedes string) error {
-	final := map[int]bool{} // items an earlier plan of this loop recorded as rejected
-	for replan := 0; ; replan++ {
-		cur, err := readTarget(ctx, b.target, keysOf(b.groups...))
-		if err != nil {
-			return fmt.Errorf("steps: chunk %d of %s: read %s: %w", b.chunk, b.name, b.target.name, err)
-		}
-		res, err := Plan(cur, b.groups...)
-		if err != nil {
-			return fmt.Errorf("steps: plan chunk %d of %s for %s: %w", b.chunk, b.name, b.target.name, b.planError(err))
-		}
-		b.pinRejected(res.Rejected)
-		pr := chunkPlanRecord{Target: b.target.name, Writes: res.Writes,
-			EffectID: fmt.Sprintf("%s/%s@%d.%s.%d", b.r.lease.RunID, b.name, b.r.lease.Fence, tag, replan)}
-		for gi, ops := range b.groups {
-			if ops != nil {
-				pr.Items = append(pr.Items, itemPlan{Key: b.recs[b.owners[gi]].Key, Ops: ops})
-			}
-		}
-		plan, err := json.Marshal(pr)
-		if err != nil {
-			return err
-		}
-		for i := range b.recs {
-			if b.recs[i].Status == checkpoint.StepCompleted || b.recs[i].Status == checkpoint.StepPlanned {
-				b.recs[i].Status, b.recs[i].Chunk = checkpoint.StepPlanned, pr.EffectID
-			}
-		}
-		put := make([]checkpoint.Item, 0, len(b.recs))
-		for i := range b.recs {
-			if !final[i] { // a rejection recorded by an earlier plan stays as it is
-				put = append(put, b.recs[i])
-			}
-		}
-		err = b.r.store.InTx(ctx, b.r.lease, func(tx checkpoint.Tx) error {
-			if err := tx.PutItems(put); err != nil {
-				return err
-			}
-			return tx.PutChunkPlan(checkpoint.ChunkPlan{Step: b.name, EffectID: pr.EffectID, Plan: plan, Supersedes: supersedes})
-		})
-		if err != nil {
-			return fmt.Errorf("steps: record plan of chunk %d of %s: %w", b.chunk, b.name, err)
-		}
-		for i := range b.recs {
-			if b.recs[i].Status == checkpoint.StepRejected {
-				final[i] = true
-			}
-		}
-		crashStep(point, "after-plan")
-		err = b.r.applyChunk(ctx, b.target, b.name, pr)
-		var conflict *checkpoint.VersionConflictError
-		if errors.As(err, &conflict) {
-			b.r.count(func(s *Stats) { s.Conflicts++ })
-		}
-		if errors.As(err, &conflict) && replan+1 < MaxReplans {
-			b.r.count(func(s *Stats) { s.Replans++ })
-			b.r.log.Warn().Str(FieldStepID, b.name).Str("key", conflict.Key).Msg("another writer moved a key; re-planning the chunk")
-			supersedes = pr.EffectID
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		for i := range b.recs {
-			if b.recs[i].Status == checkpoint.StepPlanned {
-				b.recs[i].Status = checkpoint.StepCompleted
-			}
-		}
-		return nil
-	}
+// chunkUnit is one ForEach chunk's effects (see effectUnit): its plan is
+// recorded as a chunk plan with the chunk's item checkpoints (planned, then
+// completed when the plan is finished).
+type chunkUnit[I, O any] struct {
+	b          *batch[I, O]
+	pt         string       // crash point prefix
+	tag        string       // names the chunk in its effect IDs
+	supersedes string       // a stale plan the next one replaces
+	final      map[int]bool // items an earlier plan of this unit recorded as rejected
 }
 
-// applyChunk applies a recorded chunk plan once: already applied (its
-// effect ID is in the target) or applied now, then marked done. A version
-// conflict is returned for the caller to re-plan.
-func (r *Run) applyChunk(ctx context.Context, ot *openTarget, step string, pr chunkPlanRecord) error {
-	if err := r.checkFence(ctx); err != nil {
+// unit is the buffered chunk as an effect unit; tag names it in its
+// separate-store effect IDs.
+func (b *batch[I, O]) unit(point, tag string) *chunkUnit[I, O] {
+	return &chunkUnit[I, O]{b: b, pt: point, tag: tag, final: map[int]bool{}}
+}
+
+func (u *chunkUnit[I, O]) label() string {
+	return "chunk " + strconv.Itoa(u.b.chunk) + " of " + u.b.name
+}
+func (u *chunkUnit[I, O]) stepID() string               { return u.b.name }
+func (u *chunkUnit[I, O]) point() string                { return u.pt }
+func (u *chunkUnit[I, O]) groups() [][]Op               { return u.b.groups }
+func (u *chunkUnit[I, O]) planError(err error) error    { return u.b.planError(err) }
+func (u *chunkUnit[I, O]) superseded(effectID string)   { u.supersedes = effectID }
+func (u *chunkUnit[I, O]) planned(res PlanResult) error { u.b.pinRejected(res.Rejected); return nil }
+
+func (u *chunkUnit[I, O]) effectID(replan int) string {
+	return fmt.Sprintf("%s/%s@%d.%s.%d", u.b.r.lease.RunID, u.b.name, u.b.r.lease.Fence, u.tag, replan)
+}
+
+func (u *chunkUnit[I, O]) record(tx checkpoint.Tx, effectID string, writes []checkpoint.Write, applied bool) error {
+	b := u.b
+	if applied {
+		if err := tx.PutItems(b.recs); err != nil {
+			return err
+		}
+		// The plan is recorded applied with the writes it describes:
+		// what each chunk changed (key, before, after) stays auditable.
+		plan, err := b.samePlan(writes)
+		if err != nil || plan.EffectID == "" {
+			return err
+		}
+		return tx.PutChunkPlan(plan)
+	}
+	pr := chunkPlanRecord{Target: b.target.name, Writes: writes, EffectID: effectID, Items: b.planItems()}
+	plan, err := json.Marshal(pr)
+	if err != nil {
 		return err
 	}
-	applied := false
-	err := targetTx(ctx, ot.h.DB(), nil, func(tx *sql.Tx) error {
-		var err error
-		applied, err = ot.h.IsApplied(ctx, tx, pr.EffectID)
-		if err != nil || applied {
-			return err
+	put := make([]checkpoint.Item, 0, len(b.recs))
+	for i := range b.recs {
+		if b.recs[i].Status == checkpoint.StepCompleted || b.recs[i].Status == checkpoint.StepPlanned {
+			b.recs[i].Status, b.recs[i].Chunk = checkpoint.StepPlanned, effectID
 		}
-		if err := ot.h.Write(ctx, tx, pr.Writes); err != nil {
-			return err
+		if !u.final[i] { // a rejection recorded by an earlier plan stays as it is
+			put = append(put, b.recs[i])
 		}
-		return ot.h.MarkApplied(ctx, tx, pr.EffectID, r.lease.RunID, step, r.now())
-	})
-	if err != nil {
-		var conflict *checkpoint.VersionConflictError
-		if errors.As(err, &conflict) {
-			return conflict
-		}
-		return fmt.Errorf("steps: apply chunk plan %s to %s: %w", pr.EffectID, ot.name, err)
 	}
-	if !applied {
-		r.count(func(s *Stats) { s.Effects += len(pr.Writes) })
+	if err := tx.PutItems(put); err != nil {
+		return err
 	}
-	crashStep(step+"#"+pr.EffectID, "after-apply")
-	crashStep(step, "after-apply")
-	if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.FinishChunk(step, pr.EffectID) }); err != nil {
-		return fmt.Errorf("steps: mark chunk plan %s applied: %w", pr.EffectID, err)
+	if err := tx.PutChunkPlan(checkpoint.ChunkPlan{Step: b.name, EffectID: effectID, Plan: plan, Supersedes: u.supersedes}); err != nil {
+		return err
+	}
+	for i := range b.recs {
+		if b.recs[i].Status == checkpoint.StepRejected {
+			u.final[i] = true
+		}
 	}
 	return nil
+}
+
+func (u *chunkUnit[I, O]) finish(tx checkpoint.Tx, effectID string) error {
+	return tx.FinishChunk(u.b.name, effectID)
+}
+
+// planItems lists the operations of the chunk's items that are planned
+// (not rejected by a guard), in item order.
+func (b *batch[I, O]) planItems() []itemPlan {
+	var items []itemPlan
+	for gi, ops := range b.groups {
+		if ops != nil { // nil: rejected by a guard, nothing of it applied
+			items = append(items, itemPlan{Key: b.recs[b.owners[gi]].Key, Ops: ops})
+		}
+	}
+	return items
+}
+
+// settlePlanned marks the chunk's planned items completed once their plan
+// is recorded applied.
+func (b *batch[I, O]) settlePlanned() {
+	for i := range b.recs {
+		if b.recs[i].Status == checkpoint.StepPlanned {
+			b.recs[i].Status = checkpoint.StepCompleted
+		}
+	}
 }
 
 // resumePlanned finishes chunk plans an earlier attempt recorded but did not
@@ -702,12 +655,9 @@ func (b *batch[I, O]) resumePlanned(ctx context.Context) error {
 			return fmt.Errorf("steps: decode chunk plan %s: %w", p.EffectID, err)
 		}
 		b.r.log.Info().Str(FieldStepID, b.name).Str("effect_id", p.EffectID).Msg("finishing a recorded chunk plan")
-		err := b.r.applyChunk(ctx, b.target, b.name, pr)
-		var conflict *checkpoint.VersionConflictError
-		if errors.As(err, &conflict) {
-			b.r.count(func(s *Stats) { s.Conflicts++; s.Replans++ })
-			err = b.replanRecorded(ctx, pr)
-		}
+		err := b.r.resumeRecorded(ctx, b.target, b.unit(b.name+"#resume", ""), pr.EffectID, pr.Writes,
+			func() (effectUnit, error) { return b.replanRecorded(ctx, pr) })
+		b.recs, b.groups, b.owners = b.recs[:0], b.groups[:0], b.owners[:0]
 		if err != nil {
 			return err
 		}
@@ -718,9 +668,10 @@ func (b *batch[I, O]) resumePlanned(ctx context.Context) error {
 	return nil
 }
 
-// replanRecorded plans a stale chunk plan's items again from their recorded
-// operations. Their outputs are already recorded with the planned items.
-func (b *batch[I, O]) replanRecorded(ctx context.Context, old chunkPlanRecord) error {
+// replanRecorded loads a stale chunk plan's items into the chunk buffers,
+// to be planned again from their recorded operations. Their outputs are
+// already recorded with the planned items.
+func (b *batch[I, O]) replanRecorded(ctx context.Context, old chunkPlanRecord) (effectUnit, error) {
 	keys := make([]string, len(old.Items))
 	for i, it := range old.Items {
 		keys[i] = it.Key
@@ -731,23 +682,23 @@ func (b *batch[I, O]) replanRecorded(ctx context.Context, old chunkPlanRecord) e
 		return nil
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	b.recs, b.groups, b.owners = b.recs[:0], b.groups[:0], b.owners[:0]
 	for _, it := range old.Items {
 		rec, ok := outputs[it.Key]
 		if !ok || rec.Status != checkpoint.StepPlanned {
-			return fmt.Errorf("steps: chunk plan %s lists item %s of %s, recorded as %q, not planned", old.EffectID, it.Key, b.name, rec.Status)
+			return nil, fmt.Errorf("steps: chunk plan %s lists item %s of %s, recorded as %q, not planned", old.EffectID, it.Key, b.name, rec.Status)
 		}
 		rec.Step, rec.Status = b.name, checkpoint.StepCompleted
 		b.recs = append(b.recs, rec)
 		b.groups = append(b.groups, it.Ops)
 		b.owners = append(b.owners, len(b.recs)-1)
 	}
-	b.r.log.Warn().Str(FieldStepID, b.name).Str("effect_id", old.EffectID).Msg("recorded chunk plan is stale; re-planning")
-	defer func() { b.recs, b.groups, b.owners = b.recs[:0], b.groups[:0], b.owners[:0] }()
 	b.replans++
-	return b.commitSeparate(ctx, b.name+"#resume", "r"+strconv.Itoa(b.replans), old.EffectID)
+	u := b.unit(b.name+"#resume", "r"+strconv.Itoa(b.replans))
+	u.supersedes = old.EffectID
+	return u, nil
 }
 
 // commitDry plans the chunk against current values and earlier dry-run

@@ -15,11 +15,12 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
 // BenchmarkForEachTransfers measures a chunked settlement against the
-// store's raw limit, both with the very same DSN (checkpoint.DSN: WAL,
+// store's raw limit, both with the very same DSN (sqlite.DSN: WAL,
 // synchronous=FULL, immediate transactions) and one connection each:
 //
 //   - run: N transfers (two Adds, NotBelow(0)) through one ForEach, 1000
@@ -160,7 +161,7 @@ func feBenchSource(n int) steps.Source[xfer] {
 type feBenchRun struct {
 	n     int
 	dir   string
-	store *checkpoint.SQLite
+	store *sqlite.Store
 	raw   *sql.DB
 }
 
@@ -176,9 +177,9 @@ func (r *feBenchRun) close() {
 
 // feBenchOpenStore opens the checkpoint store in dir and creates the
 // accounts table with every account's opening balance.
-func feBenchOpenStore(b *testing.B, dir string) *checkpoint.SQLite {
+func feBenchOpenStore(b *testing.B, dir string) *sqlite.Store {
 	b.Helper()
-	st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: filepath.Join(dir, "stepwise.db"), Synchronous: checkpoint.SyncFull})
+	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: filepath.Join(dir, "stepwise.db"), Synchronous: sqlite.SyncFull})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -215,7 +216,7 @@ func feBenchOpenRaw(b *testing.B, dir string, schemaFrom *sql.DB) *sql.DB {
 	if err := schemaFrom.QueryRow(`SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'items'`).Scan(&ddl); err != nil {
 		b.Fatalf("read the items table's schema: %v", err)
 	}
-	dsn, err := checkpoint.DSN(checkpoint.Config{Path: filepath.Join(dir, "raw.db"), Synchronous: checkpoint.SyncFull})
+	dsn, err := sqlite.DSN(sqlite.Config{Path: filepath.Join(dir, "raw.db"), Synchronous: sqlite.SyncFull})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -234,7 +235,7 @@ func feBenchOpenRaw(b *testing.B, dir string, schemaFrom *sql.DB) *sql.DB {
 }
 
 // feBenchClaim starts a new attempt of the benchmark run.
-func feBenchClaim(b *testing.B, st *checkpoint.SQLite) checkpoint.Lease {
+func feBenchClaim(b *testing.B, st *sqlite.Store) checkpoint.Lease {
 	b.Helper()
 	c, err := st.Claim(context.Background(), checkpoint.ClaimRequest{
 		RunID: feBenchRunID, Job: "settle", RunKey: "bench", Params: []byte(`{}`), ParamsHash: "bench",

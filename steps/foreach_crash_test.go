@@ -19,6 +19,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
@@ -129,7 +130,7 @@ func feSeed(t *testing.T) uint64 {
 // dead runner, or again after it succeeded), settle every transfer with one
 // ForEach in chunks of feChunk and mark the run succeeded.
 func feSettle(ctx context.Context, dbPath, ledgerPath string, bk feBook, order string, progress func(steps.Progress)) error {
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: dbPath})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: dbPath})
 	if err != nil {
 		return err
 	}
@@ -184,7 +185,7 @@ type feLedger struct {
 	dir        string
 	dbPath     string
 	ledgerPath string // "" for the same store
-	store      *checkpoint.SQLite
+	store      *sqlite.Store
 	target     *sql.DB // where the accounts table lives
 	book       feBook
 	orders     map[string]string // attempt owner -> the order it yielded items in
@@ -199,7 +200,7 @@ func feNewLedger(t *testing.T, separate bool, bk feBook) *feLedger {
 	l.target = l.store.DB()
 	if separate {
 		l.ledgerPath = filepath.Join(dir, "ledger.db")
-		db, err := checkpoint.OpenTarget(context.Background(), checkpoint.Config{Path: l.ledgerPath})
+		db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: l.ledgerPath})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -580,7 +581,7 @@ func feReference(t *testing.T, separate bool, bk feBook) feSeen {
 
 // feSubtest names a subtest after a crash point. It keeps '#' out: the name
 // becomes part of t.TempDir(), and a '#' in a database path cuts the
-// SQLite URI that checkpoint.DSN builds (the rest is read as a fragment).
+// SQLite URI that sqlite.DSN builds (the rest is read as a fragment).
 func feSubtest(point string) string {
 	return strings.NewReplacer("step:"+feStep, "", "#", "chunk", "/", "_", ":", "-").Replace(point)
 }
@@ -946,12 +947,12 @@ func TestFeRetrySkipped(t *testing.T) {
 // feFaultStore is the real store with one fault: writing a batch step's
 // running header fails, as a full disk, a lost lease or a kill between two
 // commits would stop it.
-type feFaultStore struct{ *checkpoint.SQLite }
+type feFaultStore struct{ *sqlite.Store }
 
 var errFeHeader = errors.New("injected: cannot write the running header")
 
 func (s feFaultStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
-	return s.SQLite.InTx(ctx, l, func(tx checkpoint.Tx) error { return fn(feFaultTx{tx}) })
+	return s.Store.InTx(ctx, l, func(tx checkpoint.Tx) error { return fn(feFaultTx{tx}) })
 }
 
 type feFaultTx struct{ checkpoint.Tx }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -46,7 +47,7 @@ func TestForEachFoldsInItemOrder(t *testing.T) {
 			if separate {
 				path := filepath.Join(t.TempDir(), "ledger.db")
 				var err error
-				if db, err = checkpoint.OpenTarget(ctx, checkpoint.Config{Path: path}); err != nil {
+				if db, err = sqlite.OpenTarget(ctx, sqlite.Config{Path: path}); err != nil {
 					t.Fatal(err)
 				}
 				defer db.Close()

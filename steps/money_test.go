@@ -13,6 +13,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -30,7 +31,7 @@ func TestForEachOverflowFailsTheChunk(t *testing.T) {
 			if separate {
 				path := filepath.Join(t.TempDir(), "ledger.db")
 				var err error
-				if db, err = checkpoint.OpenTarget(ctx, checkpoint.Config{Path: path}); err != nil {
+				if db, err = sqlite.OpenTarget(ctx, sqlite.Config{Path: path}); err != nil {
 					t.Fatal(err)
 				}
 				defer db.Close()
@@ -105,7 +106,7 @@ func TestApplyOverflowFails(t *testing.T) {
 			if separate {
 				path := filepath.Join(t.TempDir(), "ledger.db")
 				var err error
-				if db, err = checkpoint.OpenTarget(ctx, checkpoint.Config{Path: path}); err != nil {
+				if db, err = sqlite.OpenTarget(ctx, sqlite.Config{Path: path}); err != nil {
 					t.Fatal(err)
 				}
 				defer db.Close()

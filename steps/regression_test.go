@@ -11,13 +11,14 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
 // rvHookStore runs afterPlan once, right after the first transaction that
 // recorded a chunk plan commits.
 type rvHookStore struct {
-	*checkpoint.SQLite
+	*sqlite.Store
 	afterPlan func()
 }
 
@@ -33,7 +34,7 @@ func (tx rvTx) PutChunkPlan(p checkpoint.ChunkPlan) error {
 
 func (s *rvHookStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
 	planned := false
-	err := s.SQLite.InTx(ctx, l, func(tx checkpoint.Tx) error { return fn(rvTx{Tx: tx, planned: &planned}) })
+	err := s.Store.InTx(ctx, l, func(tx checkpoint.Tx) error { return fn(rvTx{Tx: tx, planned: &planned}) })
 	if err == nil && planned && s.afterPlan != nil {
 		f := s.afterPlan
 		s.afterPlan = nil
@@ -42,7 +43,7 @@ func (s *rvHookStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(chec
 	return err
 }
 
-func rvBegin(t *testing.T, st *checkpoint.SQLite, store checkpoint.Store) *steps.Run {
+func rvBegin(t *testing.T, st *sqlite.Store, store checkpoint.Store) *steps.Run {
 	t.Helper()
 	ctx := context.Background()
 	c, err := st.Claim(ctx, checkpoint.ClaimRequest{RunID: "j/k", Job: "j", RunKey: "k", Params: []byte("{}"), ParamsHash: "h",
@@ -60,7 +61,7 @@ func rvBegin(t *testing.T, st *checkpoint.SQLite, store checkpoint.Store) *steps
 
 func rvLedger(t *testing.T) (string, *sql.DB) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	db, err := checkpoint.OpenTarget(context.Background(), checkpoint.Config{Path: path})
+	db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func TestReviewInterruptPinsItemsAsSkipped(t *testing.T) {
 func TestReviewChunkReplanWithRejectedItem(t *testing.T) {
 	st := checkpointtest.Open(t)
 	path, db := rvLedger(t)
-	hook := &rvHookStore{SQLite: st}
+	hook := &rvHookStore{Store: st}
 	hook.afterPlan = func() { // another writer moves A after the plan is recorded
 		if _, err := db.Exec(`UPDATE accounts SET balance = balance + 1, version = version + 1 WHERE id = 'A'`); err != nil {
 			t.Fatal(err)
@@ -154,7 +155,7 @@ func TestReviewResumedChunkLeavesNoopItemsPlanned(t *testing.T) {
 		}
 		return 1, nil
 	}
-	hook := &rvHookStore{SQLite: st, afterPlan: func() { panic("crash after plan") }}
+	hook := &rvHookStore{Store: st, afterPlan: func() { panic("crash after plan") }}
 	run := rvBegin(t, st, hook)
 	func() {
 		defer func() { recover() }()
@@ -231,12 +232,12 @@ func rvSchema(t *testing.T, db *sql.DB) string {
 }
 
 type rvFenceHook struct {
-	*checkpoint.SQLite
+	*sqlite.Store
 	after func()
 }
 
 func (s *rvFenceHook) Fence(ctx context.Context, runID string) (int64, error) {
-	f, err := s.SQLite.Fence(ctx, runID)
+	f, err := s.Store.Fence(ctx, runID)
 	if s.after != nil {
 		a := s.after
 		s.after = nil
@@ -254,7 +255,7 @@ func TestReviewFenceWindowExactlyOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	target := steps.Target{Path: path, Table: accountsTable}
-	hook := &rvFenceHook{SQLite: st}
+	hook := &rvFenceHook{Store: st}
 	stale := rvBegin(t, st, hook)
 	var fresh *steps.Run
 	hook.after = func() { fresh = rvBegin(t, st, st) }

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"path/filepath"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
@@ -19,7 +18,10 @@ type Table = checkpoint.Table
 // in another SQLite database (separate store: plan, apply, record).
 type Target struct {
 	// Path of the SQLite database holding Table. Empty, or the checkpoint
-	// database's own path, means the same store. The file must exist (with
+	// database itself under any name (the store decides by the file's
+	// identity, so a symlink or relative path counts), means the same
+	// store. A separate database is opened by the checkpoint store, with
+	// its durability and lock-wait settings. The file must exist (with
 	// Table in it): a missing one fails with an error wrapping
 	// checkpoint.ErrNoDatabase that names its absolute path, and is never
 	// created. A relative path is resolved against the working directory
@@ -43,14 +45,16 @@ func (t Target) String() string {
 
 // openTarget is a Target opened for this attempt.
 type openTarget struct {
-	h    *checkpoint.TableHandle
-	same bool    // lives in the checkpoint database
-	db   *sql.DB // owned writer (separate store) or nil
-	rdb  *sql.DB // reads for job code (owned when separate)
-	name string
+	et    checkpoint.EffectTarget
+	table Table
+	same  bool // lives in the checkpoint database
+	name  string
 }
 
-// target returns the opened target, opening it on first use.
+// target returns the opened target, opening it on first use. The store
+// opens it and decides whether it is its own database; a dry run opens it
+// for reading only, so it writes nothing, not even the applied-effects
+// table.
 func (r *Run) target(ctx context.Context, t Target) (*openTarget, error) {
 	key := t.Path + "\x00" + t.Table.Name
 	r.mu.Lock()
@@ -58,76 +62,16 @@ func (r *Run) target(ctx context.Context, t Target) (*openTarget, error) {
 	if ot, ok := r.targets[key]; ok {
 		return ot, nil
 	}
-	sqlStore, ok := r.store.(checkpoint.SQLStore)
-	if !ok {
-		return nil, fmt.Errorf("steps: the checkpoint store %T cannot host effect targets", r.store)
-	}
-	same := t.Path == "" || samePath(t.Path, sqlStore.Path())
-	ot := &openTarget{same: same, name: t.String(), rdb: sqlStore.ReadDB()}
-	db := sqlStore.DB()
-	if !same {
-		var err error
-		// A target is the user's own database: opening it never creates it.
-		cfg := checkpoint.Config{Path: t.Path, MustExist: true}
-		if ot.rdb, err = checkpoint.OpenTargetReader(ctx, cfg); err != nil {
-			return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
-		}
-		db = ot.rdb
-		if !r.dryRun {
-			if db, err = checkpoint.OpenTarget(ctx, cfg); err != nil {
-				ot.rdb.Close()
-				return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
-			}
-		}
-		ot.db = db
-	}
-	open := checkpoint.OpenTable
-	if r.dryRun {
-		// A dry run reads the target and writes nothing, not even the
-		// applied-effects table.
-		open, db = checkpoint.OpenTableForReading, ot.rdb
-	}
-	h, err := open(ctx, db, t.Table)
+	et, err := r.store.OpenTarget(ctx, checkpoint.TargetSpec{Location: t.Path, Table: t.Table, ReadOnly: r.dryRun})
 	if err != nil {
-		if ot.db != nil {
-			ot.closeDBs()
-		}
 		return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
 	}
-	ot.h = h
+	ot := &openTarget{et: et, table: t.Table, same: et.Same(), name: t.String()}
 	if r.targets == nil {
 		r.targets = make(map[string]*openTarget)
 	}
 	r.targets[key] = ot
 	return ot, nil
-}
-
-// closeDBs closes a separate target's handles (the writer may be the
-// reader itself, in a dry run).
-func (ot *openTarget) closeDBs() error {
-	err := ot.rdb.Close()
-	if ot.db != ot.rdb {
-		err = errors.Join(err, ot.db.Close())
-	}
-	return err
-}
-
-func samePath(a, b string) bool {
-	if a == b {
-		return true
-	}
-	ra, err1 := filepath.Abs(a)
-	rb, err2 := filepath.Abs(b)
-	if err1 != nil || err2 != nil {
-		return false
-	}
-	if ea, err := filepath.EvalSymlinks(ra); err == nil {
-		ra = ea
-	}
-	if eb, err := filepath.EvalSymlinks(rb); err == nil {
-		rb = eb
-	}
-	return ra == rb
 }
 
 // Close releases the targets this attempt opened. The runner calls it when
@@ -137,10 +81,7 @@ func (r *Run) Close() error {
 	defer r.mu.Unlock()
 	var errs []error
 	for k, ot := range r.targets {
-		ot.h.Close()
-		if ot.db != nil {
-			errs = append(errs, ot.closeDBs())
-		}
+		errs = append(errs, ot.et.Close())
 		delete(r.targets, k)
 	}
 	return errors.Join(errs...)
@@ -156,5 +97,16 @@ func (r *Run) TargetDB(ctx context.Context, t Target) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ot.rdb, nil
+	rd, ok := ot.et.(sqlReader)
+	if !ok {
+		return nil, fmt.Errorf("steps: effect target %s: its store (%T) offers no database/sql handle to read it with", t, ot.et)
+	}
+	return rd.ReadDB(), nil
+}
+
+// sqlReader is an EffectTarget that gives job code a database/sql handle
+// for reading its own tables.
+type sqlReader interface {
+	// ReadDB returns query-only connections to the target's database.
+	ReadDB() *sql.DB
 }

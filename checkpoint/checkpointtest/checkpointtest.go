@@ -7,19 +7,19 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 )
 
 // Open returns a fresh SQLite store in t.TempDir(), closed at cleanup.
-func Open(t testing.TB) *checkpoint.SQLite {
+func Open(t testing.TB) *sqlite.Store {
 	t.Helper()
 	return OpenPath(t, filepath.Join(t.TempDir(), "stepwise.db"))
 }
 
 // OpenPath opens the store at path, closed at cleanup.
-func OpenPath(t testing.TB, path string) *checkpoint.SQLite {
+func OpenPath(t testing.TB, path string) *sqlite.Store {
 	t.Helper()
-	st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: path})
+	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: path})
 	if err != nil {
 		t.Fatalf("open checkpoint store: %v", err)
 	}

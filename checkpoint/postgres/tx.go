@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 
@@ -79,10 +78,6 @@ func Conn(tx checkpoint.Tx) (*pgx.Conn, error) {
 	}
 	return t.conn, nil
 }
-
-// SQL is nil on PostgreSQL: the store is not a database/sql one (the
-// contract drops this method; use Conn for the native transaction).
-func (t *pgTx) SQL() *sql.Tx { return nil }
 
 // batch returns a batch that opens the transaction first if it is not
 // open yet: BEGIN and the fence lock go ahead of the caller's queries.

@@ -15,10 +15,6 @@ import (
 // fenceKind is one kind of fenced write the race runs.
 type fenceKind struct {
 	name string
-	// todo, when set, says what the contract still lacks for this kind:
-	// the race is listed but not run. The integrator enables it by giving
-	// it a setup and clearing todo.
-	todo string
 	// setup prepares the kind on a database where a and b are two hosts.
 	setup func(e *env, a, b checkpoint.Store) fencedWrite
 }
@@ -49,9 +45,7 @@ func fenceKinds() []fenceKind {
 		{name: "ChunkPlan", setup: raceChunkPlan},
 		{name: "FinishChunk", setup: raceFinishChunk},
 		{name: "Outbox", setup: raceOutbox},
-		{name: "SameStoreTarget", setup: raceSameStoreTarget}, // targets.go
-		{name: "TargetView", todo: "the set-based effect target view tx.Target(table) (issue 12) is not in the contract yet; " +
-			"when it is, race a Write of compare-and-set writes plus MarkApplied here, as SameStoreTarget does through Tx.SQL"},
+		{name: "SameStoreTarget", setup: raceSameStoreTarget}, // tx.Target: targets.go
 	}
 }
 
@@ -75,10 +69,6 @@ func testFenceRace(t *testing.T, h Harness) {
 		})
 	}
 	for _, k := range fenceKinds() {
-		if k.todo != "" {
-			t.Run(k.name, func(t *testing.T) { t.Skip("not in today's contract: " + k.todo) })
-			continue
-		}
 		race(k.name, func(t *testing.T) { raceKind(t, h, k) })
 	}
 	race("ScheduleSettle", func(t *testing.T) { raceScheduleSettle(t, h) })

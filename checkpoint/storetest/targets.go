@@ -1,16 +1,11 @@
 package storetest
 
-// The effect target tests reach the built-in state table the way today's
-// contract does: the store hands out its database handles (DB, ReadDB) and
-// the Tx its *sql.Tx, and checkpoint.TableHandle reads and writes through
-// it. The seam (issue 12) replaces that with the set-based view
-// tx.Target(table); this file is the one to adapt then: the behaviour it
-// checks (read, compare-and-set, version conflict, applied-effect IDs, all
-// in the checkpoint's transaction) stays.
+// The effect target tests reach a table the way steps does: the store
+// opens it (Store.OpenTarget), writes go through the checkpoint
+// transaction's view of it (Tx.Target), reads through EffectTarget.View.
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"testing"
@@ -18,83 +13,68 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
-// sqlHandles is a store whose database same-store targets share.
-type sqlHandles interface {
-	DB() *sql.DB
-	ReadDB() *sql.DB
-}
-
-// sqlTx is a Tx that gives same-store targets its SQL transaction.
-type sqlTx interface{ SQL() *sql.Tx }
-
-// target is the state table opened on one host: writes go through the
-// checkpoint transaction, reads through a read-only transaction.
+// target is a table opened on one host as a same-store effect target.
 type target struct {
-	t      *testing.T
-	ctx    context.Context
-	write  *checkpoint.TableHandle
-	read   *checkpoint.TableHandle
-	reader *sql.DB
+	t     *testing.T
+	ctx   context.Context
+	table checkpoint.Table
+	et    checkpoint.EffectTarget
 }
 
-// openTarget opens table on st for writing and reading.
+// openTarget opens table on st; a table in the store's own database must
+// be the same store.
 func openTarget(t *testing.T, ctx context.Context, st checkpoint.Store, table checkpoint.Table) *target {
 	t.Helper()
-	hs := capability[sqlHandles](t, st, "database handles for same-store effect targets")
-	w, err := checkpoint.OpenTable(ctx, hs.DB(), table)
+	et, err := st.OpenTarget(ctx, checkpoint.TargetSpec{Table: table})
 	if err != nil {
-		t.Fatalf("open target %s for writing: %v", table, err)
+		t.Fatalf("open target %s: %v", table, err)
 	}
-	t.Cleanup(func() { w.Close() })
-	r, err := checkpoint.OpenTableForReading(ctx, hs.ReadDB(), table)
-	if err != nil {
-		t.Fatalf("open target %s for reading: %v", table, err)
+	t.Cleanup(func() { et.Close() })
+	if !et.Same() {
+		t.Fatalf("target %s in the store's own database is not the same store", table)
 	}
-	t.Cleanup(func() { r.Close() })
-	return &target{t: t, ctx: ctx, write: w, read: r, reader: hs.ReadDB()}
+	return &target{t: t, ctx: ctx, table: table, et: et}
 }
 
-// txOf returns the SQL transaction of a checkpoint Tx.
-func txOf(t *testing.T, tx checkpoint.Tx) *sql.Tx {
-	s, ok := tx.(sqlTx)
-	if !ok {
-		t.Fatalf("storetest: the Tx %T gives no SQL transaction to same-store targets", tx)
-	}
-	return s.SQL()
-}
+// in returns the checkpoint transaction's view of the table.
+func (g *target) in(tx checkpoint.Tx) (checkpoint.Target, error) { return tx.Target(g.table) }
 
 // states reads keys outside any write transaction.
 func (g *target) states(keys ...string) (map[string]checkpoint.State, error) {
-	tx, err := g.reader.BeginTx(g.ctx, &sql.TxOptions{ReadOnly: true})
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback()
-	return g.read.Read(g.ctx, tx, keys)
+	var out map[string]checkpoint.State
+	err := g.et.View(g.ctx, func(v checkpoint.Target) error {
+		var err error
+		out, err = v.Read(g.ctx, keys)
+		return err
+	})
+	return out, err
 }
 
-// applied reports whether effectID is recorded applied, in a transaction
-// of its own on the writer (the applied-effects lookup is prepared there).
+// applied reports whether effectID is recorded applied.
 func (g *target) applied(effectID string) (bool, error) {
-	tx, err := g.write.DB().BeginTx(g.ctx, nil)
-	if err != nil {
-		return false, err
-	}
-	defer tx.Rollback()
-	return g.write.IsApplied(g.ctx, tx, effectID)
+	var ok bool
+	err := g.et.View(g.ctx, func(v checkpoint.Target) error {
+		var err error
+		ok, err = v.IsApplied(g.ctx, effectID)
+		return err
+	})
+	return ok, err
 }
 
 // add plans "key += delta" on what it reads in tx, writes it with the
 // store's compare-and-set, and returns the write.
 func (g *target) add(tx checkpoint.Tx, key string, delta int64) (checkpoint.Write, error) {
-	stx := txOf(g.t, tx)
-	cur, err := g.write.Read(g.ctx, stx, []string{key})
+	v, err := g.in(tx)
+	if err != nil {
+		return checkpoint.Write{}, err
+	}
+	cur, err := v.Read(g.ctx, []string{key})
 	if err != nil {
 		return checkpoint.Write{}, err
 	}
 	s := cur[key]
 	w := checkpoint.Write{Key: key, OldVersion: s.Version, OldValue: s.Value, NewValue: s.Value + delta, Insert: !s.Exists}
-	return w, g.write.Write(g.ctx, stx, []checkpoint.Write{w})
+	return w, v.Write(g.ctx, []checkpoint.Write{w})
 }
 
 func testTargets(t *testing.T, h Harness) {
@@ -140,7 +120,11 @@ func testTargets(t *testing.T, h Harness) {
 			}
 			// A plan made when acct:1 was at version 0: another write moved it.
 			stale := checkpoint.Write{Key: "acct:1", OldVersion: 0, OldValue: 0, NewValue: 7}
-			return g.write.Write(e.ctx, txOf(t, tx), []checkpoint.Write{stale})
+			v, err := g.in(tx)
+			if err != nil {
+				return err
+			}
+			return v.Write(e.ctx, []checkpoint.Write{stale})
 		})
 		var vc *checkpoint.VersionConflictError
 		if !errors.As(err, &vc) {
@@ -187,7 +171,11 @@ func testTargets(t *testing.T, h Harness) {
 				if _, err := g.add(tx, "acct:1", 1); err != nil {
 					return err
 				}
-				if err := g.write.MarkApplied(e.ctx, txOf(t, tx), effectID, "target/4", "post", t0); err != nil {
+				v, err := g.in(tx)
+				if err != nil {
+					return err
+				}
+				if err := v.MarkApplied(e.ctx, checkpoint.Applied{EffectID: effectID, RunID: "target/4", StepID: "post", At: t0}); err != nil {
 					return err
 				}
 				if fail {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -26,7 +27,7 @@ import (
 )
 
 // benchCmd measures Stepwise against hand-written SQLite on the same
-// machine, in the same run, with the same pragmas (checkpoint.DSN): the
+// machine, in the same run, with the same pragmas (sqlite.DSN): the
 // absolute rates depend on the disk and the load, the ratios are what the
 // goals (ANCHORS.md) are stated in.
 type benchCmd struct {
@@ -160,13 +161,13 @@ func (b *bench) close() {
 	b.closers = nil
 }
 
-func (b *bench) config(name string) checkpoint.Config {
-	return checkpoint.Config{Path: filepath.Join(b.dir, name), Synchronous: b.sync}
+func (b *bench) config(name string) sqlite.Config {
+	return sqlite.Config{Path: filepath.Join(b.dir, name), Synchronous: b.sync}
 }
 
 // openStore opens a checkpoint store in the bench directory.
-func (b *bench) openStore(name string) (*checkpoint.SQLite, error) {
-	st, err := checkpoint.Open(b.ctx, b.config(name))
+func (b *bench) openStore(name string) (*sqlite.Store, error) {
+	st, err := sqlite.Open(b.ctx, b.config(name))
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +180,7 @@ func (b *bench) openStore(name string) (*checkpoint.SQLite, error) {
 // created from the SQL the store's migrations left in schemaFrom's
 // sqlite_master, so columns, keys and WITHOUT ROWID are identical.
 func (b *bench) openRaw(name string, schemaFrom *sql.DB, tables ...string) (*sql.DB, error) {
-	dsn, err := checkpoint.DSN(b.config(name))
+	dsn, err := sqlite.DSN(b.config(name))
 	if err != nil {
 		return nil, err
 	}
@@ -258,7 +259,7 @@ func benchStepIDs(prefix string, n int) []string {
 
 // stepSides opens the two sides of a per-step workload: a claimed run on
 // a fresh store, and a raw database with the store's tables named.
-func (b *bench) stepSides(name, runID string, tables ...string) (*checkpoint.SQLite, *steps.Run, *sql.DB, error) {
+func (b *bench) stepSides(name, runID string, tables ...string) (*sqlite.Store, *steps.Run, *sql.DB, error) {
 	st, err := b.openStore(name + ".db")
 	if err != nil {
 		return nil, nil, nil, err
@@ -448,7 +449,7 @@ func (b *bench) chunked(n int) error {
 	cfg := settlement.SeedConfig{Accounts: b.rep.Accounts, Transfers: n, Date: benchDate, Seed: 1, Balance: 100_000, MaxAmount: 10_000}
 	b.say("seeding %d transfers over %d accounts", n, cfg.Accounts)
 	rawPath, oursPath := filepath.Join(b.dir, "settle-raw.db"), filepath.Join(b.dir, "settle.db")
-	ledger, err := checkpoint.OpenTarget(b.ctx, b.config("settle-raw.db"))
+	ledger, err := sqlite.OpenTarget(b.ctx, b.config("settle-raw.db"))
 	if err != nil {
 		return err
 	}
@@ -543,7 +544,7 @@ func (b *bench) chunked(n int) error {
 // reading its keys back as one range; against the raw load of the run's
 // item keys with one SELECT into a map. Loads and reruns alternate, and
 // each side reports its best of three.
-func (b *bench) reruns(st *checkpoint.SQLite, raw *sql.DB, reg *jobs.Registry, req runner.Request, n int) error {
+func (b *bench) reruns(st *sqlite.Store, raw *sql.DB, reg *jobs.Registry, req runner.Request, n int) error {
 	b.say("reruns of the finished run, against a raw load of its %d item keys", n)
 	// A runner without the raw settlement's progress hook.
 	r, err := runner.New(runner.Config{Store: st, Jobs: reg})
@@ -632,7 +633,7 @@ func (b *bench) duration(name string, ours, raw time.Duration, goal float64, not
 // sameOutcome checks the settle job's ledger passes settlement.Check and
 // both sides ended with the same balances and rejected the same number of
 // transfers: the benchmark compares two correct settlements.
-func (b *bench) sameOutcome(st *checkpoint.SQLite, raw *sql.DB, n int) error {
+func (b *bench) sameOutcome(st *sqlite.Store, raw *sql.DB, n int) error {
 	rep, err := settlement.Check(b.ctx, st.ReadDB(), benchDate)
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/runner"
@@ -27,7 +28,7 @@ func openLedger(ctx context.Context, env *cmd.Env, path string, mustExist bool) 
 	if path == "" {
 		path, flag = env.Globals.DB, "--db"
 	}
-	db, err := checkpoint.OpenTarget(ctx, checkpoint.Config{Path: path, BusyTimeout: env.Globals.BusyTimeout, MustExist: mustExist})
+	db, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: path, BusyTimeout: env.Globals.BusyTimeout, MustExist: mustExist})
 	if errors.Is(err, checkpoint.ErrNoDatabase) {
 		err = cmd.UsageError(fmt.Errorf("ledger: %w; check %s, or create a ledger with `stepwise ledger seed`", err, flag))
 	}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 )
@@ -91,7 +91,7 @@ func itoa(n int) string {
 
 func openTestLedger(t *testing.T, path string) *sql.DB {
 	t.Helper()
-	db, err := checkpoint.OpenTarget(context.Background(), checkpoint.Config{Path: path})
+	db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: path})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/cmd"
 )
 
@@ -160,7 +160,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		wantContains(t, "ledger check --date "+tc.date, errOut, tc.date, tc.mention)
 	}
 	notLedger := filepath.Join(dir, "other.db")
-	st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: notLedger}) // a checkpoint database, not a ledger
+	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: notLedger}) // a checkpoint database, not a ledger
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/examples/report"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
@@ -14,7 +15,7 @@ import (
 
 func TestReportIsTheSameAfterARerun(t *testing.T) {
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: filepath.Join(t.TempDir(), "s.db")})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: filepath.Join(t.TempDir(), "s.db")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -149,7 +150,7 @@ func audit(t *testing.T, s store, ref outcome) []string {
 	}
 
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: s.db})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: s.db})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -473,7 +474,7 @@ func waitForItems(t *testing.T, c *crashtest.Child, s store, n int) {
 				continue
 			}
 			var err error
-			if db, err = checkpoint.OpenTargetReader(context.Background(), checkpoint.Config{Path: s.db}); err != nil {
+			if db, err = sqlite.OpenTargetReader(context.Background(), sqlite.Config{Path: s.db}); err != nil {
 				t.Fatalf("open %s to watch the child: %v", s.db, err)
 			}
 		}

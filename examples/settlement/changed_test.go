@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -160,7 +161,7 @@ func (c *changeRun) postedOnce(t *testing.T) []string {
 	}
 	rows.Close()
 	db.Close()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: c.s.db})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: c.s.db})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +194,7 @@ func (c *changeRun) postedOnce(t *testing.T) []string {
 
 func (c *changeRun) audits(t *testing.T) []string {
 	t.Helper()
-	st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: c.s.db})
+	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: c.s.db})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
@@ -27,7 +28,7 @@ func Example() {
 	path := filepath.Join(dir, "stepwise.db")
 
 	// A reproducible ledger: 5 accounts of 10.00, 12 transfers of up to 9.00.
-	ledger, err := checkpoint.OpenTarget(ctx, checkpoint.Config{Path: path})
+	ledger, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: path})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -37,7 +38,7 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: path})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: path})
 	if err != nil {
 		log.Fatal(err)
 	}

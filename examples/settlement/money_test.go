@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
@@ -39,7 +40,7 @@ func balances(t *testing.T, path string) map[string]int64 {
 func (s store) itemErrors(t *testing.T, date string) map[string]string {
 	t.Helper()
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: s.db})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: s.db})
 	if err != nil {
 		t.Fatal(err)
 	}

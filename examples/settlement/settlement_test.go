@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
@@ -35,7 +36,7 @@ func registry() *jobs.Registry {
 // openLedger opens a ledger file with the checkpoint store's pragmas.
 func openLedger(t testing.TB, path string) *sql.DB {
 	t.Helper()
-	db, err := checkpoint.OpenTarget(context.Background(), checkpoint.Config{Path: path})
+	db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: path})
 	if err != nil {
 		t.Fatalf("open ledger %s: %v", path, err)
 	}
@@ -94,7 +95,7 @@ func (s store) values(date string, chunk int) map[string]string {
 func (s store) settle(t testing.TB, date string, chunk int, force bool) (runner.Result, error) {
 	t.Helper()
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: s.db})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: s.db})
 	if err != nil {
 		t.Fatalf("open checkpoint store: %v", err)
 	}
@@ -132,7 +133,7 @@ func (s store) check(t testing.TB, date string) settlement.Report {
 func (s store) summary(t testing.TB, date string) settlement.Summary {
 	t.Helper()
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: s.db})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: s.db})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func (s store) summary(t testing.TB, date string) settlement.Summary {
 func (s store) items(t testing.TB, date string) map[string]string {
 	t.Helper()
 	ctx := context.Background()
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: s.db})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: s.db})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,12 @@
-package checkpoint
+package sqlite
 
 import (
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
 const (
@@ -18,8 +20,8 @@ LIMIT ?3`
 FROM attempts WHERE run_id = ? ORDER BY number`
 )
 
-// Runs implements Store.
-func (s *SQLite) Runs(ctx context.Context, f RunFilter) ([]Run, error) {
+// Runs implements checkpoint.Store.
+func (s *Store) Runs(ctx context.Context, f checkpoint.RunFilter) ([]checkpoint.Run, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
@@ -29,7 +31,7 @@ func (s *SQLite) Runs(ctx context.Context, f RunFilter) ([]Run, error) {
 		return nil, s.wrap("list runs", err)
 	}
 	defer rows.Close()
-	var runs []Run
+	var runs []checkpoint.Run
 	for rows.Next() {
 		r, err := scanRun(rows)
 		if err != nil {
@@ -40,26 +42,26 @@ func (s *SQLite) Runs(ctx context.Context, f RunFilter) ([]Run, error) {
 	return runs, s.wrap("list runs", rows.Err())
 }
 
-// Run implements Store.
-func (s *SQLite) Run(ctx context.Context, runID string) (RunInfo, error) {
+// Run implements checkpoint.Store.
+func (s *Store) Run(ctx context.Context, runID string) (checkpoint.RunInfo, error) {
 	run, err := scanRun(s.rdb.QueryRowContext(ctx, sqlSelectRun, runID))
 	if errors.Is(err, sql.ErrNoRows) {
-		return RunInfo{}, fmt.Errorf("%w: no run %q in %s", ErrNotFound, runID, s.path)
+		return checkpoint.RunInfo{}, fmt.Errorf("%w: no run %q in %s", checkpoint.ErrNotFound, runID, s.path)
 	}
 	if err != nil {
-		return RunInfo{}, s.wrap("read run "+runID, err)
+		return checkpoint.RunInfo{}, s.wrap("read run "+runID, err)
 	}
-	info := RunInfo{Run: run}
+	info := checkpoint.RunInfo{Run: run}
 	rows, err := s.rdb.QueryContext(ctx, sqlAttempts, runID)
 	if err != nil {
-		return RunInfo{}, s.wrap("read attempts of "+runID, err)
+		return checkpoint.RunInfo{}, s.wrap("read attempts of "+runID, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		a := Attempt{RunID: runID}
+		a := checkpoint.Attempt{RunID: runID}
 		var started, finished sql.NullString
 		if err := rows.Scan(&a.Number, &a.Fence, &a.Owner, &a.Status, &a.Error, &started, &finished); err != nil {
-			return RunInfo{}, s.wrap("read attempts of "+runID, err)
+			return checkpoint.RunInfo{}, s.wrap("read attempts of "+runID, err)
 		}
 		a.StartedAt = parseTime(started)
 		a.FinishedAt = parseTime(finished)
@@ -68,12 +70,12 @@ func (s *SQLite) Run(ctx context.Context, runID string) (RunInfo, error) {
 	return info, s.wrap("read attempts of "+runID, rows.Err())
 }
 
-// Fence implements Store.
-func (s *SQLite) Fence(ctx context.Context, runID string) (int64, error) {
+// Fence implements checkpoint.Store.
+func (s *Store) Fence(ctx context.Context, runID string) (int64, error) {
 	var fence int64
 	err := s.stmt.fence.QueryRowContext(ctx, runID).Scan(&fence)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, fmt.Errorf("%w: no run %q in %s", ErrNotFound, runID, s.path)
+		return 0, fmt.Errorf("%w: no run %q in %s", checkpoint.ErrNotFound, runID, s.path)
 	}
 	return fence, s.wrap("read fence of "+runID, err)
 }

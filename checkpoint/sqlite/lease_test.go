@@ -1,4 +1,4 @@
-package checkpoint_test
+package sqlite_test
 
 import (
 	"context"
@@ -256,10 +256,6 @@ func TestOldLeaseIsFenced(t *testing.T) {
 	cur := mustClaim(t, st, claimReq(leaseRunID, "b:2", claimNow.Add(2*time.Minute)))
 	before := runInfo(t, st, leaseRunID)
 
-	if _, err := st.DB().Exec(`CREATE TABLE effects_probe (k TEXT)`); err != nil {
-		t.Fatal(err)
-	}
-
 	err := st.Heartbeat(ctx, old, claimNow.Add(3*time.Minute), claimNow.Add(10*time.Minute))
 	if !errors.Is(err, checkpoint.ErrFenced) {
 		t.Errorf("Heartbeat with the old lease: err = %v; want ErrFenced", err)
@@ -270,7 +266,11 @@ func TestOldLeaseIsFenced(t *testing.T) {
 	}
 	err = st.InTx(ctx, old, func(tx checkpoint.Tx) error {
 		// A same-store write made in the transaction goes with it.
-		if _, err := tx.SQL().Exec(`INSERT INTO effects_probe (k) VALUES ('acct:42')`); err != nil {
+		tgt, err := tx.Target(checkpoint.StateTable)
+		if err != nil {
+			return err
+		}
+		if err := tgt.Write(ctx, []checkpoint.Write{{Key: "acct:42", NewValue: 1, Insert: true}}); err != nil {
 			return err
 		}
 		return tx.PutStep(checkpoint.Step{ID: "load", Status: checkpoint.StepCompleted, Output: []byte(`1`), Tries: 1, StartedAt: claimNow, FinishedAt: claimNow})
@@ -291,7 +291,7 @@ func TestOldLeaseIsFenced(t *testing.T) {
 		t.Errorf("fenced PutStep wrote %+v", got)
 	}
 	var n int
-	if err := st.DB().QueryRow(`SELECT COUNT(*) FROM effects_probe`).Scan(&n); err != nil || n != 0 {
+	if err := st.DB().QueryRow(`SELECT COUNT(*) FROM stepwise_state`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("fenced transaction kept %d same-store writes (err %v); want 0", n, err)
 	}
 

@@ -1,4 +1,4 @@
-package checkpoint_test
+package sqlite_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/checkpoint/storetest"
 )
 
@@ -24,9 +25,9 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Harness{
 		NewDatabase: func(t *testing.T) string { return filepath.Join(t.TempDir(), "stepwise.db") },
 		Open: func(ctx context.Context, db string) (checkpoint.Store, error) {
-			return checkpoint.Open(ctx, checkpoint.Config{Path: db, Synchronous: checkpoint.SyncNormal})
+			return sqlite.Open(ctx, sqlite.Config{Path: db, Synchronous: sqlite.SyncNormal})
 		},
-		SchemaVersion:  checkpoint.SchemaVersion(),
+		SchemaVersion:  sqlite.SchemaVersion(),
 		SchemaVersions: sqliteSchemaVersions,
 		// BEGIN IMMEDIATE takes the write lock when A's transaction
 		// begins, so B is in its busy wait within a millisecond.
@@ -109,10 +110,10 @@ func TestNaiveStoreChild(t *testing.T) {
 	storetest.Run(t, storetest.Harness{
 		NewDatabase: func(t *testing.T) string { return filepath.Join(t.TempDir(), "stepwise.db") },
 		Open: func(ctx context.Context, db string) (checkpoint.Store, error) {
-			st, err := checkpoint.Open(ctx, checkpoint.Config{Path: db})
+			st, err := sqlite.Open(ctx, sqlite.Config{Path: db})
 			return naiveStore{st}, err
 		},
-		SchemaVersion: checkpoint.SchemaVersion(),
+		SchemaVersion: sqlite.SchemaVersion(),
 		// Long enough for B's claim, which nothing blocks, to finish
 		// before A commits even under the race detector on a busy machine.
 		BlockFor: 100 * time.Millisecond,
@@ -123,7 +124,7 @@ func TestNaiveStoreChild(t *testing.T) {
 // naiveStore checks the lease's fence when a transaction starts and holds
 // nothing until it commits: its writes are kept aside and committed at the
 // end under the run's fence of that moment.
-type naiveStore struct{ *checkpoint.SQLite }
+type naiveStore struct{ *sqlite.Store }
 
 func (s naiveStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
 	if f, err := s.Fence(ctx, l.RunID); err != nil || f != l.Fence {
@@ -138,7 +139,7 @@ func (s naiveStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkp
 		return err
 	}
 	l.Fence = f // the bug: the check above was the only one
-	return s.SQLite.InTx(ctx, l, func(tx checkpoint.Tx) error {
+	return s.Store.InTx(ctx, l, func(tx checkpoint.Tx) error {
 		for _, op := range rec {
 			if err := op(tx); err != nil {
 				return err
@@ -177,4 +178,6 @@ func (r *laterTx) FinishChunk(step, effectID string) error {
 func (r *laterTx) Enqueue(m checkpoint.Message) error {
 	return r.add(func(tx checkpoint.Tx) error { return tx.Enqueue(m) })
 }
-func (r *laterTx) SQL() *sql.Tx { return nil }
+func (r *laterTx) Target(t checkpoint.Table) (checkpoint.Target, error) {
+	return nil, fmt.Errorf("naiveStore: no effect targets in a deferred transaction (%s)", t.Name)
+}

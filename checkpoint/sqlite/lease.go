@@ -1,4 +1,4 @@
-package checkpoint
+package sqlite
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
 const (
@@ -35,14 +37,14 @@ WHERE run_id = ? AND number = ?`
 
 type rowScanner interface{ Scan(dest ...any) error }
 
-func scanRun(row rowScanner) (Run, error) {
-	var r Run
+func scanRun(row rowScanner) (checkpoint.Run, error) {
+	var r checkpoint.Run
 	var owner, until, created, updated, finished, pruned sql.NullString
 	var params string
 	err := row.Scan(&r.ID, &r.Job, &r.RunKey, &params, &r.ParamsHash, &r.Status, &r.Fence,
 		&owner, &until, &r.Error, &created, &updated, &finished, &pruned)
 	if err != nil {
-		return Run{}, err
+		return checkpoint.Run{}, err
 	}
 	r.Params = []byte(params)
 	r.LeaseOwner = owner.String
@@ -54,13 +56,13 @@ func scanRun(row rowScanner) (Run, error) {
 	return r, nil
 }
 
-// Claim implements Store.
-func (s *SQLite) Claim(ctx context.Context, req ClaimRequest) (Claim, error) {
+// Claim implements checkpoint.Store.
+func (s *Store) Claim(ctx context.Context, req checkpoint.ClaimRequest) (checkpoint.Claim, error) {
 	if req.RunID == "" || req.Owner == "" || req.Now.IsZero() || req.LeaseFor <= 0 {
-		return Claim{}, fmt.Errorf("checkpoint: claim needs RunID, Owner, Now and a positive LeaseFor (got %q, %q, %v, %s)",
+		return checkpoint.Claim{}, fmt.Errorf("checkpoint: claim needs RunID, Owner, Now and a positive LeaseFor (got %q, %q, %v, %s)",
 			req.RunID, req.Owner, req.Now, req.LeaseFor)
 	}
-	var c Claim
+	var c checkpoint.Claim
 	err := s.tx(ctx, "claim run "+req.RunID, func(tx *sql.Tx) error {
 		var err error
 		c, err = claimTx(ctx, tx, req)
@@ -69,7 +71,7 @@ func (s *SQLite) Claim(ctx context.Context, req ClaimRequest) (Claim, error) {
 	return c, err
 }
 
-func claimTx(ctx context.Context, tx *sql.Tx, req ClaimRequest) (Claim, error) {
+func claimTx(ctx context.Context, tx *sql.Tx, req checkpoint.ClaimRequest) (checkpoint.Claim, error) {
 	now := fmtTime(req.Now)
 	until := fmtTime(req.Now.Add(req.LeaseFor))
 	run, err := scanRun(tx.QueryRowContext(ctx, sqlSelectRun, req.RunID))
@@ -77,70 +79,70 @@ func claimTx(ctx context.Context, tx *sql.Tx, req ClaimRequest) (Claim, error) {
 	case errors.Is(err, sql.ErrNoRows):
 		if _, err := tx.ExecContext(ctx, sqlInsertRun, req.RunID, req.Job, req.RunKey, string(req.Params),
 			req.ParamsHash, req.Owner, until, now, now); err != nil {
-			return Claim{}, err
+			return checkpoint.Claim{}, err
 		}
 		if _, err := tx.ExecContext(ctx, sqlInsertAttempt, req.RunID, 1, 1, req.Owner, now); err != nil {
-			return Claim{}, err
+			return checkpoint.Claim{}, err
 		}
 		run, err = scanRun(tx.QueryRowContext(ctx, sqlSelectRun, req.RunID))
 		if err != nil {
-			return Claim{}, err
+			return checkpoint.Claim{}, err
 		}
-		return Claim{Lease: Lease{RunID: req.RunID, Fence: 1, Attempt: 1, Owner: req.Owner}, Run: run, Created: true}, nil
+		return checkpoint.Claim{Lease: checkpoint.Lease{RunID: req.RunID, Fence: 1, Attempt: 1, Owner: req.Owner}, Run: run, Created: true}, nil
 	case err != nil:
-		return Claim{}, err
+		return checkpoint.Claim{}, err
 	}
 	if !run.PrunedAt.IsZero() {
-		return Claim{}, fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so running it again "+
-			"would redo its effects; pick another run key", ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))
+		return checkpoint.Claim{}, fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so running it again "+
+			"would redo its effects; pick another run key", checkpoint.ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))
 	}
 	if run.ParamsHash != req.ParamsHash {
-		return Claim{}, &ParamsMismatchError{RunID: run.ID, Stored: string(run.Params), Given: string(req.Params)}
+		return checkpoint.Claim{}, &checkpoint.ParamsMismatchError{RunID: run.ID, Stored: string(run.Params), Given: string(req.Params)}
 	}
 	var tookOver string
 	var prevUntil time.Time
 	switch run.Status {
-	case RunSucceeded:
+	case checkpoint.RunSucceeded:
 		if !req.Force {
-			return Claim{}, fmt.Errorf("%w: %s finished at %s; nothing to do (a forced claim runs it again, still skipping completed steps)",
-				ErrAlreadySucceeded, run.ID, run.FinishedAt.Format(time.RFC3339))
+			return checkpoint.Claim{}, fmt.Errorf("%w: %s finished at %s; nothing to do (a forced claim runs it again, still skipping completed steps)",
+				checkpoint.ErrAlreadySucceeded, run.ID, run.FinishedAt.Format(time.RFC3339))
 		}
-	case RunAbandoned:
+	case checkpoint.RunAbandoned:
 		if !req.Force {
-			return Claim{}, fmt.Errorf("%w: %s (%s); it is not resumed unless forced", ErrAbandoned, run.ID, run.Error)
+			return checkpoint.Claim{}, fmt.Errorf("%w: %s (%s); it is not resumed unless forced", checkpoint.ErrAbandoned, run.ID, run.Error)
 		}
-	case RunRunning:
+	case checkpoint.RunRunning:
 		live := req.Now.Before(run.LeaseUntil)
 		if live && (req.OwnerGone == nil || !req.OwnerGone(run.LeaseOwner)) {
-			return Claim{}, &LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil}
+			return checkpoint.Claim{}, &checkpoint.LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil}
 		}
 		tookOver, prevUntil = run.LeaseOwner, run.LeaseUntil
 	}
 	res, err := tx.ExecContext(ctx, sqlTakeRun, req.Owner, until, now, run.ID, run.Fence)
 	if err != nil {
-		return Claim{}, err
+		return checkpoint.Claim{}, err
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return Claim{}, fmt.Errorf("%w: run %s changed while being claimed", ErrFenced, run.ID)
+		return checkpoint.Claim{}, fmt.Errorf("%w: run %s changed while being claimed", checkpoint.ErrFenced, run.ID)
 	}
-	if _, err := tx.ExecContext(ctx, sqlLoseAttempts, now, OwnerName(req.Owner), run.ID); err != nil {
-		return Claim{}, err
+	if _, err := tx.ExecContext(ctx, sqlLoseAttempts, now, checkpoint.OwnerName(req.Owner), run.ID); err != nil {
+		return checkpoint.Claim{}, err
 	}
 	var number int
 	if err := tx.QueryRowContext(ctx, sqlNextAttempt, run.ID).Scan(&number); err != nil {
-		return Claim{}, err
+		return checkpoint.Claim{}, err
 	}
 	fence := run.Fence + 1
 	if _, err := tx.ExecContext(ctx, sqlInsertAttempt, run.ID, number, fence, req.Owner, now); err != nil {
-		return Claim{}, err
+		return checkpoint.Claim{}, err
 	}
 	previous := run.Status
 	run, err = scanRun(tx.QueryRowContext(ctx, sqlSelectRun, req.RunID))
 	if err != nil {
-		return Claim{}, err
+		return checkpoint.Claim{}, err
 	}
-	return Claim{
-		Lease:              Lease{RunID: run.ID, Fence: fence, Attempt: number, Owner: req.Owner},
+	return checkpoint.Claim{
+		Lease:              checkpoint.Lease{RunID: run.ID, Fence: fence, Attempt: number, Owner: req.Owner},
 		Run:                run,
 		TookOverFrom:       tookOver,
 		PreviousStatus:     previous,
@@ -148,20 +150,20 @@ func claimTx(ctx context.Context, tx *sql.Tx, req ClaimRequest) (Claim, error) {
 	}, nil
 }
 
-// Heartbeat implements Store.
-func (s *SQLite) Heartbeat(ctx context.Context, l Lease, now, until time.Time) error {
+// Heartbeat implements checkpoint.Store.
+func (s *Store) Heartbeat(ctx context.Context, l checkpoint.Lease, now, until time.Time) error {
 	res, err := s.db.ExecContext(ctx, sqlHeartbeat, fmtTime(until), fmtTime(now), l.RunID, l.Fence)
 	if err != nil {
 		return s.wrap("heartbeat run "+l.RunID, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("%w: run %s, attempt %d (fence %d)", ErrFenced, l.RunID, l.Attempt, l.Fence)
+		return fmt.Errorf("%w: run %s, attempt %d (fence %d)", checkpoint.ErrFenced, l.RunID, l.Attempt, l.Fence)
 	}
 	return nil
 }
 
-// Finish implements Store.
-func (s *SQLite) Finish(ctx context.Context, l Lease, e Ending) error {
+// Finish implements checkpoint.Store.
+func (s *Store) Finish(ctx context.Context, l checkpoint.Lease, e checkpoint.Ending) error {
 	return s.tx(ctx, "finish run "+l.RunID, func(tx *sql.Tx) error {
 		at := fmtTime(e.At)
 		res, err := tx.ExecContext(ctx, sqlFinishRun, e.Status, e.Error, at, e.Status, at, l.RunID, l.Fence)
@@ -169,7 +171,7 @@ func (s *SQLite) Finish(ctx context.Context, l Lease, e Ending) error {
 			return err
 		}
 		if n, _ := res.RowsAffected(); n == 0 {
-			return fmt.Errorf("%w: run %s, attempt %d (fence %d)", ErrFenced, l.RunID, l.Attempt, l.Fence)
+			return fmt.Errorf("%w: run %s, attempt %d (fence %d)", checkpoint.ErrFenced, l.RunID, l.Attempt, l.Fence)
 		}
 		_, err = tx.ExecContext(ctx, sqlFinishAttempt, e.Status, e.Error, at, l.RunID, l.Attempt)
 		return err
@@ -181,7 +183,7 @@ func (s *SQLite) Finish(ctx context.Context, l Lease, e Ending) error {
 // passed through unchanged. If fn panics the transaction is rolled back
 // before the panic goes on: left open, it would hold the one writer
 // connection (and SQLite's write lock) for good.
-func (s *SQLite) tx(ctx context.Context, op string, fn func(*sql.Tx) error) error {
+func (s *Store) tx(ctx context.Context, op string, fn func(*sql.Tx) error) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return s.wrap(op, err)

@@ -1,4 +1,4 @@
-package checkpoint_test
+package sqlite_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 )
 
 // claimNow is the fixed "now" of these tests; the store never reads the clock, so
@@ -77,9 +78,9 @@ func schemaVersions(t *testing.T, db *sql.DB) []int {
 	return vs
 }
 
-func openStore(t *testing.T, cfg checkpoint.Config) (*checkpoint.SQLite, error) {
+func openStore(t *testing.T, cfg sqlite.Config) (*sqlite.Store, error) {
 	t.Helper()
-	st, err := checkpoint.Open(context.Background(), cfg)
+	st, err := sqlite.Open(context.Background(), cfg)
 	if err == nil {
 		t.Cleanup(func() { st.Close() })
 	}
@@ -88,7 +89,7 @@ func openStore(t *testing.T, cfg checkpoint.Config) (*checkpoint.SQLite, error) 
 
 func TestOpenAppliesMigrationsOnce(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "stepwise.db")
-	want := checkpoint.SchemaVersion()
+	want := sqlite.SchemaVersion()
 	if want < 1 {
 		t.Fatalf("SchemaVersion() = %d; want at least 1 embedded migration", want)
 	}
@@ -97,7 +98,7 @@ func TestOpenAppliesMigrationsOnce(t *testing.T) {
 		wantVersions = append(wantVersions, v)
 	}
 
-	st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: path})
+	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestOpenAppliesMigrationsOnce(t *testing.T) {
 
 	// Reopening twice applies nothing again and keeps the data.
 	for i := range 2 {
-		st, err = checkpoint.Open(context.Background(), checkpoint.Config{Path: path})
+		st, err = sqlite.Open(context.Background(), sqlite.Config{Path: path})
 		if err != nil {
 			t.Fatalf("reopen %d: %v", i+1, err)
 		}
@@ -136,7 +137,7 @@ func TestOpenConcurrentlyCreatesOnce(t *testing.T) {
 		errs := make(chan error, n)
 		for range n {
 			go func() {
-				st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: path})
+				st, err := sqlite.Open(context.Background(), sqlite.Config{Path: path})
 				if err == nil {
 					_, err = st.Runs(context.Background(), checkpoint.RunFilter{})
 					st.Close()
@@ -149,19 +150,19 @@ func TestOpenConcurrentlyCreatesOnce(t *testing.T) {
 				t.Fatalf("round %d: concurrent open of a new database: %v", round, err)
 			}
 		}
-		st, err := openStore(t, checkpoint.Config{Path: path})
+		st, err := openStore(t, sqlite.Config{Path: path})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := schemaVersions(t, st.DB()); len(got) != checkpoint.SchemaVersion() {
-			t.Fatalf("round %d: stepwise_schema has %v; want each of %d versions once", round, got, checkpoint.SchemaVersion())
+		if got := schemaVersions(t, st.DB()); len(got) != sqlite.SchemaVersion() {
+			t.Fatalf("round %d: stepwise_schema has %v; want each of %d versions once", round, got, sqlite.SchemaVersion())
 		}
 	}
 }
 
 func TestOpenRefusesNewerSchema(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "stepwise.db")
-	st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: path})
+	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,11 +171,11 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 	}
 	st.Close()
 
-	_, err = openStore(t, checkpoint.Config{Path: path})
+	_, err = openStore(t, sqlite.Config{Path: path})
 	if !errors.Is(err, checkpoint.ErrTooNew) {
 		t.Fatalf("open of a version 999 database: err = %v; want ErrTooNew", err)
 	}
-	for _, want := range []string{"999", fmt.Sprint(checkpoint.SchemaVersion()), path} {
+	for _, want := range []string{"999", fmt.Sprint(sqlite.SchemaVersion()), path} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %q", err, want)
 		}
@@ -185,7 +186,7 @@ func TestOpenErrorsNameTheFile(t *testing.T) {
 	t.Run("missing directory", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "no-such-dir")
 		path := filepath.Join(dir, "stepwise.db")
-		_, err := openStore(t, checkpoint.Config{Path: path})
+		_, err := openStore(t, sqlite.Config{Path: path})
 		if !errors.Is(err, checkpoint.ErrNoDirectory) {
 			t.Fatalf("err = %v; want ErrNoDirectory", err)
 		}
@@ -202,7 +203,7 @@ func TestOpenErrorsNameTheFile(t *testing.T) {
 		if err := os.WriteFile(path, garbage, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		_, err := openStore(t, checkpoint.Config{Path: path})
+		_, err := openStore(t, sqlite.Config{Path: path})
 		if !errors.Is(err, checkpoint.ErrNotDatabase) {
 			t.Fatalf("err = %v; want ErrNotDatabase", err)
 		}
@@ -216,7 +217,7 @@ func TestOpenErrorsNameTheFile(t *testing.T) {
 	})
 	t.Run("read-only file", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "stepwise.db")
-		st, err := checkpoint.Open(context.Background(), checkpoint.Config{Path: path})
+		st, err := sqlite.Open(context.Background(), sqlite.Config{Path: path})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -227,7 +228,7 @@ func TestOpenErrorsNameTheFile(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.Chmod(path, 0o644) })
-		_, err = openStore(t, checkpoint.Config{Path: path})
+		_, err = openStore(t, sqlite.Config{Path: path})
 		if !errors.Is(err, checkpoint.ErrReadOnly) {
 			t.Fatalf("err = %v; want ErrReadOnly", err)
 		}
@@ -236,13 +237,13 @@ func TestOpenErrorsNameTheFile(t *testing.T) {
 		}
 	})
 	t.Run("empty path", func(t *testing.T) {
-		_, err := openStore(t, checkpoint.Config{})
+		_, err := openStore(t, sqlite.Config{})
 		if err == nil || !strings.Contains(err.Error(), "Path") {
 			t.Fatalf("err = %v; want an error naming Config.Path", err)
 		}
 	})
 	t.Run("bad synchronous", func(t *testing.T) {
-		_, err := openStore(t, checkpoint.Config{Path: filepath.Join(t.TempDir(), "x.db"), Synchronous: "off"})
+		_, err := openStore(t, sqlite.Config{Path: filepath.Join(t.TempDir(), "x.db"), Synchronous: "off"})
 		if err == nil || !strings.Contains(err.Error(), "Synchronous") {
 			t.Fatalf("err = %v; want an error naming Config.Synchronous", err)
 		}
@@ -251,14 +252,14 @@ func TestOpenErrorsNameTheFile(t *testing.T) {
 
 func TestClaimLockedPastBusyTimeout(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "stepwise.db")
-	cfg := checkpoint.Config{Path: path, BusyTimeout: 100 * time.Millisecond}
+	cfg := sqlite.Config{Path: path, BusyTimeout: 100 * time.Millisecond}
 	st, err := openStore(t, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	// Another process (here: another connection) holds the write lock.
-	dsn, err := checkpoint.DSN(cfg)
+	dsn, err := sqlite.DSN(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

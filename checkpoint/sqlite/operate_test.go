@@ -1,4 +1,4 @@
-package checkpoint_test
+package sqlite_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 )
 
 // The manual operations (recover, abandon, reset, prune) run on the store
@@ -21,7 +22,7 @@ func opAudit(runID, command, reason string, at time.Time) checkpoint.Audit {
 	return checkpoint.Audit{RunID: runID, At: at, Operator: "alice", Command: command, Reason: reason}
 }
 
-func opAudits(t *testing.T, st *checkpoint.SQLite, runID string) []checkpoint.Audit {
+func opAudits(t *testing.T, st *sqlite.Store, runID string) []checkpoint.Audit {
 	t.Helper()
 	as, err := st.Audits(context.Background(), runID)
 	if err != nil {
@@ -32,7 +33,7 @@ func opAudits(t *testing.T, st *checkpoint.SQLite, runID string) []checkpoint.Au
 
 // opWantAudit fails unless the run's audit log is exactly one row per
 // command given, in order, by alice.
-func opWantAudit(t *testing.T, st *checkpoint.SQLite, runID string, commands ...string) []checkpoint.Audit {
+func opWantAudit(t *testing.T, st *sqlite.Store, runID string, commands ...string) []checkpoint.Audit {
 	t.Helper()
 	as := opAudits(t, st, runID)
 	var got []string
@@ -70,7 +71,7 @@ func opStepIDs(ss []checkpoint.Step) []string {
 	return ids
 }
 
-func opCount(t *testing.T, st *checkpoint.SQLite, query string, args ...any) int {
+func opCount(t *testing.T, st *sqlite.Store, query string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := st.ReadDB().QueryRow(query, args...).Scan(&n); err != nil {
@@ -525,19 +526,19 @@ func TestOperationsTakeTheDeadOwnerCheck(t *testing.T) {
 	}
 	ops := []struct {
 		name string
-		do   func(st *checkpoint.SQLite, opt checkpoint.OperateOption) error
+		do   func(st *sqlite.Store, opt checkpoint.OperateOption) error
 		want string // the run's status afterwards, when allowed
 	}{
-		{"recover", func(st *checkpoint.SQLite, opt checkpoint.OperateOption) error {
+		{"recover", func(st *sqlite.Store, opt checkpoint.OperateOption) error {
 			return st.Recover(ctx, opAudit(leaseRunID, "recover", "r", live), live, false, opt)
 		}, checkpoint.RunFailed},
-		{"abandon", func(st *checkpoint.SQLite, opt checkpoint.OperateOption) error {
+		{"abandon", func(st *sqlite.Store, opt checkpoint.OperateOption) error {
 			return st.Abandon(ctx, opAudit(leaseRunID, "abandon", "r", live), live, opt)
 		}, checkpoint.RunAbandoned},
-		{"reset", func(st *checkpoint.SQLite, opt checkpoint.OperateOption) error {
+		{"reset", func(st *sqlite.Store, opt checkpoint.OperateOption) error {
 			return st.ResetSteps(ctx, opAudit(leaseRunID, "reset", "r", live), live, []string{"pay"}, opt)
 		}, checkpoint.RunRunning},
-		{"resolve", func(st *checkpoint.SQLite, opt checkpoint.OperateOption) error {
+		{"resolve", func(st *sqlite.Store, opt checkpoint.OperateOption) error {
 			return st.ResolveStep(ctx, opAudit(leaseRunID, "resolve", "r", live), live, "pay", true, []byte(`"r"`), opt)
 		}, checkpoint.RunRunning},
 	}

@@ -1,4 +1,4 @@
-package checkpoint
+package sqlite
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
 //go:embed migrations/*.sql
@@ -65,7 +67,7 @@ const (
 // migrate applies every embedded migration newer than the database's
 // version, each in its own transaction together with its version row. A
 // database newer than the binary is refused with both versions named.
-func (s *SQLite) migrate(ctx context.Context) error {
+func (s *Store) migrate(ctx context.Context) error {
 	ms, err := migrations()
 	if err != nil {
 		return err
@@ -79,7 +81,7 @@ func (s *SQLite) migrate(ctx context.Context) error {
 	}
 	if latest := ms[len(ms)-1].version; current > latest {
 		return fmt.Errorf("%w: %s has schema version %d, this binary knows up to %d; use a newer stepwise",
-			ErrTooNew, s.path, current, latest)
+			checkpoint.ErrTooNew, s.path, current, latest)
 	}
 	for _, m := range ms {
 		if m.version <= current {

@@ -1,4 +1,4 @@
-package checkpoint_test
+package sqlite_test
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package checkpoint
+package sqlite
 
 import (
 	"bytes"
@@ -7,7 +7,8 @@ import (
 	"errors"
 	"fmt"
 
-	"modernc.org/sqlite"
+	"github.com/stepwise-run/stepwise/checkpoint"
+	msqlite "modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
 
@@ -46,7 +47,7 @@ func (p *preparedStatements) close() {
 	}
 }
 
-func (s *SQLite) prepare(ctx context.Context) error {
+func (s *Store) prepare(ctx context.Context) error {
 	var err error
 	if s.stmt.putStep, err = s.db.PrepareContext(ctx, sqlPutStep); err != nil {
 		return err
@@ -57,27 +58,25 @@ func (s *SQLite) prepare(ctx context.Context) error {
 
 type sqliteTx struct {
 	ctx    context.Context
-	s      *SQLite
+	s      *Store
 	tx     *sql.Tx
-	lease  Lease
+	lease  checkpoint.Lease
 	put    *sql.Stmt
 	fenced bool // the fence was checked in this transaction
 }
 
-// InTx implements Store.
-func (s *SQLite) InTx(ctx context.Context, l Lease, fn func(Tx) error) error {
+// InTx implements checkpoint.Store.
+func (s *Store) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
 	return s.tx(ctx, "write run "+l.RunID, func(tx *sql.Tx) error {
 		return fn(&sqliteTx{ctx: ctx, s: s, tx: tx, lease: l, put: tx.StmtContext(ctx, s.stmt.putStep)})
 	})
 }
 
-func (t *sqliteTx) SQL() *sql.Tx { return t.tx }
-
-func (t *sqliteTx) PutStep(st Step) error {
+func (t *sqliteTx) PutStep(st checkpoint.Step) error {
 	res, err := t.put.ExecContext(t.ctx, t.lease.RunID, st.ID, st.Status, st.Output, st.InputHash, st.Error,
 		st.Tries, t.lease.Attempt, fmtTime(st.StartedAt), fmtTime(st.FinishedAt), t.lease.Fence, st.Plan)
 	if err != nil {
-		var se *sqlite.Error
+		var se *msqlite.Error
 		if errors.As(err, &se) && se.Code() == sqlite3.SQLITE_CONSTRAINT_NOTNULL {
 			return t.explainRefusedPut(st) // the fence moved
 		}
@@ -89,7 +88,7 @@ func (t *sqliteTx) PutStep(st Step) error {
 	return t.explainRefusedPut(st)
 }
 
-// ResetStep implements Tx.
+// ResetStep implements checkpoint.Tx.
 func (t *sqliteTx) ResetStep(id string) error {
 	if err := t.checkFence(); err != nil {
 		return err
@@ -102,17 +101,17 @@ func (t *sqliteTx) ResetStep(id string) error {
 // fence moved (another runner claimed the run), or the step is already
 // finished. A finished step with identical content is our own earlier commit
 // whose acknowledgement was lost, so it counts as success.
-func (t *sqliteTx) explainRefusedPut(st Step) error {
+func (t *sqliteTx) explainRefusedPut(st checkpoint.Step) error {
 	var fence int64
 	if err := t.tx.QueryRowContext(t.ctx, sqlRunFence, t.lease.RunID).Scan(&fence); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("%w: run %s", ErrNotFound, t.lease.RunID)
+			return fmt.Errorf("%w: run %s", checkpoint.ErrNotFound, t.lease.RunID)
 		}
 		return err
 	}
 	if fence != t.lease.Fence {
 		return fmt.Errorf("%w: run %s is at fence %d, this attempt (%d) holds fence %d; it writes nothing more",
-			ErrFenced, t.lease.RunID, fence, t.lease.Attempt, t.lease.Fence)
+			checkpoint.ErrFenced, t.lease.RunID, fence, t.lease.Attempt, t.lease.Fence)
 	}
 	var status, hash, errText string
 	var output []byte
@@ -122,18 +121,18 @@ func (t *sqliteTx) explainRefusedPut(st Step) error {
 	if status == st.Status && hash == st.InputHash && errText == st.Error && bytes.Equal(output, st.Output) {
 		return nil
 	}
-	return &StepConflictError{RunID: t.lease.RunID, StepID: st.ID, Status: status}
+	return &checkpoint.StepConflictError{RunID: t.lease.RunID, StepID: st.ID, Status: status}
 }
 
-// Steps implements Store.
-func (s *SQLite) Steps(ctx context.Context, runID string, fn func(Step) error) error {
+// Steps implements checkpoint.Store.
+func (s *Store) Steps(ctx context.Context, runID string, fn func(checkpoint.Step) error) error {
 	rows, err := s.rdb.QueryContext(ctx, sqlSteps, runID)
 	if err != nil {
 		return s.wrap("read steps of "+runID, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		st := Step{RunID: runID}
+		st := checkpoint.Step{RunID: runID}
 		var started, finished sql.NullString
 		if err := rows.Scan(&st.ID, &st.Status, &st.Output, &st.InputHash, &st.Error, &st.Tries, &st.Attempt,
 			&started, &finished, &st.Plan); err != nil {
@@ -146,4 +145,16 @@ func (s *SQLite) Steps(ctx context.Context, runID string, fn func(Step) error) e
 		}
 	}
 	return s.wrap("read steps of "+runID, rows.Err())
+}
+
+// SQLTx returns the database/sql transaction under tx, a transaction of a
+// SQLite store's InTx, for job code that writes its own tables with the
+// checkpoint (they commit or roll back together, fenced alike). It
+// reports false for another store's transaction.
+func SQLTx(tx checkpoint.Tx) (*sql.Tx, bool) {
+	t, ok := tx.(*sqliteTx)
+	if !ok {
+		return nil, false
+	}
+	return t.tx, true
 }

@@ -1,4 +1,4 @@
-package checkpoint_test
+package sqlite_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 )
 
 // TestMustExistCreatesNothing: with Config.MustExist a missing database is
@@ -24,21 +25,21 @@ func TestMustExistCreatesNothing(t *testing.T) {
 	abs := filepath.Join(dir, "missing.db")
 	for name, open := range map[string]func() error{
 		"Open": func() error {
-			st, err := checkpoint.Open(ctx, checkpoint.Config{Path: "missing.db", MustExist: true})
+			st, err := sqlite.Open(ctx, sqlite.Config{Path: "missing.db", MustExist: true})
 			if err == nil {
 				st.Close()
 			}
 			return err
 		},
 		"OpenTarget": func() error {
-			db, err := checkpoint.OpenTarget(ctx, checkpoint.Config{Path: "missing.db", MustExist: true})
+			db, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: "missing.db", MustExist: true})
 			if err == nil {
 				db.Close()
 			}
 			return err
 		},
 		"OpenTargetReader": func() error {
-			db, err := checkpoint.OpenTargetReader(ctx, checkpoint.Config{Path: "missing.db"})
+			db, err := sqlite.OpenTargetReader(ctx, sqlite.Config{Path: "missing.db"})
 			if err == nil {
 				db.Close()
 			}
@@ -60,17 +61,17 @@ func TestMustExistCreatesNothing(t *testing.T) {
 
 	// Existing files open; without MustExist a target is created (seeding
 	// a new ledger).
-	st, err := checkpoint.Open(ctx, checkpoint.Config{Path: "made.db"})
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: "made.db"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	st.Close()
-	st, err = checkpoint.Open(ctx, checkpoint.Config{Path: "made.db", MustExist: true})
+	st, err = sqlite.Open(ctx, sqlite.Config{Path: "made.db", MustExist: true})
 	if err != nil {
 		t.Fatalf("MustExist on an existing store: %v", err)
 	}
 	st.Close()
-	db, err := checkpoint.OpenTarget(ctx, checkpoint.Config{Path: "new-ledger.db"})
+	db, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: "new-ledger.db"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package checkpoint
+package sqlite
 
 import (
 	"context"
@@ -10,9 +10,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
-	"modernc.org/sqlite"
+	"github.com/stepwise-run/stepwise/checkpoint"
+	msqlite "modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
 
@@ -67,17 +69,25 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// SQLite is the Store kept in one SQLite file: WAL journal, one writer
+// Store is the checkpoint.Store kept in one SQLite file: WAL journal, one writer
 // connection, BEGIN IMMEDIATE transactions and a busy timeout.
-type SQLite struct {
+type Store struct {
 	db   *sql.DB // the one writer connection
 	rdb  *sql.DB // a pool of query-only connections for reads
 	path string
 	cfg  Config
 	stmt preparedStatements
+
+	tmu sync.Mutex
+	// tables and readTables are the same-store effect target tables
+	// opened so far, prepared on the writer and on the read pool.
+	tables, readTables map[checkpoint.Table]*tableHandle
 }
 
-var _ SQLStore = (*SQLite)(nil)
+var (
+	_ checkpoint.Store   = (*Store)(nil)
+	_ checkpoint.Backend = (*Store)(nil)
+)
 
 // DSN returns the modernc.org/sqlite data source name Open uses for cfg:
 // WAL, the busy timeout, the synchronous level and immediate transactions.
@@ -120,7 +130,7 @@ const readPoolSize = 4
 
 // Open opens (creating if needed) the checkpoint database at cfg.Path and
 // brings its schema up to date. Its errors name the file and what to do.
-func Open(ctx context.Context, cfg Config) (*SQLite, error) {
+func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -139,7 +149,7 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 	db.SetMaxOpenConns(1)
 	db.SetMaxIdleConns(1)
 	db.SetConnMaxLifetime(0)
-	s := &SQLite{db: db, path: path, cfg: cfg}
+	s := &Store{db: db, path: path, cfg: cfg, tables: map[checkpoint.Table]*tableHandle{}, readTables: map[checkpoint.Table]*tableHandle{}}
 	if err := s.migrateRetrying(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -163,11 +173,6 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 	return s, nil
 }
 
-// ErrNoDatabase is returned when a database file opened with
-// Config.MustExist does not exist. The message names its absolute path;
-// nothing was created.
-var ErrNoDatabase = errors.New("checkpoint: database file does not exist")
-
 // statDB checks the database file's directory exists and the file, if
 // present, is a writable regular file; with mustExist a missing file is an
 // ErrNoDatabase. Errors name absolute paths.
@@ -177,7 +182,7 @@ func statDB(path string, mustExist bool) (os.FileInfo, error) {
 	}
 	dir := filepath.Dir(path)
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return nil, fmt.Errorf("%w: %s (for database %s); create it or choose another path", ErrNoDirectory, dir, path)
+		return nil, fmt.Errorf("%w: %s (for database %s); create it or choose another path", checkpoint.ErrNoDirectory, dir, path)
 	}
 	st, err := os.Stat(path)
 	if mustExist {
@@ -189,11 +194,11 @@ func statDB(path string, mustExist bool) (os.FileInfo, error) {
 		return nil, nil
 	}
 	if st.IsDir() {
-		return nil, fmt.Errorf("%w: %s is a directory; give a file path", ErrNotDatabase, path)
+		return nil, fmt.Errorf("%w: %s is a directory; give a file path", checkpoint.ErrNotDatabase, path)
 	}
 	if st.Mode().Perm()&0o222 == 0 {
 		return nil, fmt.Errorf("%w: %s has mode %s; make it writable (chmod u+w) or use a writable copy",
-			ErrReadOnly, path, st.Mode().Perm())
+			checkpoint.ErrReadOnly, path, st.Mode().Perm())
 	}
 	return st, nil
 }
@@ -207,7 +212,7 @@ func missingDB(path string, statErr error) error {
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs
 	}
-	return fmt.Errorf("%w: %s (nothing was created)", ErrNoDatabase, path)
+	return fmt.Errorf("%w: %s (nothing was created)", checkpoint.ErrNoDatabase, path)
 }
 
 // migrateRetrying migrates, retrying while another process holds the lock,
@@ -219,13 +224,13 @@ func missingDB(path string, statErr error) error {
 // busy timeout, so retrying a fixed number of times would wait that many
 // busy timeouts.) Worst case, a try begun just before the budget ends, it
 // gives up after twice the busy timeout.
-func (s *SQLite) migrateRetrying(ctx context.Context) error {
+func (s *Store) migrateRetrying(ctx context.Context) error {
 	const pause = 10 * time.Millisecond
 	budget := time.NewTimer(s.cfg.BusyTimeout)
 	defer budget.Stop()
 	for {
 		err := s.migrate(ctx)
-		if !errors.Is(err, ErrLocked) {
+		if !errors.Is(err, checkpoint.ErrLocked) {
 			return err
 		}
 		t := time.NewTimer(pause)
@@ -242,19 +247,27 @@ func (s *SQLite) migrateRetrying(ctx context.Context) error {
 }
 
 // Path returns the database file's path.
-func (s *SQLite) Path() string { return s.path }
+func (s *Store) Path() string { return s.path }
 
 // DB returns the writer handle (one connection), for same-store effect
 // targets and tests that write the tables directly. Never keep a query's
 // rows open on it while a step commits: reads belong on ReadDB.
-func (s *SQLite) DB() *sql.DB { return s.db }
+func (s *Store) DB() *sql.DB { return s.db }
 
 // ReadDB returns the pool of query-only connections.
-func (s *SQLite) ReadDB() *sql.DB { return s.rdb }
+func (s *Store) ReadDB() *sql.DB { return s.rdb }
 
 // Close releases the database.
-func (s *SQLite) Close() error {
+func (s *Store) Close() error {
 	s.stmt.close()
+	s.tmu.Lock()
+	for _, m := range []map[checkpoint.Table]*tableHandle{s.tables, s.readTables} {
+		for k, h := range m {
+			h.Close()
+			delete(m, k)
+		}
+	}
+	s.tmu.Unlock()
 	s.rdb.Close()
 	return s.db.Close()
 }
@@ -279,7 +292,7 @@ func openReadPool(ctx context.Context, cfg Config) (*sql.DB, error) {
 }
 
 // wrap turns driver errors into the package's sentinels, naming the file.
-func (s *SQLite) wrap(op string, err error) error {
+func (s *Store) wrap(op string, err error) error {
 	return wrapSQLiteError(s.path, s.cfg.BusyTimeout, op, err)
 }
 
@@ -287,16 +300,16 @@ func wrapSQLiteError(path string, busy time.Duration, op string, err error) erro
 	if err == nil {
 		return nil
 	}
-	var se *sqlite.Error
+	var se *msqlite.Error
 	if errors.As(err, &se) {
 		switch se.Code() & 0xff {
 		case sqlite3.SQLITE_NOTADB:
-			return fmt.Errorf("%w: %s (%s): the file is not a Stepwise checkpoint database", ErrNotDatabase, path, op)
+			return fmt.Errorf("%w: %s (%s): the file is not a Stepwise checkpoint database", checkpoint.ErrNotDatabase, path, op)
 		case sqlite3.SQLITE_READONLY:
-			return fmt.Errorf("%w: %s (%s): %v; make the file and its directory writable", ErrReadOnly, path, op, err)
+			return fmt.Errorf("%w: %s (%s): %v; make the file and its directory writable", checkpoint.ErrReadOnly, path, op, err)
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
 			return fmt.Errorf("%w: %s (%s): another process holds it (busy timeout %s); "+
-				"retry when it is done, or wait longer", ErrLocked, path, op, busy)
+				"retry when it is done, or wait longer", checkpoint.ErrLocked, path, op, busy)
 		case sqlite3.SQLITE_CANTOPEN:
 			return fmt.Errorf("checkpoint: cannot open %s (%s): %w", path, op, err)
 		case sqlite3.SQLITE_FULL:

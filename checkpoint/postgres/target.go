@@ -1,0 +1,281 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// querier is what a target view runs its statements on: the checkpoint
+// transaction's connection, or a read-only transaction of the pool.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// pgTarget is the set-based view of one target table: one statement per
+// call, whatever the number of keys. In a write transaction its reads lock
+// the rows they read (FOR UPDATE, in key order, so two writers touching
+// the same keys wait for each other instead of deadlocking).
+type pgTarget struct {
+	q     querier
+	table checkpoint.Table
+	lock  bool
+	// fail records a failed statement: it aborts a PostgreSQL transaction.
+	fail func(error) error
+	sql  targetSQL
+}
+
+// targetSQL holds a table's statements, built once from its validated
+// (and quoted) identifiers; values are always parameters.
+type targetSQL struct {
+	read, readLocked, versions, update, insert string
+}
+
+func newTargetSQL(t checkpoint.Table) targetSQL {
+	name := pgx.Identifier{t.Name}.Sanitize()
+	key := pgx.Identifier{t.Key}.Sanitize()
+	val := pgx.Identifier{t.Value}.Sanitize()
+	ver := pgx.Identifier{t.Version}.Sanitize()
+	read := `SELECT ` + key + `, ` + val + `, ` + ver + ` FROM ` + name + ` WHERE ` + key + ` = ANY($1) ORDER BY ` + key
+	return targetSQL{
+		read:       read,
+		readLocked: read + ` FOR UPDATE`,
+		versions:   `SELECT ` + key + `, ` + ver + ` FROM ` + name + ` WHERE ` + key + ` = ANY($1)`,
+		update: `UPDATE ` + name + ` AS t SET ` + val + ` = u.nv, ` + ver + ` = u.ov + 1
+FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(k, nv, ov)
+WHERE t.` + key + ` = u.k AND t.` + ver + ` = u.ov
+RETURNING t.` + key,
+		insert: `INSERT INTO ` + name + ` (` + key + `, ` + val + `, ` + ver + `)
+SELECT u.k, u.nv, 1 FROM unnest($1::text[], $2::bigint[]) AS u(k, nv)
+ON CONFLICT (` + key + `) DO NOTHING
+RETURNING ` + key,
+	}
+}
+
+const (
+	sqlIsApplied   = `SELECT EXISTS (SELECT 1 FROM stepwise_applied WHERE effect_id = $1)`
+	sqlMarkApplied = `INSERT INTO stepwise_applied (effect_id, run_id, step_id, applied_at) VALUES ($1, $2, $3, $4)`
+)
+
+// Target implements checkpoint.Tx: the table, in the checkpoint database,
+// written in this transaction.
+func (t *pgTx) Target(table checkpoint.Table) (checkpoint.Target, error) {
+	if err := table.Validate(); err != nil {
+		return nil, err
+	}
+	if err := t.open(); err != nil {
+		return nil, err
+	}
+	return &pgTarget{q: t.conn, table: table, lock: true, fail: t.fail, sql: newTargetSQL(table)}, nil
+}
+
+// Read implements checkpoint.Target.
+func (g *pgTarget) Read(ctx context.Context, keys []string) (map[string]checkpoint.State, error) {
+	q := g.sql.read
+	if g.lock {
+		q = g.sql.readLocked
+	}
+	rows, err := g.q.Query(ctx, q, keys)
+	if err != nil {
+		return nil, g.fail(fmt.Errorf("postgres: read %s: %w", g.table.Name, err))
+	}
+	out := make(map[string]checkpoint.State, len(keys))
+	for rows.Next() {
+		var k string
+		var s checkpoint.State
+		if err := rows.Scan(&k, &s.Value, &s.Version); err != nil {
+			rows.Close()
+			return nil, g.fail(fmt.Errorf("postgres: read %s: %w", g.table.Name, err))
+		}
+		s.Exists = true
+		out[k] = s
+	}
+	if err := rows.Err(); err != nil {
+		return nil, g.fail(fmt.Errorf("postgres: read %s: %w", g.table.Name, err))
+	}
+	for _, k := range keys {
+		if _, ok := out[k]; ok {
+			continue
+		}
+		if !g.table.CreateMissing {
+			return nil, fmt.Errorf("%w: %s has no key %q", checkpoint.ErrMissingKey, g.table.Name, k)
+		}
+		out[k] = checkpoint.State{}
+	}
+	return out, nil
+}
+
+// Write implements checkpoint.Target: one UPDATE for every existing key
+// and one INSERT for the new ones, each returning the keys it wrote, so a
+// key it missed (another writer moved it) is named.
+func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
+	var uk, ik []string
+	var unv, uov, inv []int64
+	for _, w := range ws {
+		if w.Insert {
+			ik, inv = append(ik, w.Key), append(inv, w.NewValue)
+			continue
+		}
+		uk, unv, uov = append(uk, w.Key), append(unv, w.NewValue), append(uov, w.OldVersion)
+	}
+	written := make(map[string]bool, len(ws))
+	for _, st := range []struct {
+		q    string
+		args []any
+		n    int
+	}{{g.sql.update, []any{uk, unv, uov}, len(uk)}, {g.sql.insert, []any{ik, inv}, len(ik)}} {
+		if st.n == 0 {
+			continue
+		}
+		rows, err := g.q.Query(ctx, st.q, st.args...)
+		if err != nil {
+			return g.fail(fmt.Errorf("postgres: write %s: %w", g.table.Name, err))
+		}
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return g.fail(fmt.Errorf("postgres: write %s: %w", g.table.Name, err))
+		}
+		for _, k := range keys {
+			written[k] = true
+		}
+	}
+	if len(written) == len(ws) {
+		return nil
+	}
+	return g.conflict(ctx, ws, written)
+}
+
+// conflict names the first write, in the plan's order, that found its key
+// moved: another writer changed (or created, or deleted) it first.
+func (g *pgTarget) conflict(ctx context.Context, ws []checkpoint.Write, written map[string]bool) error {
+	var missed []string
+	for _, w := range ws {
+		if !written[w.Key] {
+			missed = append(missed, w.Key)
+		}
+	}
+	rows, err := g.q.Query(ctx, g.sql.versions, missed)
+	if err != nil {
+		return g.fail(fmt.Errorf("postgres: read versions of %s after a missed compare-and-set: %w", g.table.Name, err))
+	}
+	found := map[string]int64{}
+	for rows.Next() {
+		var k string
+		var v int64
+		if err := rows.Scan(&k, &v); err != nil {
+			rows.Close()
+			return g.fail(err)
+		}
+		found[k] = v
+	}
+	if err := rows.Err(); err != nil {
+		return g.fail(err)
+	}
+	for _, w := range ws {
+		if written[w.Key] {
+			continue
+		}
+		v, ok := found[w.Key]
+		if !ok {
+			v = -1
+		}
+		return &checkpoint.VersionConflictError{Table: g.table.Name, Key: w.Key, Expected: w.OldVersion, Found: v}
+	}
+	return nil
+}
+
+// IsApplied implements checkpoint.Target.
+func (g *pgTarget) IsApplied(ctx context.Context, effectID string) (bool, error) {
+	rows, err := g.q.Query(ctx, sqlIsApplied, effectID)
+	if err != nil {
+		return false, g.fail(fmt.Errorf("postgres: look up applied effect %s: %w", effectID, err))
+	}
+	ok, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if err != nil {
+		return false, g.fail(fmt.Errorf("postgres: look up applied effect %s: %w", effectID, err))
+	}
+	return ok, nil
+}
+
+// MarkApplied implements checkpoint.Target. An effect ID marked twice is
+// an error (a unique key): a plan applies once.
+func (g *pgTarget) MarkApplied(ctx context.Context, a checkpoint.Applied) error {
+	if _, err := g.q.Exec(ctx, sqlMarkApplied, a.EffectID, a.RunID, a.StepID, a.At); err != nil {
+		return g.fail(fmt.Errorf("postgres: record applied effect %s: %w", a.EffectID, err))
+	}
+	return nil
+}
+
+// effectTarget is a target table opened by the store: today always in
+// the store's own database (same store).
+type effectTarget struct {
+	s     *Store
+	table checkpoint.Table
+}
+
+// OpenTarget implements checkpoint.Store. A table in the store's own
+// database is the same store: its effects commit in the checkpoint's
+// transaction (Tx.Target). Targets in another database are not supported
+// by this store yet and are refused with a clear error.
+func (s *Store) OpenTarget(ctx context.Context, spec checkpoint.TargetSpec) (checkpoint.EffectTarget, error) {
+	if err := spec.Table.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.Location != "" {
+		return nil, fmt.Errorf("postgres: effect target %s in %q: targets outside the checkpoint database (%s) are not supported by the PostgreSQL store yet",
+			spec.Table.Name, redactURL(spec.Location), s.where)
+	}
+	// The table and its columns must exist: checked now, not at the first
+	// chunk's commit.
+	sq := newTargetSQL(spec.Table)
+	rows, err := s.pool.Query(ctx, sq.read+` LIMIT 0`, []string{})
+	if err == nil {
+		rows.Close()
+		err = rows.Err()
+	}
+	if err != nil {
+		return nil, s.wrap("open effect target "+spec.Table.String(), err)
+	}
+	return &effectTarget{s: s, table: spec.Table}, nil
+}
+
+// Same implements checkpoint.EffectTarget.
+func (e *effectTarget) Same() bool { return true }
+
+// Update implements checkpoint.EffectTarget: a same-store target is
+// written through Tx.Target, in the checkpoint's own transaction.
+func (e *effectTarget) Update(ctx context.Context, fn func(checkpoint.Target) error) error {
+	return fmt.Errorf("postgres: %s is in the checkpoint database: write it through the checkpoint transaction (Tx.Target)", e.table.Name)
+}
+
+// View implements checkpoint.EffectTarget: a read-only transaction that
+// takes no row locks.
+func (e *effectTarget) View(ctx context.Context, fn func(checkpoint.Target) error) error {
+	tx, err := e.s.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return e.s.wrap("read "+e.table.Name, err)
+	}
+	defer tx.Rollback(ctx)
+	g := &pgTarget{q: tx, table: e.table, fail: func(err error) error { return err }, sql: newTargetSQL(e.table)}
+	if err := fn(g); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// Close implements checkpoint.EffectTarget.
+func (e *effectTarget) Close() error { return nil }
+
+// redactURL is u with any password replaced, for messages.
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(an unparsable location)"
+	}
+	return p.Redacted()
+}

@@ -1,0 +1,258 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+const (
+	sqlPutItem = `INSERT INTO items (run_id, step_id, item_key, status, output, error, attempt, chunk, fingerprint)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+ON CONFLICT (run_id, step_id, item_key) DO UPDATE SET
+    status = excluded.status, output = excluded.output, error = excluded.error,
+    attempt = excluded.attempt, chunk = excluded.chunk, fingerprint = excluded.fingerprint
+WHERE items.status NOT IN ('completed', 'rejected')`
+	// sqlAcceptItem records an operator-accepted new fingerprint of an
+	// item already recorded, whatever its status: nothing else of it moves.
+	sqlAcceptItem   = `UPDATE items SET fingerprint = ? WHERE run_id = ? AND step_id = ? AND item_key = ?`
+	sqlPutChunkPlan = `INSERT INTO chunk_plans (run_id, step_id, effect_id, status, plan) VALUES (?, ?, ?, ?, ?)`
+	sqlFinishChunk  = `UPDATE items SET status = 'completed'
+WHERE run_id = ? AND step_id = ? AND chunk = ? AND status = 'planned'`
+	sqlSupersedeChunkPlan = `UPDATE chunk_plans SET status = 'superseded' WHERE run_id = ? AND step_id = ? AND effect_id = ? AND status = 'planned'`
+	sqlMoveChunkItems     = `UPDATE items SET chunk = ? WHERE run_id = ? AND step_id = ? AND chunk = ? AND status = 'planned'`
+	sqlFinishChunkPlan    = `UPDATE chunk_plans SET status = 'applied' WHERE run_id = ? AND step_id = ? AND effect_id = ?`
+	sqlChunkPlans         = `SELECT effect_id, status, plan FROM chunk_plans
+WHERE run_id = ? AND step_id = ? AND status = 'planned' ORDER BY effect_id`
+	sqlItemsAll = `SELECT item_key, status, output, error, attempt, chunk, fingerprint FROM items
+WHERE run_id = ? AND step_id = ? ORDER BY item_key`
+	sqlItemsByStatus = `SELECT item_key, status, output, error, attempt, chunk, fingerprint FROM items
+WHERE run_id = ? AND step_id = ? AND status = ? AND item_key > ? ORDER BY item_key LIMIT ?`
+	sqlItemKeysAll  = `SELECT item_key, status, attempt, fingerprint FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key LIMIT ?`
+	sqlItemKeysLast = `SELECT item_key, status, attempt, fingerprint FROM items WHERE run_id = ? AND step_id = ? ORDER BY item_key DESC LIMIT ?`
+	// sqlItemKeysRange reads a key range without the attempt: a range comes
+	// from a source whose keys ascend, which cannot repeat a key.
+	sqlItemKeysRange = `SELECT item_key, status, fingerprint FROM items WHERE run_id = ? AND step_id = ? AND item_key BETWEEN ? AND ? ORDER BY item_key`
+	sqlItemCounts    = `SELECT step_id, status, count(*) FROM items WHERE run_id = ? GROUP BY step_id, status ORDER BY step_id, status`
+)
+
+// checkFence fails with ErrFenced unless the run is still at the lease's
+// fence. Batch writes check it once per chunk transaction.
+func (t *sqliteTx) checkFence() error {
+	if t.fenced {
+		return nil
+	}
+	var fence int64
+	if err := t.tx.QueryRowContext(t.ctx, sqlRunFence, t.lease.RunID).Scan(&fence); err != nil {
+		return fmt.Errorf("%w: run %s: %w", checkpoint.ErrNotFound, t.lease.RunID, err)
+	}
+	if fence != t.lease.Fence {
+		return fmt.Errorf("%w: run %s is at fence %d, this attempt (%d) holds fence %d; it writes nothing more",
+			checkpoint.ErrFenced, t.lease.RunID, fence, t.lease.Attempt, t.lease.Fence)
+	}
+	t.fenced = true
+	return nil
+}
+
+// PutItems implements checkpoint.Tx.
+func (t *sqliteTx) PutItems(items []checkpoint.Item) error {
+	if err := t.checkFence(); err != nil {
+		return err
+	}
+	st := t.tx.StmtContext(t.ctx, t.s.stmt.putItem)
+	for _, it := range items {
+		res, err := st.ExecContext(t.ctx, t.lease.RunID, it.Step, it.Key, it.Status, it.Output, it.Error,
+			t.lease.Attempt, it.Chunk, it.Fingerprint)
+		if err != nil {
+			return fmt.Errorf("checkpoint: record item %s/%s: %w", it.Step, it.Key, err)
+		}
+		// A finished item is never written twice: refusing here rolls back
+		// the chunk's effects with it, whatever the caller believed.
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return fmt.Errorf("%w: item %s/%s of run %s is already finished; the chunk is rolled back",
+				checkpoint.ErrItemFinished, it.Step, it.Key, t.lease.RunID)
+		}
+	}
+	return nil
+}
+
+// AcceptItemChanges implements checkpoint.Tx.
+func (t *sqliteTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item, changes []checkpoint.ItemChange) error {
+	if err := t.checkFence(); err != nil {
+		return err
+	}
+	for _, it := range items {
+		res, err := t.tx.ExecContext(t.ctx, sqlAcceptItem, it.Fingerprint, t.lease.RunID, it.Step, it.Key)
+		if err != nil {
+			return fmt.Errorf("checkpoint: accept changed item %s/%s: %w", it.Step, it.Key, err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return fmt.Errorf("%w: item %s/%s of run %s is not recorded; there is no fingerprint to replace",
+				checkpoint.ErrNotFound, it.Step, it.Key, t.lease.RunID)
+		}
+	}
+	for _, c := range changes {
+		if err := t.putChange(c.Step, c, checkpoint.ItemChangeAccepted, a.At, a.Operator); err != nil {
+			return err
+		}
+	}
+	if _, err := t.tx.ExecContext(t.ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details); err != nil {
+		return fmt.Errorf("checkpoint: record audit of %s: %w", a.RunID, err)
+	}
+	return nil
+}
+
+// PutChunkPlan implements checkpoint.Tx.
+func (t *sqliteTx) PutChunkPlan(p checkpoint.ChunkPlan) error {
+	switch p.Status {
+	case "":
+		p.Status = checkpoint.StepPlanned
+	case checkpoint.StepPlanned, checkpoint.ChunkApplied:
+	default:
+		return fmt.Errorf("checkpoint: chunk plan %s of %s has status %q; record it %q or %q",
+			p.EffectID, p.Step, p.Status, checkpoint.StepPlanned, checkpoint.ChunkApplied)
+	}
+	if err := t.checkFence(); err != nil {
+		return err
+	}
+	if _, err := t.tx.ExecContext(t.ctx, sqlPutChunkPlan, t.lease.RunID, p.Step, p.EffectID, p.Status, p.Plan); err != nil {
+		return err
+	}
+	if p.Supersedes != "" {
+		// Items of the old plan without effects of their own move to the
+		// new plan, so finishing it completes them too.
+		if _, err := t.tx.ExecContext(t.ctx, sqlMoveChunkItems, p.EffectID, t.lease.RunID, p.Step, p.Supersedes); err != nil {
+			return err
+		}
+		_, err := t.tx.ExecContext(t.ctx, sqlSupersedeChunkPlan, t.lease.RunID, p.Step, p.Supersedes)
+		return err
+	}
+	return nil
+}
+
+// FinishChunk implements checkpoint.Tx.
+func (t *sqliteTx) FinishChunk(step, effectID string) error {
+	if err := t.checkFence(); err != nil {
+		return err
+	}
+	if _, err := t.tx.ExecContext(t.ctx, sqlFinishChunk, t.lease.RunID, step, effectID); err != nil {
+		return err
+	}
+	_, err := t.tx.ExecContext(t.ctx, sqlFinishChunkPlan, t.lease.RunID, step, effectID)
+	return err
+}
+
+// Items implements checkpoint.Store.
+func (s *Store) Items(ctx context.Context, q checkpoint.ItemQuery, fn func(checkpoint.Item) error) error {
+	var rows *sql.Rows
+	var err error
+	switch {
+	case len(q.Keys) > 0:
+		cols := "item_key, status, output, error, attempt, chunk, fingerprint"
+		if q.KeysOnly {
+			cols = "item_key, status, attempt, fingerprint"
+		}
+		// Only placeholders are added to the text; keys are bound values.
+		query := "SELECT " + cols + " FROM items WHERE run_id = ? AND step_id = ? AND item_key IN (?" +
+			strings.Repeat(", ?", len(q.Keys)-1) + ") ORDER BY item_key"
+		args := make([]any, 0, len(q.Keys)+2)
+		args = append(args, q.RunID, q.Step)
+		for _, k := range q.Keys {
+			args = append(args, k)
+		}
+		rows, err = s.rdb.QueryContext(ctx, query, args...)
+	case q.From != "" || q.To != "":
+		return s.itemRange(ctx, q, fn)
+	case q.Status != "":
+		rows, err = s.rdb.QueryContext(ctx, sqlItemsByStatus, q.RunID, q.Step, q.Status, q.After, sqlLimit(q.Limit))
+		q.KeysOnly = false
+	case q.KeysOnly:
+		query := sqlItemKeysAll
+		if q.Last {
+			query = sqlItemKeysLast
+		}
+		rows, err = s.rdb.QueryContext(ctx, query, q.RunID, q.Step, sqlLimit(q.Limit))
+	default:
+		rows, err = s.rdb.QueryContext(ctx, sqlItemsAll, q.RunID, q.Step)
+	}
+	if err != nil {
+		return s.wrap("read items of "+q.RunID+" "+q.Step, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		it := checkpoint.Item{Step: q.Step}
+		var attempt int64 // scanned as int64: database/sql converts to int through a string
+		if q.KeysOnly {
+			err = rows.Scan(&it.Key, &it.Status, &attempt, &it.Fingerprint)
+		} else {
+			err = rows.Scan(&it.Key, &it.Status, &it.Output, &it.Error, &attempt, &it.Chunk, &it.Fingerprint)
+		}
+		it.Attempt = int(attempt)
+		if err != nil {
+			return s.wrap("read items of "+q.RunID+" "+q.Step, err)
+		}
+		if err := fn(it); err != nil {
+			return err
+		}
+	}
+	return s.wrap("read items of "+q.RunID+" "+q.Step, rows.Err())
+}
+
+// itemRange streams the keys, statuses and fingerprints of a key range with
+// a prepared statement: a resumed batch step reads one range per chunk.
+func (s *Store) itemRange(ctx context.Context, q checkpoint.ItemQuery, fn func(checkpoint.Item) error) error {
+	rows, err := s.stmt.itemRange.QueryContext(ctx, q.RunID, q.Step, q.From, q.To)
+	if err != nil {
+		return s.wrap("read items of "+q.RunID+" "+q.Step, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		it := checkpoint.Item{Step: q.Step}
+		if err := rows.Scan(&it.Key, &it.Status, &it.Fingerprint); err != nil {
+			return s.wrap("read items of "+q.RunID+" "+q.Step, err)
+		}
+		if err := fn(it); err != nil {
+			return err
+		}
+	}
+	return s.wrap("read items of "+q.RunID+" "+q.Step, rows.Err())
+}
+
+// ChunkPlans implements checkpoint.Store: the chunk plans of a step still planned.
+func (s *Store) ChunkPlans(ctx context.Context, runID, step string) ([]checkpoint.ChunkPlan, error) {
+	rows, err := s.rdb.QueryContext(ctx, sqlChunkPlans, runID, step)
+	if err != nil {
+		return nil, s.wrap("read chunk plans of "+runID, err)
+	}
+	defer rows.Close()
+	var out []checkpoint.ChunkPlan
+	for rows.Next() {
+		p := checkpoint.ChunkPlan{Step: step}
+		if err := rows.Scan(&p.EffectID, &p.Status, &p.Plan); err != nil {
+			return nil, s.wrap("read chunk plans of "+runID, err)
+		}
+		out = append(out, p)
+	}
+	return out, s.wrap("read chunk plans of "+runID, rows.Err())
+}
+
+// ItemCounts implements checkpoint.Store.
+func (s *Store) ItemCounts(ctx context.Context, runID string) ([]checkpoint.ItemCount, error) {
+	rows, err := s.rdb.QueryContext(ctx, sqlItemCounts, runID)
+	if err != nil {
+		return nil, s.wrap("count items of "+runID, err)
+	}
+	defer rows.Close()
+	var out []checkpoint.ItemCount
+	for rows.Next() {
+		var c checkpoint.ItemCount
+		if err := rows.Scan(&c.Step, &c.Status, &c.Count); err != nil {
+			return nil, s.wrap("count items of "+runID, err)
+		}
+		out = append(out, c)
+	}
+	return out, s.wrap("count items of "+runID, rows.Err())
+}
