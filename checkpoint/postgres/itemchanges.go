@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,6 +42,10 @@ func (s *Store) ItemChanges(ctx context.Context, runID, step string) ([]checkpoi
 func (t *pgTx) RefuseItemChanges(step string, at time.Time, changes []checkpoint.ItemChange) error {
 	b := t.batch()
 	b.Queue(sqlClearRefused, t.lease.RunID, step)
+	changes = slices.Clone(changes)
+	for i := range changes {
+		changes[i].Step = step // the step named, as on SQLite
+	}
 	queueChanges(b, t.lease, changes, checkpoint.ItemChangeRefused, at, "")
 	if _, err := t.exec(b); err != nil {
 		return t.fail(fmt.Errorf("postgres: record refused item changes of %s/%s: %w", t.lease.RunID, step, err))
@@ -54,6 +59,20 @@ func queueChanges(b *pgx.Batch, l checkpoint.Lease, changes []checkpoint.ItemCha
 	if len(changes) == 0 {
 		return
 	}
+	// One row per item: the last decision on an item given twice wins,
+	// as SQLite's INSERT OR REPLACE does (an upsert may not touch a row
+	// twice in one statement).
+	last := map[[2]string]int{}
+	for i, c := range changes {
+		last[[2]string{c.Step, c.Key}] = i
+	}
+	kept := changes[:0:0]
+	for i, c := range changes {
+		if last[[2]string{c.Step, c.Key}] == i {
+			kept = append(kept, c)
+		}
+	}
+	changes = kept
 	steps := make([]string, len(changes))
 	keys := make([]string, len(changes))
 	kinds := make([]string, len(changes))

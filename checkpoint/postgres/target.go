@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -58,6 +60,12 @@ RETURNING ` + key,
 }
 
 const (
+	// sqlLockKeys takes a transaction-scoped advisory lock per key of a
+	// table that creates missing keys, in key order: FOR UPDATE locks only
+	// rows that exist, so two writers of one new key would both read it
+	// missing and one would find the other's insert at its commit.
+	sqlLockKeys = `SELECT pg_advisory_xact_lock(s.h) FROM (
+    SELECT hashtextextended($1 || chr(31) || k, 0) AS h FROM unnest($2::text[]) AS k ORDER BY k COLLATE "C") AS s`
 	sqlIsApplied   = `SELECT EXISTS (SELECT 1 FROM stepwise_applied WHERE effect_id = $1)`
 	sqlMarkApplied = `INSERT INTO stepwise_applied (effect_id, run_id, step_id, applied_at) VALUES ($1, $2, $3, $4)`
 )
@@ -76,9 +84,15 @@ func (t *pgTx) Target(table checkpoint.Table) (checkpoint.Target, error) {
 
 // Read implements checkpoint.Target.
 func (g *pgTarget) Read(ctx context.Context, keys []string) (map[string]checkpoint.State, error) {
+	keys = sortedUnique(keys)
 	q := g.sql.read
 	if g.lock {
 		q = g.sql.readLocked
+		if g.table.CreateMissing {
+			if _, err := g.q.Exec(ctx, sqlLockKeys, g.table.Name, keys); err != nil {
+				return nil, g.fail(fmt.Errorf("postgres: lock the keys of %s: %w", g.table.Name, err))
+			}
+		}
 	}
 	rows, err := g.q.Query(ctx, q, keys)
 	if err != nil {
@@ -114,6 +128,15 @@ func (g *pgTarget) Read(ctx context.Context, keys []string) (map[string]checkpoi
 // and one INSERT for the new ones, each returning the keys it wrote, so a
 // key it missed (another writer moved it) is named.
 func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
+	// In key order, so two writers of the same keys take their row locks
+	// in one order and wait for each other instead of deadlocking.
+	ws = slices.Clone(ws)
+	slices.SortFunc(ws, func(a, b checkpoint.Write) int { return strings.Compare(a.Key, b.Key) })
+	for i := 1; i < len(ws); i++ {
+		if ws[i].Key == ws[i-1].Key {
+			return g.fail(fmt.Errorf("postgres: write %s: key %q is written twice in one plan", g.table.Name, ws[i].Key))
+		}
+	}
 	var uk, ik []string
 	var unv, uov, inv []int64
 	for _, w := range ws {
@@ -147,7 +170,8 @@ func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 	if len(written) == len(ws) {
 		return nil
 	}
-	return g.conflict(ctx, ws, written)
+	// What matched is written in this transaction: it must not commit.
+	return g.fail(g.conflict(ctx, ws, written))
 }
 
 // conflict names the first write, in the plan's order, that found its key
@@ -278,4 +302,11 @@ func redactURL(u string) string {
 		return "(an unparsable location)"
 	}
 	return p.Redacted()
+}
+
+// sortedUnique is keys in bytewise order without repeats.
+func sortedUnique(keys []string) []string {
+	out := slices.Clone(keys)
+	slices.Sort(out)
+	return slices.Compact(out)
 }

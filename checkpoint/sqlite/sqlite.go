@@ -134,6 +134,12 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	// Absolute from here on: the store's path names its file in messages
+	// and decides "same store" for targets, whatever directory the
+	// process moves to later.
+	if abs, err := filepath.Abs(cfg.Path); err == nil && !strings.HasPrefix(cfg.Path, "file:") && cfg.Path != ":memory:" {
+		cfg.Path = abs
+	}
 	path := cfg.Path
 	if _, err := statDB(path, cfg.MustExist); err != nil {
 		return nil, err

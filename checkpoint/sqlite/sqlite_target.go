@@ -478,6 +478,11 @@ func runTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx
 // prepared statements; any other is checked and prepared in this
 // transaction.
 func (t *sqliteTx) Target(tb checkpoint.Table) (checkpoint.Target, error) {
+	// Effects are writes of this transaction like any other: fenced
+	// before the first of them, even when no checkpoint comes with them.
+	if err := t.checkFence(); err != nil {
+		return nil, err
+	}
 	t.s.tmu.Lock()
 	h := t.s.tables[tb]
 	t.s.tmu.Unlock()

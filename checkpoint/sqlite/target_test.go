@@ -230,3 +230,75 @@ func TestSQLTxCommitsWithTheCheckpoint(t *testing.T) {
 		t.Errorf("balance = %d (err %v); want 100: the fenced transaction's job SQL was kept", bal, err)
 	}
 }
+
+// A store opened with a relative path keeps naming its own file after the
+// process changes directory: "same store" is still its file, and another
+// directory's file of the same name is a separate store.
+func TestRelativeStoreAfterChdir(t *testing.T) {
+	ctx := context.Background()
+	first, second := t.TempDir(), t.TempDir()
+	t.Chdir(first)
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: "ck.db"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if want := filepath.Join(first, "ck.db"); st.Path() != want {
+		t.Errorf("Path() = %q; want the absolute %q", st.Path(), want)
+	}
+	other, err := sqlite.Open(ctx, sqlite.Config{Path: filepath.Join(second, "ck.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Close()
+	t.Chdir(second)
+	for _, c := range []struct {
+		loc  string
+		same bool
+	}{{filepath.Join(first, "ck.db"), true}, {"ck.db", false}, {"", true}} {
+		et, err := st.OpenTarget(ctx, checkpoint.TargetSpec{Location: c.loc, Table: checkpoint.StateTable, ReadOnly: true})
+		if err != nil {
+			t.Fatalf("open target at %q: %v", c.loc, err)
+		}
+		if et.Same() != c.same {
+			t.Errorf("target at %q (cwd %s): same store %v, want %v", c.loc, second, et.Same(), c.same)
+		}
+		et.Close()
+	}
+}
+
+// Effects are fenced like checkpoints: a transaction whose only writes go
+// through Tx.Target commits nothing once another runner claimed the run.
+func TestTargetOnlyTransactionIsFenced(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, sqlite.Config{Path: filepath.Join(t.TempDir(), "ck.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+	req := checkpoint.ClaimRequest{RunID: "job/k", Job: "job", RunKey: "k", Params: []byte(`{}`), ParamsHash: "h",
+		Owner: "a:1", Now: now, LeaseFor: time.Second}
+	a, err := st.Claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Owner, req.Now = "b:2", now.Add(time.Minute)
+	if _, err := st.Claim(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	err = st.InTx(ctx, a.Lease, func(tx checkpoint.Tx) error {
+		v, err := tx.Target(checkpoint.StateTable)
+		if err != nil {
+			return err
+		}
+		return v.Write(ctx, []checkpoint.Write{{Key: "k", NewValue: 99, Insert: true}})
+	})
+	if !errors.Is(err, checkpoint.ErrFenced) {
+		t.Fatalf("a stale runner's target-only transaction: %v; want ErrFenced", err)
+	}
+	var n int
+	if err := st.ReadDB().QueryRow(`SELECT count(*) FROM stepwise_state`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("stepwise_state has %d rows (%v) after the fenced write; want 0", n, err)
+	}
+}
