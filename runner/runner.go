@@ -266,6 +266,11 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 			end.Error = p.Record()
 		}
 		outErr = fmt.Errorf("run %s failed: %w", runID, jobErr)
+		if needsOperator(jobErr) {
+			// Recorded failed (resumable), but nothing broke: the run
+			// stopped where only an operator can decide.
+			outErr = fmt.Errorf("run %s stopped for an operator decision: %w", runID, jobErr)
+		}
 	}
 	if end.Status == checkpoint.RunSucceeded {
 		steps.Crash("run:before-finish")
@@ -295,11 +300,25 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 		ev, msg = log.Warn().Str("cause", context.Cause(ctx).Error()), "run interrupted; it resumes from its checkpoints when run again"
 	case errors.As(jobErr, &p):
 		ev = log.Error().Err(jobErr).Str("stack", string(p.Stack))
+	case needsOperator(jobErr):
+		ev, msg = log.Warn().Err(jobErr), "run stopped for an operator decision"
 	case outErr != nil:
 		ev = log.Error().Err(jobErr)
 	}
 	ev.Str("status", end.Status).Int("executed", res.Stats.Executed).Int("skipped", res.Stats.Skipped).Msg(msg)
 	return res, outErr
+}
+
+// needsOperator reports whether a job's error is a stop for an operator's
+// decision rather than a failure: a step or batch item whose input changed
+// since it ran, or an outside call of unknown outcome.
+func needsOperator(err error) bool {
+	var (
+		changed *steps.StepChangedError
+		item    *steps.ItemChangedError
+		unknown *steps.OutcomeUnknownError
+	)
+	return errors.As(err, &changed) || errors.As(err, &item) || errors.As(err, &unknown)
 }
 
 // dispatch delivers the outbox messages due, when a delivery is set.
