@@ -125,32 +125,11 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimR
 	case lerr != nil:
 		return checkpoint.Claim{}, lerr
 	}
-	if !run.PrunedAt.IsZero() {
-		return checkpoint.Claim{}, fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so running it again "+
-			"would redo its effects; pick another run key", checkpoint.ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))
+	take, err := checkpoint.MayClaim(run, req, dbNow)
+	if err != nil {
+		return checkpoint.Claim{}, err
 	}
-	if run.ParamsHash != req.ParamsHash {
-		return checkpoint.Claim{}, &checkpoint.ParamsMismatchError{RunID: run.ID, Stored: string(run.Params), Given: string(req.Params)}
-	}
-	var tookOver string
-	var prevUntil time.Time
-	switch run.Status {
-	case checkpoint.RunSucceeded:
-		if !req.Force {
-			return checkpoint.Claim{}, fmt.Errorf("%w: %s finished at %s; nothing to do (a forced claim runs it again, still skipping completed steps)",
-				checkpoint.ErrAlreadySucceeded, run.ID, run.FinishedAt.Format(time.RFC3339))
-		}
-	case checkpoint.RunAbandoned:
-		if !req.Force {
-			return checkpoint.Claim{}, fmt.Errorf("%w: %s (%s); it is not resumed unless forced", checkpoint.ErrAbandoned, run.ID, run.Error)
-		}
-	case checkpoint.RunRunning:
-		live := dbNow.Before(run.LeaseUntil)
-		if live && (req.OwnerGone == nil || !req.OwnerGone(run.LeaseOwner)) {
-			return checkpoint.Claim{}, &checkpoint.LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil}
-		}
-		tookOver, prevUntil = run.LeaseOwner, run.LeaseUntil
-	}
+	tookOver, prevUntil := take.From, take.LeaseUntil
 	previous := run.Status
 	var number int
 	taken, err := scanRun(conn.QueryRow(ctx, sqlTakeRun, run.ID, req.Owner, now, lease, run.Fence,

@@ -92,32 +92,11 @@ func claimTx(ctx context.Context, tx *sql.Tx, req checkpoint.ClaimRequest) (chec
 	case err != nil:
 		return checkpoint.Claim{}, err
 	}
-	if !run.PrunedAt.IsZero() {
-		return checkpoint.Claim{}, fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so running it again "+
-			"would redo its effects; pick another run key", checkpoint.ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))
+	take, err := checkpoint.MayClaim(run, req, req.Now)
+	if err != nil {
+		return checkpoint.Claim{}, err
 	}
-	if run.ParamsHash != req.ParamsHash {
-		return checkpoint.Claim{}, &checkpoint.ParamsMismatchError{RunID: run.ID, Stored: string(run.Params), Given: string(req.Params)}
-	}
-	var tookOver string
-	var prevUntil time.Time
-	switch run.Status {
-	case checkpoint.RunSucceeded:
-		if !req.Force {
-			return checkpoint.Claim{}, fmt.Errorf("%w: %s finished at %s; nothing to do (a forced claim runs it again, still skipping completed steps)",
-				checkpoint.ErrAlreadySucceeded, run.ID, run.FinishedAt.Format(time.RFC3339))
-		}
-	case checkpoint.RunAbandoned:
-		if !req.Force {
-			return checkpoint.Claim{}, fmt.Errorf("%w: %s (%s); it is not resumed unless forced", checkpoint.ErrAbandoned, run.ID, run.Error)
-		}
-	case checkpoint.RunRunning:
-		live := req.Now.Before(run.LeaseUntil)
-		if live && (req.OwnerGone == nil || !req.OwnerGone(run.LeaseOwner)) {
-			return checkpoint.Claim{}, &checkpoint.LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil}
-		}
-		tookOver, prevUntil = run.LeaseOwner, run.LeaseUntil
-	}
+	tookOver, prevUntil := take.From, take.LeaseUntil
 	res, err := tx.ExecContext(ctx, sqlTakeRun, req.Owner, until, now, run.ID, run.Fence)
 	if err != nil {
 		return checkpoint.Claim{}, err

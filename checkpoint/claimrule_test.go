@@ -1,0 +1,61 @@
+package checkpoint_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// MayClaim is the claim rule every store applies to an existing run.
+func TestMayClaim(t *testing.T) {
+	now := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+	req := checkpoint.ClaimRequest{RunID: "j/k", ParamsHash: "h", Params: []byte(`{"a":1}`), Owner: "b:2"}
+	base := checkpoint.Run{ID: "j/k", ParamsHash: "h", Params: []byte(`{"a":1}`)}
+	with := func(f func(*checkpoint.Run)) checkpoint.Run { r := base; f(&r); return r }
+	gone := func(string) bool { return true }
+	var held *checkpoint.LeaseHeldError
+	var mismatch *checkpoint.ParamsMismatchError
+	for _, c := range []struct {
+		name  string
+		run   checkpoint.Run
+		req   func(*checkpoint.ClaimRequest)
+		check func(checkpoint.Takeover, error) bool
+	}{
+		{"failed run resumes", with(func(r *checkpoint.Run) { r.Status = checkpoint.RunFailed }), nil,
+			func(tk checkpoint.Takeover, err error) bool { return err == nil && tk.From == "" }},
+		{"pruned is refused even forced", with(func(r *checkpoint.Run) { r.Status = checkpoint.RunSucceeded; r.PrunedAt = now }),
+			func(q *checkpoint.ClaimRequest) { q.Force = true },
+			func(_ checkpoint.Takeover, err error) bool { return errors.Is(err, checkpoint.ErrPruned) }},
+		{"other parameters", with(func(r *checkpoint.Run) { r.Status = checkpoint.RunFailed; r.ParamsHash = "x" }), nil,
+			func(_ checkpoint.Takeover, err error) bool { return errors.As(err, &mismatch) }},
+		{"succeeded needs force", with(func(r *checkpoint.Run) { r.Status = checkpoint.RunSucceeded }), nil,
+			func(_ checkpoint.Takeover, err error) bool { return errors.Is(err, checkpoint.ErrAlreadySucceeded) }},
+		{"succeeded forced", with(func(r *checkpoint.Run) { r.Status = checkpoint.RunSucceeded }), func(q *checkpoint.ClaimRequest) { q.Force = true },
+			func(_ checkpoint.Takeover, err error) bool { return err == nil }},
+		{"abandoned needs force", with(func(r *checkpoint.Run) { r.Status = checkpoint.RunAbandoned }), nil,
+			func(_ checkpoint.Takeover, err error) bool { return errors.Is(err, checkpoint.ErrAbandoned) }},
+		{"live lease is held, even forced", with(func(r *checkpoint.Run) {
+			r.Status, r.LeaseOwner, r.LeaseUntil = checkpoint.RunRunning, "a:1", now.Add(time.Second)
+		}), func(q *checkpoint.ClaimRequest) { q.Force = true },
+			func(_ checkpoint.Takeover, err error) bool { return errors.As(err, &held) && held.Owner == "a:1" }},
+		{"live lease of a gone owner is taken over", with(func(r *checkpoint.Run) {
+			r.Status, r.LeaseOwner, r.LeaseUntil = checkpoint.RunRunning, "a:1", now.Add(time.Second)
+		}), func(q *checkpoint.ClaimRequest) { q.OwnerGone = gone },
+			func(tk checkpoint.Takeover, err error) bool { return err == nil && tk.From == "a:1" && tk.LeaseUntil.Equal(now.Add(time.Second)) }},
+		{"expired lease is taken over at its end", with(func(r *checkpoint.Run) {
+			r.Status, r.LeaseOwner, r.LeaseUntil = checkpoint.RunRunning, "a:1", now
+		}), nil,
+			func(tk checkpoint.Takeover, err error) bool { return err == nil && tk.From == "a:1" }},
+	} {
+		q := req
+		if c.req != nil {
+			c.req(&q)
+		}
+		tk, err := checkpoint.MayClaim(c.run, q, now)
+		if !c.check(tk, err) {
+			t.Errorf("%s: takeover %+v, error %v", c.name, tk, err)
+		}
+	}
+}
