@@ -43,7 +43,9 @@ func TestMayClaim(t *testing.T) {
 		{"live lease of a gone owner is taken over", with(func(r *checkpoint.Run) {
 			r.Status, r.LeaseOwner, r.LeaseUntil = checkpoint.RunRunning, "a:1", now.Add(time.Second)
 		}), func(q *checkpoint.ClaimRequest) { q.OwnerGone = gone },
-			func(tk checkpoint.Takeover, err error) bool { return err == nil && tk.From == "a:1" && tk.LeaseUntil.Equal(now.Add(time.Second)) }},
+			func(tk checkpoint.Takeover, err error) bool {
+				return err == nil && tk.From == "a:1" && tk.LeaseUntil.Equal(now.Add(time.Second))
+			}},
 		{"expired lease is taken over at its end", with(func(r *checkpoint.Run) {
 			r.Status, r.LeaseOwner, r.LeaseUntil = checkpoint.RunRunning, "a:1", now
 		}), nil,
