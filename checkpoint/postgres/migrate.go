@@ -4,10 +4,6 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stepwise-run/stepwise/checkpoint"
@@ -16,34 +12,9 @@ import (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-// migrations returns the embedded migrations in version order. Files are
-// named NNNN_what.sql.
-func migrations() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFiles, "migrations")
-	if err != nil {
-		return nil, err
-	}
-	var ms []migration
-	for _, e := range entries {
-		num, _, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
-			return nil, fmt.Errorf("postgres: migration file %s is not named NNNN_name.sql", e.Name())
-		}
-		b, err := migrationFiles.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, migration{version: v, name: e.Name(), sql: string(b)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	return ms, nil
+// migrations returns the embedded migrations in version order.
+func migrations() ([]checkpoint.Migration, error) {
+	return checkpoint.ReadMigrations(migrationFiles, "migrations")
 }
 
 // SchemaVersion is the newest schema version this binary knows.
@@ -52,7 +23,7 @@ func SchemaVersion() int {
 	if err != nil || len(ms) == 0 {
 		return 0
 	}
-	return ms[len(ms)-1].version
+	return ms[len(ms)-1].Version
 }
 
 const (
@@ -90,7 +61,7 @@ func (s *Store) migrate(ctx context.Context) error {
 
 // migrateNext applies the first migration the database lacks, in one
 // transaction under the lock; it reports whether it applied one.
-func (s *Store) migrateNext(ctx context.Context, ms []migration) (applied bool, err error) {
+func (s *Store) migrateNext(ctx context.Context, ms []checkpoint.Migration) (applied bool, err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return false, s.wrap("begin migration", err)
@@ -114,11 +85,11 @@ func (s *Store) migrateNext(ctx context.Context, ms []migration) (applied bool, 
 		}
 	}
 	latest := ms[len(ms)-1]
-	if current > latest.version {
+	if current > latest.Version {
 		return false, fmt.Errorf("%w: %s has schema version %d, this binary knows up to %d; use a newer stepwise",
-			checkpoint.ErrTooNew, s.where, current, latest.version)
+			checkpoint.ErrTooNew, s.where, current, latest.Version)
 	}
-	if current == latest.version {
+	if current == latest.Version {
 		return false, s.wrap("end migration", tx.Commit(ctx))
 	}
 	if !exists {
@@ -126,21 +97,21 @@ func (s *Store) migrateNext(ctx context.Context, ms []migration) (applied bool, 
 			return false, s.wrap("create schema table", err)
 		}
 	}
-	var m migration
+	var m checkpoint.Migration
 	for _, m = range ms {
-		if m.version > current {
+		if m.Version > current {
 			break
 		}
 	}
 	// The simple protocol runs the file's statements one after another.
-	if _, err := tx.Exec(ctx, m.sql, pgx.QueryExecModeSimpleProtocol); err != nil {
-		return false, s.wrap("apply migration "+m.name, err)
+	if _, err := tx.Exec(ctx, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+		return false, s.wrap("apply migration "+m.Name, err)
 	}
-	if _, err := tx.Exec(ctx, sqlInsertVersion, m.version, m.name); err != nil {
-		return false, s.wrap("record migration "+m.name, err)
+	if _, err := tx.Exec(ctx, sqlInsertVersion, m.Version, m.Name); err != nil {
+		return false, s.wrap("record migration "+m.Name, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, s.wrap("commit migration "+m.name, err)
+		return false, s.wrap("commit migration "+m.Name, err)
 	}
 	return true, nil
 }

@@ -4,10 +4,6 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
@@ -15,34 +11,9 @@ import (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-// migrations returns the embedded migrations in version order. Files are
-// named NNNN_what.sql.
-func migrations() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFiles, "migrations")
-	if err != nil {
-		return nil, err
-	}
-	var ms []migration
-	for _, e := range entries {
-		num, _, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
-			return nil, fmt.Errorf("checkpoint: migration file %s is not named NNNN_name.sql", e.Name())
-		}
-		b, err := migrationFiles.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, migration{version: v, name: e.Name(), sql: string(b)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	return ms, nil
+// migrations returns the embedded migrations in version order.
+func migrations() ([]checkpoint.Migration, error) {
+	return checkpoint.ReadMigrations(migrationFiles, "migrations")
 }
 
 // SchemaVersion is the newest schema version this binary knows.
@@ -51,7 +22,7 @@ func SchemaVersion() int {
 	if err != nil || len(ms) == 0 {
 		return 0
 	}
-	return ms[len(ms)-1].version
+	return ms[len(ms)-1].Version
 }
 
 const (
@@ -79,17 +50,17 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err := s.db.QueryRowContext(ctx, sqlSchemaVersion).Scan(&current); err != nil {
 		return s.wrap("read schema version", err)
 	}
-	if latest := ms[len(ms)-1].version; current > latest {
+	if latest := ms[len(ms)-1].Version; current > latest {
 		return fmt.Errorf("%w: %s has schema version %d, this binary knows up to %d; use a newer stepwise",
 			checkpoint.ErrTooNew, s.path, current, latest)
 	}
 	for _, m := range ms {
-		if m.version <= current {
+		if m.Version <= current {
 			continue
 		}
 		tx, err := s.db.BeginTx(ctx, nil)
 		if err != nil {
-			return s.wrap("begin migration "+m.name, err)
+			return s.wrap("begin migration "+m.Name, err)
 		}
 		// Another process may have migrated since we read the version;
 		// the write lock we now hold makes this read authoritative.
@@ -97,20 +68,20 @@ func (s *Store) migrate(ctx context.Context) error {
 			tx.Rollback()
 			return s.wrap("read schema version", err)
 		}
-		if m.version <= current {
+		if m.Version <= current {
 			tx.Rollback()
 			continue
 		}
-		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
 			tx.Rollback()
-			return s.wrap("apply migration "+m.name, err)
+			return s.wrap("apply migration "+m.Name, err)
 		}
-		if _, err := tx.ExecContext(ctx, sqlInsertVersion, m.version, m.name); err != nil {
+		if _, err := tx.ExecContext(ctx, sqlInsertVersion, m.Version, m.Name); err != nil {
 			tx.Rollback()
-			return s.wrap("record migration "+m.name, err)
+			return s.wrap("record migration "+m.Name, err)
 		}
 		if err := tx.Commit(); err != nil {
-			return s.wrap("commit migration "+m.name, err)
+			return s.wrap("commit migration "+m.Name, err)
 		}
 	}
 	return nil
