@@ -398,9 +398,10 @@ func TestOperatorsActAtOnceAfterKill9(t *testing.T) {
 	pay := []string{"--db", db, "run", "pay", "-p", "key=k", "-p", "outside=" + outside}
 	c, got := runChild(t, []string{crashtest.CrashAt("step:pay:after-intent")}, pay...)
 	c.WantExit(got, sigkilled)
-	if code, out, errs := cli("resolve", "pay/k", "--step", "pay", "--as", "retry", "--reason", "not at the provider"); code != ExitOK ||
-		!strings.Contains(out, "resolved as retry") {
-		t.Errorf("resolve after kill -9: exit %d, %q %q; want it done at once", code, out, errs)
+	if code, out, errs := cli("resolve", "pay/k", "--step", "pay", "--as", "retry", "--reason", "not at the provider", "--json"); code != ExitOK ||
+		!strings.Contains(out, `"operation": "resolve"`) || !strings.Contains(out, `"result": "resolved as retry"`) ||
+		!strings.Contains(out, `"step": "pay"`) {
+		t.Errorf("resolve --json after kill -9: exit %d, %q %q; want it done at once, as one JSON object", code, out, errs)
 	}
 }
 

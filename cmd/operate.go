@@ -56,6 +56,7 @@ type RecoverCmd struct {
 	RunID  string `arg:"" name:"run-id" help:"The stale run (its runner died; '${name} runs' marks it stale)."`
 	Reason string `default:"runner gone" help:"Why, for the audit log."`
 	Force  bool   `help:"Recover even though the lease has not expired (only if you know its runner is gone)."`
+	JSON   bool   `name:"json" help:"Print the outcome as one JSON object (run_id, operation, step, result, operator, reason, at) instead of a line."`
 }
 
 // Run implements the recover command.
@@ -73,6 +74,9 @@ func (c *RecoverCmd) Run(env *Env) error {
 		}
 		return err
 	}
+	if c.JSON {
+		return writeOperation(env, c.operatorFlags, "recover", c.RunID, "", "failed (resumable)", c.Reason)
+	}
 	fmt.Fprintf(env.Stdout, "run %s marked failed (resumable): resume it with `%s resume %s`\n", c.RunID, env.Name, c.RunID)
 	return nil
 }
@@ -82,6 +86,7 @@ type AbandonCmd struct {
 	operatorFlags
 	RunID  string `arg:"" name:"run-id" help:"Run to abandon."`
 	Reason string `required:"" help:"Why the run is given up, for the audit log."`
+	JSON   bool   `name:"json" help:"Print the outcome as one JSON object (run_id, operation, step, result, operator, reason, at) instead of a line."`
 }
 
 // Run implements the abandon command.
@@ -97,6 +102,9 @@ func (c *AbandonCmd) Run(env *Env) error {
 		}
 		return err
 	}
+	if c.JSON {
+		return writeOperation(env, c.operatorFlags, "abandon", c.RunID, "", "abandoned", c.Reason)
+	}
 	fmt.Fprintf(env.Stdout, "run %s abandoned: run and resume refuse it unless --force\n", c.RunID)
 	return nil
 }
@@ -108,6 +116,7 @@ type ResetCmd struct {
 	Step   string `required:"" help:"Step ID to clear (see '${name} show RUN_ID')."`
 	Reason string `required:"" help:"Why, for the audit log."`
 	Force  bool   `help:"Reset even though the step's effects applied; they are not undone, and will apply again when the step reruns."`
+	JSON   bool   `name:"json" help:"Print the outcome as one JSON object (run_id, operation, step, result, operator, reason, at) instead of a line."`
 }
 
 // Run implements the reset command.
@@ -139,6 +148,9 @@ func (c *ResetCmd) Run(env *Env) error {
 	}
 	if err := st.ResetSteps(env.Ctx, c.audit(env, c.RunID, "reset --step "+c.Step, c.Reason, details), env.now(), []string{c.Step}, ownerGone); err != nil {
 		return err
+	}
+	if c.JSON {
+		return writeOperation(env, c.operatorFlags, "reset", c.RunID, c.Step, "cleared", c.Reason)
 	}
 	fmt.Fprintf(env.Stdout, "step %s of %s cleared; it runs again on `%s resume %s`\n", c.Step, c.RunID, env.Name, c.RunID)
 	return nil
@@ -460,6 +472,7 @@ type ResolveCmd struct {
 	As     string `required:"" enum:"done,retry" help:"done: the call happened (checked in the outside system); retry: it did not, call again."`
 	Output string `default:"null" help:"With --as done: the call's result as JSON, returned to later steps."`
 	Reason string `required:"" help:"What you checked, for the audit log."`
+	JSON   bool   `name:"json" help:"Print the outcome as one JSON object (run_id, operation, step, result, operator, reason, at) instead of a line."`
 }
 
 // Run implements the resolve command.
@@ -479,6 +492,27 @@ func (c *ResolveCmd) Run(env *Env) error {
 		}
 		return err
 	}
+	if c.JSON {
+		return writeOperation(env, c.operatorFlags, "resolve", c.RunID, c.Step, "resolved as "+c.As, c.Reason)
+	}
 	fmt.Fprintf(env.Stdout, "step %s of %s resolved as %s; continue with `%s resume %s`\n", c.Step, c.RunID, c.As, env.Name, c.RunID)
 	return nil
+}
+
+// operationView is a manual operation's outcome in --json.
+type operationView struct {
+	RunID     string    `json:"run_id"`
+	Operation string    `json:"operation"`
+	Step      string    `json:"step,omitempty"`
+	Result    string    `json:"result"`
+	Operator  string    `json:"operator"`
+	Reason    string    `json:"reason"`
+	At        time.Time `json:"at"`
+}
+
+// writeOperation prints a manual operation's outcome as JSON.
+func writeOperation(env *Env, f operatorFlags, op, runID, step, result, reason string) error {
+	a := f.audit(env, runID, op, reason, "")
+	return writeJSON(env.Stdout, operationView{RunID: runID, Operation: op, Step: step, Result: result,
+		Operator: a.Operator, Reason: reason, At: a.At})
 }
