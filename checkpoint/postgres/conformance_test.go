@@ -12,9 +12,8 @@ import (
 
 // TestConformance runs the store conformance suite against PostgreSQL, a
 // schema per test on the server STEPWISE_TEST_PG names. The store is not
-// complete yet: it has no outbox, schedules or operator actions (and so no
-// audited acceptance, no listings and no prune), so the concepts that need
-// them are not run here; the fence race of every write it does have runs
+// complete yet: it has no outbox, schedules or listings, so the concepts
+// that need them are not run here; the fence race of every write it does have runs
 // in TestFenceRace (200 rounds). When the store is complete this becomes
 // storetest.Run.
 func TestConformance(t *testing.T) {
@@ -26,5 +25,5 @@ func TestConformance(t *testing.T) {
 			return postgres.Open(ctx, postgres.Config{URL: db, CallerClock: true})
 		},
 		SchemaVersion: postgres.SchemaVersion(),
-	}, storetest.Migration, storetest.ClaimAndLease, storetest.Steps, storetest.Targets)
+	}, storetest.Migration, storetest.ClaimAndLease, storetest.Steps, storetest.Targets, storetest.Operations)
 }
