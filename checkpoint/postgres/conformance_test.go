@@ -12,7 +12,7 @@ import (
 
 // TestConformance runs the store conformance suite against PostgreSQL, a
 // schema per test on the server STEPWISE_TEST_PG names. The store is not
-// complete yet: it has no outbox or schedules, so the concepts
+// complete yet: it has no schedules, so the concepts
 // that need them are not run here; the fence race of every write it does have runs
 // in TestFenceRace (200 rounds). When the store is complete this becomes
 // storetest.Run.
@@ -25,5 +25,5 @@ func TestConformance(t *testing.T) {
 			return postgres.Open(ctx, postgres.Config{URL: db, CallerClock: true})
 		},
 		SchemaVersion: postgres.SchemaVersion(),
-	}, storetest.Migration, storetest.ClaimAndLease, storetest.Steps, storetest.Items, storetest.ChunkPlans, storetest.Targets, storetest.Operations)
+	}, storetest.Migration, storetest.ClaimAndLease, storetest.Steps, storetest.Items, storetest.ChunkPlans, storetest.Targets, storetest.Outbox, storetest.Operations)
 }

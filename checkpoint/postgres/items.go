@@ -51,8 +51,6 @@ WHERE run_id = $1 AND step_id = $2 AND status = $3 AND item_key > $4 ORDER BY it
 	sqlItemKeysRange = `SELECT item_key, status, fingerprint FROM items
 WHERE run_id = $1 AND step_id = $2 AND item_key BETWEEN $3 AND $4 ORDER BY item_key`
 	sqlItemCounts = `SELECT step_id, status, count(*) FROM items WHERE run_id = $1 GROUP BY step_id, status ORDER BY step_id, status`
-	sqlEnqueue    = `INSERT INTO outbox (key, run_id, topic, payload, status, next_at, created_at)
-VALUES ($1, $2, $3, $4, 'queued', $5, $5) ON CONFLICT (key) DO NOTHING`
 )
 
 func isFinished(status string) bool {
@@ -202,15 +200,6 @@ func (t *pgTx) FinishChunk(step, effectID string) error {
 	b := t.batch()
 	b.Queue(sqlFinishChunk, t.lease.RunID, step, effectID)
 	b.Queue(sqlFinishChunkPlan, t.lease.RunID, step, effectID)
-	_, err := t.exec(b)
-	return err
-}
-
-// Enqueue implements checkpoint.Tx: the message commits or rolls back
-// with the transaction's checkpoint. Queuing a key twice keeps the first.
-func (t *pgTx) Enqueue(m checkpoint.Message) error {
-	b := t.batch()
-	b.Queue(sqlEnqueue, m.Key, t.lease.RunID, m.Topic, m.Payload, m.CreatedAt)
 	_, err := t.exec(b)
 	return err
 }
