@@ -27,7 +27,6 @@ RETURNING step_id, item_key`
 FROM unnest($2::text[], $3::text[], $4::bytea[]) AS u(step, key, fingerprint)
 WHERE items.run_id = $1 AND items.step_id = u.step AND items.item_key = u.key
 RETURNING items.step_id, items.item_key`
-	sqlInsertAudit        = `INSERT INTO audit (run_id, at, operator, command, reason, details) VALUES ($1, $2, $3, $4, $5, $6)`
 	sqlPutChunkPlan       = `INSERT INTO chunk_plans (run_id, step_id, effect_id, status, plan) VALUES ($1, $2, $3, $4, $5)`
 	sqlMoveChunkItems     = `UPDATE items SET chunk = $1 WHERE run_id = $2 AND step_id = $3 AND chunk = $4 AND status = 'planned'`
 	sqlSupersedeChunkPlan = `UPDATE chunk_plans SET status = 'superseded' WHERE run_id = $1 AND step_id = $2 AND effect_id = $3 AND status = 'planned'`
@@ -131,7 +130,7 @@ func (t *pgTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item, ch
 	}
 	b := t.batch()
 	b.Queue(sqlAcceptItems, t.lease.RunID, steps, keys, fps)
-	b.Queue(sqlInsertAudit, a.RunID, a.At, a.Operator, a.Command, a.Reason, a.Details)
+	b.Queue(sqlAudit, a.RunID, ts(a.At), a.Operator, a.Command, a.Reason, a.Details)
 	queueChanges(b, t.lease, changes, checkpoint.ItemChangeAccepted, a.At, a.Operator)
 	br, err := t.send(b)
 	if err != nil {
