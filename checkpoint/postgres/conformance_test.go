@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
@@ -21,5 +22,32 @@ func TestConformance(t *testing.T) {
 			return postgres.Open(ctx, postgres.Config{URL: db, CallerClock: true})
 		},
 		SchemaVersion: postgres.SchemaVersion(),
+		SchemaVersions: func(t *testing.T, db string) []int {
+			conn := connectSchema(t, db)
+			rows, err := conn.Query(context.Background(), `SELECT version FROM stepwise_schema ORDER BY version`)
+			if err != nil {
+				t.Fatalf("read schema versions: %v", err)
+			}
+			vs, err := pgx.CollectRows(rows, pgx.RowTo[int])
+			if err != nil {
+				t.Fatalf("read schema versions: %v", err)
+			}
+			return vs
+		},
+		MarkNewer: func(t *testing.T, db string, v int) {
+			pgtest.Exec(t, db, `INSERT INTO stepwise_schema (version, name) VALUES ($1, 'newer.sql')`, v)
+		},
 	})
+}
+
+// connectSchema opens one connection on the schema URL db, closed when t
+// ends.
+func connectSchema(t *testing.T, db string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		t.Fatalf("connect %s: %v", db, err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }
