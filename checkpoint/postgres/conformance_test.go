@@ -4,27 +4,50 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 	"github.com/stepwise-run/stepwise/checkpoint/storetest"
 )
 
-// TestConformance runs the store conformance suite against PostgreSQL, a
-// schema per test on the server STEPWISE_TEST_PG names. The store is not
-// complete yet: it has no outbox, schedules or operator actions (and so no
-// audited acceptance, no listings and no prune), so the concepts that need
-// them are not run here; the fence race of every write it does have runs
-// in TestFenceRace (200 rounds). When the store is complete this becomes
-// storetest.Run.
+// TestConformance runs the whole store conformance suite against
+// PostgreSQL, a schema per test on the server STEPWISE_TEST_PG names.
 func TestConformance(t *testing.T) {
 	pgtest.URL(t) // without a server, says the PostgreSQL pass was not run
-	storetest.RunConcepts(t, storetest.Harness{
+	storetest.Run(t, storetest.Harness{
 		NewDatabase: func(t *testing.T) string { return pgtest.Schema(t) },
 		Open: func(ctx context.Context, db string) (checkpoint.Store, error) {
 			// The suite passes every time; leases use it instead of now().
 			return postgres.Open(ctx, postgres.Config{URL: db, CallerClock: true})
 		},
 		SchemaVersion: postgres.SchemaVersion(),
-	}, storetest.Migration, storetest.ClaimAndLease, storetest.Steps, storetest.Targets)
+		SchemaVersions: func(t *testing.T, db string) []int {
+			conn := connectSchema(t, db)
+			rows, err := conn.Query(context.Background(), `SELECT version FROM stepwise_schema ORDER BY version`)
+			if err != nil {
+				t.Fatalf("read schema versions: %v", err)
+			}
+			vs, err := pgx.CollectRows(rows, pgx.RowTo[int])
+			if err != nil {
+				t.Fatalf("read schema versions: %v", err)
+			}
+			return vs
+		},
+		MarkNewer: func(t *testing.T, db string, v int) {
+			pgtest.Exec(t, db, `INSERT INTO stepwise_schema (version, name) VALUES ($1, 'newer.sql')`, v)
+		},
+	})
+}
+
+// connectSchema opens one connection on the schema URL db, closed when t
+// ends.
+func connectSchema(t *testing.T, db string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		t.Fatalf("connect %s: %v", db, err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }

@@ -26,6 +26,11 @@
 // hosts neither shortens nor stretches them; tests that drive a fake clock
 // set [Config.CallerClock].
 //
+// The store is a complete [checkpoint.Backend]: besides the Store contract
+// it offers the operator actions (each locks the run row FOR UPDATE, so it
+// waits for a write in flight and then fences its runner out), the
+// listings show uses, the outbox and the schedules' fenced leases.
+//
 // Keys (run, step and item IDs) are stored with COLLATE "C": they compare
 // bytewise, as on SQLite.
 package postgres

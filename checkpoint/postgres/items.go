@@ -27,7 +27,6 @@ RETURNING step_id, item_key`
 FROM unnest($2::text[], $3::text[], $4::bytea[]) AS u(step, key, fingerprint)
 WHERE items.run_id = $1 AND items.step_id = u.step AND items.item_key = u.key
 RETURNING items.step_id, items.item_key`
-	sqlInsertAudit        = `INSERT INTO audit (run_id, at, operator, command, reason, details) VALUES ($1, $2, $3, $4, $5, $6)`
 	sqlPutChunkPlan       = `INSERT INTO chunk_plans (run_id, step_id, effect_id, status, plan) VALUES ($1, $2, $3, $4, $5)`
 	sqlMoveChunkItems     = `UPDATE items SET chunk = $1 WHERE run_id = $2 AND step_id = $3 AND chunk = $4 AND status = 'planned'`
 	sqlSupersedeChunkPlan = `UPDATE chunk_plans SET status = 'superseded' WHERE run_id = $1 AND step_id = $2 AND effect_id = $3 AND status = 'planned'`
@@ -51,8 +50,6 @@ WHERE run_id = $1 AND step_id = $2 AND status = $3 AND item_key > $4 ORDER BY it
 	sqlItemKeysRange = `SELECT item_key, status, fingerprint FROM items
 WHERE run_id = $1 AND step_id = $2 AND item_key BETWEEN $3 AND $4 ORDER BY item_key`
 	sqlItemCounts = `SELECT step_id, status, count(*) FROM items WHERE run_id = $1 GROUP BY step_id, status ORDER BY step_id, status`
-	sqlEnqueue    = `INSERT INTO outbox (key, run_id, topic, payload, status, next_at, created_at)
-VALUES ($1, $2, $3, $4, 'queued', $5, $5) ON CONFLICT (key) DO NOTHING`
 )
 
 func isFinished(status string) bool {
@@ -133,7 +130,7 @@ func (t *pgTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item, ch
 	}
 	b := t.batch()
 	b.Queue(sqlAcceptItems, t.lease.RunID, steps, keys, fps)
-	b.Queue(sqlInsertAudit, a.RunID, a.At, a.Operator, a.Command, a.Reason, a.Details)
+	b.Queue(sqlAudit, a.RunID, ts(a.At), a.Operator, a.Command, a.Reason, a.Details)
 	queueChanges(b, t.lease, changes, checkpoint.ItemChangeAccepted, a.At, a.Operator)
 	br, err := t.send(b)
 	if err != nil {
@@ -202,15 +199,6 @@ func (t *pgTx) FinishChunk(step, effectID string) error {
 	b := t.batch()
 	b.Queue(sqlFinishChunk, t.lease.RunID, step, effectID)
 	b.Queue(sqlFinishChunkPlan, t.lease.RunID, step, effectID)
-	_, err := t.exec(b)
-	return err
-}
-
-// Enqueue implements checkpoint.Tx: the message commits or rolls back
-// with the transaction's checkpoint. Queuing a key twice keeps the first.
-func (t *pgTx) Enqueue(m checkpoint.Message) error {
-	b := t.batch()
-	b.Queue(sqlEnqueue, m.Key, t.lease.RunID, m.Topic, m.Payload, m.CreatedAt)
 	_, err := t.exec(b)
 	return err
 }

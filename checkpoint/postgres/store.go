@@ -110,7 +110,9 @@ type Store struct {
 	where string // "server HOST:PORT, database NAME": what errors name
 }
 
-var _ checkpoint.Store = (*Store)(nil)
+// Store is a complete backend: the command line can use it as it uses
+// the SQLite store.
+var _ checkpoint.Backend = (*Store)(nil)
 
 // Open connects to the database cfg.URL names and brings its schema up to
 // date. Its errors name the server and database and what is wrong.
