@@ -61,3 +61,19 @@ func TestMayClaim(t *testing.T) {
 		}
 	}
 }
+
+// Resolution is the resolve rule every store applies.
+func TestResolution(t *testing.T) {
+	run := checkpoint.Run{ID: "pay/k"}
+	a := checkpoint.Audit{Operator: "alice", Reason: "not at the provider"}
+	if st, msg, err := checkpoint.Resolution(run, "pay", checkpoint.StepCalling, a, true); err != nil || st != checkpoint.StepCompleted || msg != "" {
+		t.Errorf("done: %q %q %v", st, msg, err)
+	}
+	if st, msg, err := checkpoint.Resolution(run, "pay", checkpoint.StepCalling, a, false); err != nil || st != checkpoint.StepFailed ||
+		msg != "resolved by alice as not done: not at the provider" {
+		t.Errorf("retry: %q %q %v", st, msg, err)
+	}
+	if _, _, err := checkpoint.Resolution(run, "pay", checkpoint.StepCompleted, a, true); !errors.Is(err, checkpoint.ErrNotUnknown) {
+		t.Errorf("a completed step: %v; want ErrNotUnknown", err)
+	}
+}

@@ -104,3 +104,19 @@ type Operator interface {
 	// its key is refused with ErrPruned. With dryRun it only counts.
 	Prune(ctx context.Context, a Audit, cutoff time.Time, dryRun bool) (PruneResult, error)
 }
+
+// Resolution applies the resolve rule every store shares to a step of run
+// whose recorded status is status: only an outside call of unknown outcome
+// can be resolved (ErrNotUnknown otherwise). Done records it completed;
+// otherwise it is failed, with who resolved it and why, so the next run
+// calls again.
+func Resolution(run Run, stepID, status string, a Audit, done bool) (newStatus, errText string, err error) {
+	if status != StepCalling {
+		return "", "", fmt.Errorf("%w: step %s of %s is %s, not an outside call of unknown outcome; nothing to resolve",
+			ErrNotUnknown, stepID, run.ID, status)
+	}
+	if done {
+		return StepCompleted, "", nil
+	}
+	return StepFailed, "resolved by " + a.Operator + " as not done: " + a.Reason, nil
+}

@@ -186,13 +186,9 @@ func (s *Store) ResolveStep(ctx context.Context, a checkpoint.Audit, now time.Ti
 		if err != nil {
 			return err
 		}
-		if status != checkpoint.StepCalling {
-			return fmt.Errorf("%w: step %s of %s is %s, not an outside call of unknown outcome; nothing to resolve",
-				checkpoint.ErrNotUnknown, stepID, run.ID, status)
-		}
-		newStatus, errText := checkpoint.StepFailed, "resolved by "+a.Operator+" as not done: "+a.Reason
-		if done {
-			newStatus, errText = checkpoint.StepCompleted, ""
+		newStatus, errText, err := checkpoint.Resolution(run, stepID, status, a, done)
+		if err != nil {
+			return err
 		}
 		b := &pgx.Batch{}
 		b.Queue(sqlResolveStep, run.ID, stepID, newStatus, output, errText, s.clock(now))
