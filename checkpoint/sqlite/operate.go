@@ -13,7 +13,10 @@ import (
 const (
 	sqlInsertAudit = `INSERT INTO audit (run_id, at, operator, command, reason, details) VALUES (?, ?, ?, ?, ?, ?)`
 	sqlAudits      = `SELECT at, operator, command, reason, details FROM audit WHERE run_id = ? ORDER BY id`
-	sqlRecoverRun  = `UPDATE runs SET status = 'failed', fence = fence + 1, lease_owner = NULL, lease_until = NULL,
+	// sqlFenceRun raises the fence of a run whose other columns an
+	// operation leaves alone (resolve), so its runner writes nothing more.
+	sqlFenceRun   = `UPDATE runs SET fence = fence + 1, updated_at = ? WHERE id = ? AND fence = ?`
+	sqlRecoverRun = `UPDATE runs SET status = 'failed', fence = fence + 1, lease_owner = NULL, lease_until = NULL,
     error = ?, updated_at = ? WHERE id = ? AND fence = ?`
 	sqlAbandonRun = `UPDATE runs SET status = 'abandoned', fence = fence + 1, lease_owner = NULL, lease_until = NULL,
     error = ?, updated_at = ?, finished_at = ? WHERE id = ? AND fence = ?`
@@ -248,7 +251,10 @@ func (s *Store) ResolveStep(ctx context.Context, a checkpoint.Audit, now time.Ti
 		if err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, sqlResolveStep, newStatus, output, errText, fmtTime(now), run.ID, stepID)
+		if _, err := tx.ExecContext(ctx, sqlResolveStep, newStatus, output, errText, fmtTime(now), run.ID, stepID); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, sqlFenceRun, fmtTime(now), run.ID, run.Fence)
 		return err
 	})
 }

@@ -198,6 +198,11 @@ func testOperations(t *testing.T, h Harness) {
 		if err := op.ResolveStep(e.ctx, audit("ops/7", "resolve", now), now, "pay/1", true, []byte(`{"ok":true}`), goneA); err != nil {
 			t.Fatalf("resolve done, owner gone: %v", err)
 		}
+		// Like every operation that changes a run, resolve grows its
+		// fence: the runner it declared gone writes nothing more.
+		if err := st.InTx(e.ctx, c.Lease, func(tx checkpoint.Tx) error { return tx.PutStep(completed("late", `1`)) }); !errors.Is(err, checkpoint.ErrFenced) {
+			t.Errorf("the old runner's write after a resolve: %v; want ErrFenced", err)
+		}
 		later := now.Add(time.Minute)
 		if err := op.ResolveStep(e.ctx, audit("ops/7", "resolve", later), later, "pay/2", false, nil, goneA); err != nil {
 			t.Fatalf("resolve not done: %v", err)
