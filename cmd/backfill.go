@@ -59,9 +59,6 @@ func (c *BackfillCmd) Run(env *Env) error {
 	if days := int(to.Sub(from).Hours()/24) + 1; days > 3660 {
 		return usageError{fmt.Errorf("--from %s --to %s spans %d days; backfill at most ten years at a time", c.From, c.To, days)}
 	}
-	if c.MaxParallel < 1 {
-		return usageError{fmt.Errorf("--max-parallel is %d; use at least 1", c.MaxParallel)}
-	}
 	open := env.Store
 	if c.DryRun { // lists only: never creates the database
 		open = env.ExistingStore

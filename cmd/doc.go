@@ -20,6 +20,9 @@
 //	1  the run failed
 //	2  bad usage or input
 //	3  interrupted, resumable
-//	4  run held by another runner (or this runner lost its lease)
-//	5  needs an operator decision (a changed step, an abandoned run)
+//	4  another process holds it: a live runner's lease, a lease lost
+//	   mid-run, or the database locked by another process
+//	5  needs an operator decision (a changed step or batch item, an outside
+//	   call of unknown outcome, an abandoned or pruned run, a refused
+//	   manual operation)
 package cmd

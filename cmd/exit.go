@@ -23,7 +23,8 @@ const (
 
 const exitCodesHelp = `Exit codes (each means one thing):
   0  the run succeeded (or had already succeeded), or the operation was done.
-  1  the run failed (an error in a step, beyond its retries): rerun or resume it.
+  1  the run failed (an error in a step beyond its retries, an int64 overflow):
+     rerun or resume it.
   2  bad usage or input: an unknown job, run or step; bad or changed parameters;
      a database file that is missing, not a database, read-only or too new.
   3  interrupted (SIGINT/SIGTERM), resumable: run or resume it again.
@@ -66,8 +67,7 @@ func ExitCode(err error) int {
 		return ExitOperator
 	case err == nil, errors.Is(err, checkpoint.ErrAlreadySucceeded):
 		return ExitOK
-	case errors.As(err, &changed), errors.As(err, &item), errors.As(err, &unknown), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned),
-		errors.Is(err, ErrNeedsDecision):
+	case errors.As(err, &changed), errors.As(err, &item), errors.As(err, &unknown), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned):
 		return ExitOperator
 	case errors.As(err, &held), errors.Is(err, checkpoint.ErrFenced), errors.Is(err, checkpoint.ErrLocked):
 		return ExitHeld

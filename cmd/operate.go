@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -65,7 +66,8 @@ func (c *RecoverCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	if err := st.Recover(env.Ctx, c.audit(env, c.RunID, "recover", c.Reason, ""), env.now(), c.Force, ownerGone); err != nil {
+	a := c.audit(env, c.RunID, "recover", c.Reason, "")
+	if err := st.Recover(env.Ctx, a, env.now(), c.Force, ownerGone); err != nil {
 		// A live runner holds it: exit 4, like abandon and reset. A run
 		// that is not running has nothing to recover: refused, exit 5.
 		var held *checkpoint.LeaseHeldError
@@ -75,7 +77,7 @@ func (c *RecoverCmd) Run(env *Env) error {
 		return err
 	}
 	if c.JSON {
-		return writeOperation(env, c.operatorFlags, "recover", c.RunID, "", "failed (resumable)", c.Reason)
+		return writeOperation(env, a, "recover", "", "failed (resumable)")
 	}
 	fmt.Fprintf(env.Stdout, "run %s marked failed (resumable): resume it with `%s resume %s`\n", c.RunID, env.Name, c.RunID)
 	return nil
@@ -95,7 +97,8 @@ func (c *AbandonCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	if err := st.Abandon(env.Ctx, c.audit(env, c.RunID, "abandon", c.Reason, ""), env.now(), ownerGone); err != nil {
+	a := c.audit(env, c.RunID, "abandon", c.Reason, "")
+	if err := st.Abandon(env.Ctx, a, env.now(), ownerGone); err != nil {
 		if errors.Is(err, checkpoint.ErrAlreadySucceeded) {
 			// Refused like recover of a run that is not running: exit 5.
 			return fmt.Errorf("%w: %w", ErrNeedsDecision, err)
@@ -103,7 +106,7 @@ func (c *AbandonCmd) Run(env *Env) error {
 		return err
 	}
 	if c.JSON {
-		return writeOperation(env, c.operatorFlags, "abandon", c.RunID, "", "abandoned", c.Reason)
+		return writeOperation(env, a, "abandon", "", "abandoned")
 	}
 	fmt.Fprintf(env.Stdout, "run %s abandoned: run and resume refuse it unless --force\n", c.RunID)
 	return nil
@@ -146,11 +149,12 @@ func (c *ResetCmd) Run(env *Env) error {
 	if applied.any() {
 		details = "effects kept: " + strings.Join(applied.lines, "; ")
 	}
-	if err := st.ResetSteps(env.Ctx, c.audit(env, c.RunID, "reset --step "+c.Step, c.Reason, details), env.now(), []string{c.Step}, ownerGone); err != nil {
+	a := c.audit(env, c.RunID, "reset --step "+c.Step, c.Reason, details)
+	if err := st.ResetSteps(env.Ctx, a, env.now(), []string{c.Step}, ownerGone); err != nil {
 		return err
 	}
 	if c.JSON {
-		return writeOperation(env, c.operatorFlags, "reset", c.RunID, c.Step, "cleared", c.Reason)
+		return writeOperation(env, a, "reset", c.Step, "cleared")
 	}
 	fmt.Fprintf(env.Stdout, "step %s of %s cleared; it runs again on `%s resume %s`\n", c.Step, c.RunID, env.Name, c.RunID)
 	return nil
@@ -164,6 +168,7 @@ type RerunCmd struct {
 	RunID    string `arg:"" name:"run-id" help:"Run to run again."`
 	FromStep string `name:"from-step" placeholder:"STEP" help:"Clear this step's checkpoint and those of every step that started after it, then run. Applied effects are not undone: if any of the cleared steps applied effects, it is refused (exit 5, listing them and their amounts) unless --force, and they apply again."`
 	Reason   string `help:"Why, for the audit log. Required with --from-step and --accept-changed."`
+	JSON     bool   `name:"json" help:"Print the outcome as JSON on stdout (what --from-step cleared goes to the audit log, not stdout)."`
 }
 
 // Run implements the rerun command.
@@ -221,9 +226,13 @@ func (c *RerunCmd) Run(env *Env) error {
 			"use rerun --from-step %s --force --reason \"...\" if that is what you want",
 			ErrNeedsDecision, clears, applied.count(), strings.Join(applied.lines, "\n  "), c.FromStep)
 	}
-	fmt.Fprintln(env.Stdout, clears)
+	out := env.Stdout
+	if c.JSON {
+		out = io.Discard // stdout is the one JSON document
+	}
+	fmt.Fprintln(out, clears)
 	if applied.any() {
-		fmt.Fprintf(env.Stdout, "effects already applied are NOT undone (--force): %s stay applied and apply again when their steps rerun:\n  %s\n",
+		fmt.Fprintf(out, "effects already applied are NOT undone (--force): %s stay applied and apply again when their steps rerun:\n  %s\n",
 			applied.count(), strings.Join(applied.lines, "\n  "))
 	}
 	if c.Reason == "" {
@@ -250,6 +259,9 @@ func (c *RerunCmd) resume(env *Env, force bool) error {
 	}
 	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: force, RetrySkipped: c.RetrySkipped, AcceptChanged: accept})
 	prog.close()
+	if c.JSON {
+		return printResultJSON(env, res, err)
+	}
 	return itemChangedHint(env, report(env, res, err), c.RunID)
 }
 
@@ -493,7 +505,7 @@ func (c *ResolveCmd) Run(env *Env) error {
 		return err
 	}
 	if c.JSON {
-		return writeOperation(env, c.operatorFlags, "resolve", c.RunID, c.Step, "resolved as "+c.As, c.Reason)
+		return writeOperation(env, a, "resolve", c.Step, "resolved as "+c.As)
 	}
 	fmt.Fprintf(env.Stdout, "step %s of %s resolved as %s; continue with `%s resume %s`\n", c.Step, c.RunID, c.As, env.Name, c.RunID)
 	return nil
@@ -510,9 +522,9 @@ type operationView struct {
 	At        time.Time `json:"at"`
 }
 
-// writeOperation prints a manual operation's outcome as JSON.
-func writeOperation(env *Env, f operatorFlags, op, runID, step, result, reason string) error {
-	a := f.audit(env, runID, op, reason, "")
-	return writeJSON(env.Stdout, operationView{RunID: runID, Operation: op, Step: step, Result: result,
-		Operator: a.Operator, Reason: reason, At: a.At})
+// writeOperation prints a manual operation's outcome as JSON, from the
+// audit row it recorded.
+func writeOperation(env *Env, a checkpoint.Audit, op, step, result string) error {
+	return writeJSON(env.Stdout, operationView{RunID: a.RunID, Operation: op, Step: step, Result: result,
+		Operator: a.Operator, Reason: a.Reason, At: a.At})
 }

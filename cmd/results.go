@@ -98,15 +98,14 @@ func viewResult(env *Env, res runner.Result, err error) runResultView {
 // command returns: nil when the outcome is fine although err is not (the
 // run had already succeeded), so that Execute does not print it on stdout
 // after the JSON.
-//
-// runID names the run when the runner refused it before saying (it had
-// already succeeded), "" if unknown.
-func printResultJSON(env *Env, res runner.Result, err error, runID string) error {
+// A run refused because it had already succeeded is reported as
+// succeeded, under the ID the runner returns.
+func printResultJSON(env *Env, res runner.Result, err error) error {
 	if res.Status == "" {
-		if !errors.Is(err, checkpoint.ErrAlreadySucceeded) || runID == "" {
+		if !errors.Is(err, checkpoint.ErrAlreadySucceeded) || res.RunID == "" {
 			return err // refused before a run existed, or held: the error says why
 		}
-		res.RunID, res.Status = runID, checkpoint.RunSucceeded
+		res.Status = checkpoint.RunSucceeded
 	}
 	v := viewResult(env, res, err)
 	if werr := writeJSON(env.Stdout, v); werr != nil {

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
 )
 
@@ -80,23 +79,9 @@ func (c *RunCmd) Run(env *Env) error {
 		printDryRun(env, res)
 		return itemChangedHint(env, err, res.RunID)
 	case c.JSON:
-		return printResultJSON(env, res, err, c.runID(env, file))
+		return printResultJSON(env, res, err)
 	}
 	return itemChangedHint(env, report(env, res, err), res.RunID)
-}
-
-// runID is the ID of the run the command names, "" if its job or
-// parameters are wrong.
-func (c *RunCmd) runID(env *Env, paramsFile []byte) string {
-	job, err := env.Registry.Lookup(c.Job)
-	if err != nil {
-		return ""
-	}
-	dec, err := job.Decode(c.Params, paramsFile)
-	if err != nil {
-		return ""
-	}
-	return jobs.RunID(c.Job, dec.RunKey)
 }
 
 // ResumeCmd resumes a run by ID.
@@ -125,7 +110,7 @@ func (c *ResumeCmd) Run(env *Env) error {
 	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: c.Force, RetrySkipped: c.RetrySkipped, AcceptChanged: accept})
 	prog.close()
 	if c.JSON {
-		return printResultJSON(env, res, err, c.RunID)
+		return printResultJSON(env, res, err)
 	}
 	return itemChangedHint(env, report(env, res, err), c.RunID)
 }

@@ -58,7 +58,7 @@ func (c *ServeCmd) Run(env *Env) error {
 	}
 	where := ""
 	if c.Listen != "" {
-		srv, addr, err := serveHTTP(c.Listen, sched, reg)
+		srv, addr, err := serveHTTP(env, c.Listen, sched, reg)
 		if err != nil {
 			return usageError{err}
 		}
@@ -80,9 +80,6 @@ func (c *ServeCmd) Run(env *Env) error {
 // checkGrace refuses a grace period Main's own would cut short: after the
 // signal, Main ends the process once STEPWISE_GRACE has passed.
 func (c *ServeCmd) checkGrace() error {
-	if c.Grace < 0 {
-		return fmt.Errorf("--grace is %s; use 0 (interrupt at once) or more", c.Grace)
-	}
 	process := 30 * time.Second
 	if v := os.Getenv(GraceEnv); v != "" {
 		if d, err := time.ParseDuration(v); err == nil && d > 0 {
@@ -98,7 +95,7 @@ func (c *ServeCmd) checkGrace() error {
 
 // serveHTTP serves /healthz and /metrics on addr in the background and
 // returns the server and the address it listens on.
-func serveHTTP(addr string, sched *runner.Scheduler, reg *prometheus.Registry) (*http.Server, string, error) {
+func serveHTTP(env *Env, addr string, sched *runner.Scheduler, reg *prometheus.Registry) (*http.Server, string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", fmt.Errorf("--listen %s: %w", addr, err)
@@ -109,7 +106,7 @@ func serveHTTP(addr string, sched *runner.Scheduler, reg *prometheus.Registry) (
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			fmt.Fprintf(os.Stderr, "stepwise serve: http: %v\n", err)
+			fmt.Fprintf(env.Stderr, "%s serve: http: %v\n", env.Name, err)
 		}
 	}()
 	return srv, ln.Addr().String(), nil

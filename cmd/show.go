@@ -207,7 +207,7 @@ func (c *ShowCmd) Run(env *Env) error {
 		}
 	}
 	if c.Items != "" {
-		if v.Items, err = c.items(env, st, limit, after); err != nil {
+		if v.Items, err = c.items(env, st, v.Batches, limit, after); err != nil {
 			return err
 		}
 	}
@@ -295,22 +295,17 @@ func (c *ShowCmd) chunkPlans(env *Env, st checkpoint.Backend, v *showView, limit
 }
 
 // items reads one page of the run's items with status c.Items.
-func (c *ShowCmd) items(env *Env, st checkpoint.Backend, limit int, after [2]string) (*itemsPage, error) {
+func (c *ShowCmd) items(env *Env, st checkpoint.Backend, bs []batchView, limit int, after [2]string) (*itemsPage, error) {
 	page := &itemsPage{Status: c.Items, Items: []listedItem{}}
-	counts, err := st.ItemCounts(env.Ctx, c.RunID)
-	if err != nil {
-		return nil, err
-	}
-	for _, n := range counts {
-		if n.Status == c.Items {
-			page.Total += n.Count
-		}
+	for _, b := range bs { // counted once, for the batch table
+		page.Total += map[string]int64{checkpoint.StepCompleted: b.Completed, checkpoint.StepRejected: b.Rejected,
+			checkpoint.ItemSkipped: b.Skipped, checkpoint.StepPlanned: b.Planned}[c.Items]
 	}
 	read := limit
 	if read > 0 {
 		read++ // one more says whether a next page exists
 	}
-	err = st.RunItems(env.Ctx, c.RunID, c.Items, checkpoint.Page{AfterStep: after[0], AfterKey: after[1], Limit: read}, func(it checkpoint.Item) error {
+	err := st.RunItems(env.Ctx, c.RunID, c.Items, checkpoint.Page{AfterStep: after[0], AfterKey: after[1], Limit: read}, func(it checkpoint.Item) error {
 		li := listedItem{ID: it.Step + "/" + it.Key, Step: it.Step, Key: it.Key, Status: it.Status, Reason: it.Error}
 		if len(it.Output) > 0 && json.Valid(it.Output) {
 			li.Output = it.Output

@@ -30,7 +30,7 @@ func openLedger(ctx context.Context, env *cmd.Env, path string, mustExist bool) 
 	}
 	db, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: path, BusyTimeout: env.Globals.BusyTimeout, MustExist: mustExist})
 	if errors.Is(err, checkpoint.ErrNoDatabase) {
-		err = cmd.UsageError(fmt.Errorf("ledger: %w; check %s, or create a ledger with `stepwise ledger seed`", err, flag))
+		err = cmd.UsageError(fmt.Errorf("ledger: %w; check %s, or create a ledger with `%s ledger seed`", err, flag, env.Name))
 	}
 	return db, path, err
 }
