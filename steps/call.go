@@ -221,7 +221,7 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 				return zero, unknown(cause, "")
 			}
 			// Give a request on its way time to land, then look.
-			r.log.Warn().Str(FieldStepID, id).Err(fnErr).Dur("reconcile_in", r.callMargin).
+			r.log.Warn().Str(FieldStepID, id).Err(fnErr).Float64("reconcile_in_seconds", r.callMargin.Seconds()).
 				Msg("outside call of unknown outcome; reconciling")
 			if r.callMargin > 0 {
 				if err := r.sleep(ctx, r.callMargin); err != nil {
@@ -247,7 +247,7 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 		}
 		delay := policy.Backoff(try, rand.Float64())
 		r.recordTry(ctx, &cp, fnErr)
-		r.log.Warn().Str(FieldStepID, id).Int("try", try).Int("tries_total", cp.Tries).Dur("retry_in", delay).Err(fnErr).
+		r.log.Warn().Str(FieldStepID, id).Int("try", try).Int("tries_total", cp.Tries).Float64(FieldRetryInSeconds, delay.Seconds()).Err(fnErr).
 			Msg("outside call failed; retrying with the same idempotency key")
 		cp.Tries++
 		if err := r.sleep(ctx, delay); err != nil {
@@ -311,7 +311,7 @@ func (r *Run) waitOutPreviousLease(ctx context.Context, id string) error {
 	if d <= 0 {
 		return nil
 	}
-	r.log.Info().Str(FieldStepID, id).Dur("wait", d).Time("until", r.prevUntil).
+	r.log.Info().Str(FieldStepID, id).Float64("wait_seconds", d.Seconds()).Time("until", r.prevUntil).
 		Msg("waiting out the previous runner's lease before reconciling its outside call: a request it sent may still land")
 	return r.sleep(ctx, d)
 }

@@ -491,7 +491,7 @@ func (b *batch[I, O]) checkGone(ctx context.Context, src Source[I]) error {
 func (b *batch[I, O]) missingKeys(ctx context.Context, src Source[I], fn func(string)) error {
 	q := checkpoint.ItemQuery{RunID: b.r.lease.RunID, Step: b.name, KeysOnly: true}
 	var yielded map[string]bool
-	if b.ascending && b.ordered {
+	if b.ascending {
 		q.From, q.To = b.tileFrom, b.maxKey
 	} else {
 		yielded = map[string]bool{}

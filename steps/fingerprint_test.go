@@ -587,6 +587,23 @@ func TestForEachFreshAscendingReadsNothingBack(t *testing.T) {
 	}
 }
 
+// A rerun after a crash part-way reads back only the chunks that can hold
+// recorded items: past the greatest key recorded before the attempt there
+// is nothing to read (30 items in chunks of 5, 12 recorded: the first
+// probe, and the chunks T000-T004, T005-T009 and T010-T014).
+func TestForEachResumedAscendingReadsBackOnlyRecordedChunks(t *testing.T) {
+	b := newFPBatch(t, false, 30)
+	b.crashed(b.paged(30))
+	reads := &itemReads{Store: b.st}
+	b.store = reads
+	if sum, err := b.settle(b.paged(30), ""); err != nil || sum.Completed != 30 {
+		t.Fatalf("%+v, %v", sum, err)
+	}
+	if reads.n > 5 {
+		t.Fatalf("%d item reads to resume 30 items after 12, want at most 5: chunks past the last recorded key read nothing back", reads.n)
+	}
+}
+
 func TestForEachDoesNotCheckItemsRecordedWithoutAFingerprint(t *testing.T) {
 	b := newFPBatch(t, false, 30)
 	b.crashed(b.slice())

@@ -43,13 +43,15 @@ type Progress struct {
 	StartedAt time.Time
 }
 
-// itemPlan is one item's operations in a separate-store chunk plan.
+// itemPlan is one item's operations in a recorded chunk plan.
 type itemPlan struct {
 	Key string `json:"key"`
 	Ops []Op   `json:"ops"`
 }
 
-// chunkPlanRecord is a separate-store chunk's recorded plan.
+// chunkPlanRecord is a chunk's recorded plan: separate store, recorded
+// planned and then applied; same store, recorded applied in the chunk's
+// own transaction.
 type chunkPlanRecord struct {
 	Target   string             `json:"target"`
 	EffectID string             `json:"effect_id"`
@@ -422,7 +424,7 @@ func (b *batch[I, O]) doneKeys(ctx context.Context) (map[string]doneItem, error)
 		return nil, err
 	}
 	q := checkpoint.ItemQuery{RunID: b.r.lease.RunID, Step: b.name, KeysOnly: true}
-	tile := b.ascending && b.ordered
+	tile := b.ascending // Paged refuses a key that does not ascend: always ordered
 	if b.ordered {
 		q.From, q.To = b.keys[0], b.keys[len(b.keys)-1]
 		if tile {
@@ -430,6 +432,14 @@ func (b *batch[I, O]) doneKeys(ctx context.Context) (map[string]doneItem, error)
 		}
 	} else {
 		q.Keys = b.keys
+	}
+	if b.ordered && q.From > b.maxKey {
+		// Past every key recorded before this attempt (a rerun after a
+		// crash part-way): nothing there to read back or find gone.
+		if tile {
+			b.tileFrom = q.To
+		}
+		return b.done, nil
 	}
 	err := b.r.store.Items(ctx, q, func(it checkpoint.Item) error {
 		if !b.seen[it.Key] {
