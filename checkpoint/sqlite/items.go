@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -46,8 +47,12 @@ func (t *sqliteTx) checkFence() error {
 		return nil
 	}
 	var fence int64
-	if err := t.tx.QueryRowContext(t.ctx, sqlRunFence, t.lease.RunID).Scan(&fence); err != nil {
-		return fmt.Errorf("%w: run %s: %w", checkpoint.ErrNotFound, t.lease.RunID, err)
+	err := t.tx.QueryRowContext(t.ctx, sqlRunFence, t.lease.RunID).Scan(&fence)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("%w: run %s", checkpoint.ErrNotFound, t.lease.RunID)
+	}
+	if err != nil { // a failed read is not a missing run
+		return fmt.Errorf("checkpoint: read the fence of run %s: %w", t.lease.RunID, err)
 	}
 	if fence != t.lease.Fence {
 		return fmt.Errorf("%w: run %s is at fence %d, this attempt (%d) holds fence %d; it writes nothing more",

@@ -146,7 +146,7 @@ func (h *tableHandle) Close() error {
 
 // Read returns the current state of keys, reading through tx.
 func (h *tableHandle) Read(ctx context.Context, tx *sql.Tx, keys []string) (map[string]checkpoint.State, error) {
-	if len(keys) > 1 && h.readMany != nil {
+	if len(keys) > 1 {
 		return h.readSet(ctx, tx, keys)
 	}
 	st := h.stmt(ctx, tx, h.read)

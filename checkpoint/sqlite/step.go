@@ -83,6 +83,9 @@ func (t *sqliteTx) PutStep(st checkpoint.Step) error {
 		return err
 	}
 	if n, err := res.RowsAffected(); err != nil || n == 1 {
+		// Written: its attempt came from the fence, so the fence held, and
+		// the write lock keeps it so until the commit.
+		t.fenced = err == nil
 		return err
 	}
 	return t.explainRefusedPut(st)
