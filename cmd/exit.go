@@ -57,9 +57,6 @@ func ExitCode(err error) int {
 	var (
 		held     *checkpoint.LeaseHeldError
 		mismatch *checkpoint.ParamsMismatchError
-		changed  *steps.StepChangedError
-		item     *steps.ItemChangedError
-		unknown  *steps.OutcomeUnknownError
 		usage    usageError
 	)
 	switch {
@@ -67,7 +64,7 @@ func ExitCode(err error) int {
 		return ExitOperator
 	case err == nil, errors.Is(err, checkpoint.ErrAlreadySucceeded):
 		return ExitOK
-	case errors.As(err, &changed), errors.As(err, &item), errors.As(err, &unknown), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned):
+	case runner.NeedsOperator(err), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned):
 		return ExitOperator
 	case errors.As(err, &held), errors.Is(err, checkpoint.ErrFenced), errors.Is(err, checkpoint.ErrLocked):
 		return ExitHeld

@@ -249,4 +249,10 @@ func TestDryRunRefusedLikeTheRun(t *testing.T) {
 		t.Errorf("a dry run with a bad parameter printed %q before its error", o.stdout)
 	}
 	c.want(ExitOK, []string{"dry run of crashy/d", "0 steps would run"}, "run", "crashy", "-p", "key=d", "-p", "side="+c.side, "--dry-run")
+	// A pruned run cannot run again: its dry run is refused the same way.
+	c.want(ExitOK, nil, "prune", "--older-than", "0s", "--reason", "drill")
+	o = c.want(ExitOperator, []string{"pruned"}, "run", "crashy", "-p", "key=d", "-p", "side="+c.side, "--dry-run")
+	if strings.Contains(o.stdout, "would run") {
+		t.Errorf("the dry run of a pruned run printed a plan\n%s", o)
+	}
 }

@@ -165,14 +165,19 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 // dryRun executes the job on a write-free steps.Run.
 func (r *Runner) dryRun(ctx context.Context, job jobs.Job, dec jobs.Decoded) (Result, error) {
 	runID := jobs.RunID(job.Name(), dec.RunKey)
-	// Refused as the real run would be: a run key always means the same
-	// parameters, so a dry run with others would show a run that cannot be.
+	// Refused as the real run would be, by the same claim rule: a run key
+	// always means the same parameters, and a pruned run cannot run again.
+	// (A dry run claims nothing, so a lease or a finished run does not stop it.)
 	switch info, err := r.cfg.Store.Run(ctx, runID); {
 	case errors.Is(err, checkpoint.ErrNotFound):
 	case err != nil:
 		return Result{}, err
-	case info.Run.ParamsHash != dec.Hash:
-		return Result{}, &checkpoint.ParamsMismatchError{RunID: runID, Stored: string(info.Run.Params), Given: string(dec.JSON)}
+	default:
+		req := checkpoint.ClaimRequest{RunID: runID, Params: dec.JSON, ParamsHash: dec.Hash, Force: true,
+			OwnerGone: func(string) bool { return true }}
+		if _, err := checkpoint.MayClaim(info.Run, req, r.cfg.Clock.Now()); err != nil {
+			return Result{}, err
+		}
 	}
 	log := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Bool("dry_run", true).Logger()
 	run, err := steps.Begin(ctx, steps.Config{Store: r.cfg.Store, Lease: checkpoint.Lease{RunID: runID, Owner: r.cfg.Owner},
@@ -266,7 +271,7 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 			end.Error = p.Record()
 		}
 		outErr = fmt.Errorf("run %s failed: %w", runID, jobErr)
-		if needsOperator(jobErr) {
+		if NeedsOperator(jobErr) {
 			// Recorded failed (resumable), but nothing broke: the run
 			// stopped where only an operator can decide.
 			outErr = fmt.Errorf("run %s stopped for an operator decision: %w", runID, jobErr)
@@ -300,7 +305,7 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 		ev, msg = log.Warn().Str("cause", context.Cause(ctx).Error()), "run interrupted; it resumes from its checkpoints when run again"
 	case errors.As(jobErr, &p):
 		ev = log.Error().Err(jobErr).Str("stack", string(p.Stack))
-	case needsOperator(jobErr):
+	case NeedsOperator(jobErr):
 		ev, msg = log.Warn().Err(jobErr), "run stopped for an operator decision"
 	case outErr != nil:
 		ev = log.Error().Err(jobErr)
@@ -309,10 +314,11 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	return res, outErr
 }
 
-// needsOperator reports whether a job's error is a stop for an operator's
+// NeedsOperator reports whether a job's error is a stop for an operator's
 // decision rather than a failure: a step or batch item whose input changed
-// since it ran, or an outside call of unknown outcome.
-func needsOperator(err error) bool {
+// since it ran, or an outside call of unknown outcome. The run is recorded
+// failed (resumable) and reported as stopped for an operator decision.
+func NeedsOperator(err error) bool {
 	var (
 		changed *steps.StepChangedError
 		item    *steps.ItemChangedError

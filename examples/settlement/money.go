@@ -24,12 +24,6 @@ type sum struct {
 // add adds x.
 func (s *sum) add(x int64) { s.add128(x>>63, uint64(x)) }
 
-// sub subtracts x (even math.MinInt64).
-func (s *sum) sub(x int64) {
-	lo, borrow := bits.Sub64(0, uint64(x), 0)
-	s.add128(-(x>>63)-int64(borrow), lo)
-}
-
 func (s *sum) add128(hi int64, lo uint64) {
 	var carry uint64
 	s.lo, carry = bits.Add64(s.lo, lo, 0)
