@@ -77,3 +77,37 @@ func TestResolution(t *testing.T) {
 		t.Errorf("a completed step: %v; want ErrNotUnknown", err)
 	}
 }
+
+// Recovery, Abandonment and Reopening are the operator rules every store
+// applies before its own SQL.
+func TestOperatorRules(t *testing.T) {
+	a := checkpoint.Audit{Operator: "alice", Command: "reset --step s", Reason: "why"}
+	running := checkpoint.Run{ID: "j/k", Status: checkpoint.RunRunning}
+	var held *checkpoint.LeaseHeldError
+	if msg, err := checkpoint.Recovery(running, a, false, false); err != nil || msg != "recovered by alice: why" {
+		t.Errorf("recover a stale run: %q, %v", msg, err)
+	}
+	if _, err := checkpoint.Recovery(running, a, true, false); !errors.Is(err, checkpoint.ErrNotStale) || !errors.As(err, &held) {
+		t.Errorf("recover a held run: %v; want ErrNotStale with a *LeaseHeldError", err)
+	}
+	if _, err := checkpoint.Recovery(running, a, true, true); err != nil {
+		t.Errorf("recover a held run, forced: %v", err)
+	}
+	if _, err := checkpoint.Recovery(checkpoint.Run{Status: checkpoint.RunFailed}, a, false, false); !errors.Is(err, checkpoint.ErrNotStale) || errors.As(err, &held) {
+		t.Errorf("recover a run that is not running: %v; want ErrNotStale alone", err)
+	}
+	for st, want := range map[string]error{checkpoint.RunAbandoned: checkpoint.ErrAbandoned, checkpoint.RunSucceeded: checkpoint.ErrAlreadySucceeded} {
+		if _, err := checkpoint.Abandonment(checkpoint.Run{Status: st}, a); !errors.Is(err, want) {
+			t.Errorf("abandon a %s run: %v; want %v", st, err, want)
+		}
+	}
+	if msg, err := checkpoint.Abandonment(running, a); err != nil || msg != "abandoned by alice: why" {
+		t.Errorf("abandon a running run: %q, %v", msg, err)
+	}
+	if _, err := checkpoint.Reopening(checkpoint.Run{PrunedAt: time.Unix(1, 0)}, a); !errors.Is(err, checkpoint.ErrPruned) {
+		t.Errorf("reset a pruned run: %v; want ErrPruned", err)
+	}
+	if msg, err := checkpoint.Reopening(running, a); err != nil || msg != "reopened by alice (reset --step s): why" {
+		t.Errorf("reset: %q, %v", msg, err)
+	}
+}

@@ -120,3 +120,45 @@ func Resolution(run Run, stepID, status string, a Audit, done bool) (newStatus, 
 	}
 	return StepFailed, "resolved by " + a.Operator + " as not done: " + a.Reason, nil
 }
+
+// Recovery applies the recover rule every store shares: only a running run
+// can be recovered (ErrNotStale otherwise), and one whose lease is held
+// (held: live at the store's now, its owner not known gone) only with
+// force (ErrNotStale wrapping a *LeaseHeldError). It returns the ending
+// recorded on the run and its unfinished attempt.
+func Recovery(run Run, a Audit, held, force bool) (msg string, err error) {
+	if run.Status != RunRunning {
+		return "", fmt.Errorf("%w: %s is %s, not running; nothing to recover", ErrNotStale, run.ID, run.Status)
+	}
+	if held && !force {
+		return "", fmt.Errorf("%w: %w", ErrNotStale, &LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil})
+	}
+	return "recovered by " + a.Operator + ": " + a.Reason, nil
+}
+
+// Abandonment applies the abandon rule every store shares: an abandoned
+// run is refused (ErrAbandoned), and so is a succeeded one
+// (ErrAlreadySucceeded: its effects applied and stay, so marking it
+// abandoned would misstate a finished day as given up). It returns the
+// ending recorded on the run and its unfinished attempt.
+func Abandonment(run Run, a Audit) (msg string, err error) {
+	switch run.Status {
+	case RunAbandoned:
+		return "", fmt.Errorf("%w: %s is already abandoned", ErrAbandoned, run.ID)
+	case RunSucceeded:
+		return "", fmt.Errorf("%w: %s finished at %s; a succeeded run is not abandoned",
+			ErrAlreadySucceeded, run.ID, run.FinishedAt.Format(time.RFC3339))
+	}
+	return "abandoned by " + a.Operator + ": " + a.Reason, nil
+}
+
+// Reopening applies the reset rule every store shares: a pruned run's
+// steps cannot run again (ErrPruned). It returns the note recorded on the
+// run, which a succeeded run reopens with as failed.
+func Reopening(run Run, a Audit) (msg string, err error) {
+	if !run.PrunedAt.IsZero() {
+		return "", fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so its steps cannot run again",
+			ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))
+	}
+	return "reopened by " + a.Operator + " (" + a.Command + "): " + a.Reason, nil
+}

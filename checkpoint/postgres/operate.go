@@ -109,13 +109,10 @@ func (s *Store) operate(ctx context.Context, a checkpoint.Audit, now time.Time, 
 func (s *Store) Recover(ctx context.Context, a checkpoint.Audit, now time.Time, force bool, opts ...checkpoint.OperateOption) error {
 	o := checkpoint.NewOperateOptions(opts)
 	return s.operate(ctx, a, now, o, true, func(tx pgx.Tx, run checkpoint.Run, at time.Time) error {
-		if run.Status != checkpoint.RunRunning {
-			return fmt.Errorf("%w: %s is %s, not running; nothing to recover", checkpoint.ErrNotStale, run.ID, run.Status)
+		msg, err := checkpoint.Recovery(run, a, o.Held(run, at), force)
+		if err != nil {
+			return err
 		}
-		if o.Held(run, at) && !force {
-			return fmt.Errorf("%w: %w", checkpoint.ErrNotStale, &checkpoint.LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil})
-		}
-		msg := "recovered by " + a.Operator + ": " + a.Reason
 		b := &pgx.Batch{}
 		b.Queue(sqlRecoverRun, run.ID, run.Fence, msg, s.clock(now))
 		b.Queue(sqlEndAttempts, run.ID, s.clock(now), msg)
@@ -129,16 +126,10 @@ func (s *Store) Recover(ctx context.Context, a checkpoint.Audit, now time.Time, 
 // ErrAlreadySucceeded.
 func (s *Store) Abandon(ctx context.Context, a checkpoint.Audit, now time.Time, opts ...checkpoint.OperateOption) error {
 	return s.operate(ctx, a, now, checkpoint.NewOperateOptions(opts), false, func(tx pgx.Tx, run checkpoint.Run, _ time.Time) error {
-		if run.Status == checkpoint.RunAbandoned {
-			return fmt.Errorf("%w: %s is already abandoned", checkpoint.ErrAbandoned, run.ID)
+		msg, err := checkpoint.Abandonment(run, a)
+		if err != nil {
+			return err
 		}
-		if run.Status == checkpoint.RunSucceeded {
-			// Its effects applied and stay: marking it abandoned would
-			// misstate a finished day as given up.
-			return fmt.Errorf("%w: %s finished at %s; a succeeded run is not abandoned",
-				checkpoint.ErrAlreadySucceeded, run.ID, run.FinishedAt.Format(time.RFC3339))
-		}
-		msg := "abandoned by " + a.Operator + ": " + a.Reason
 		b := &pgx.Batch{}
 		b.Queue(sqlAbandonRun, run.ID, run.Fence, msg, s.clock(now))
 		b.Queue(sqlEndAttempts, run.ID, s.clock(now), msg)
@@ -153,15 +144,14 @@ func (s *Store) Abandon(ctx context.Context, a checkpoint.Audit, now time.Time, 
 // *LeaseHeldError.
 func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Time, stepIDs []string, opts ...checkpoint.OperateOption) error {
 	return s.operate(ctx, a, now, checkpoint.NewOperateOptions(opts), false, func(tx pgx.Tx, run checkpoint.Run, _ time.Time) error {
-		if !run.PrunedAt.IsZero() {
-			return fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so its steps cannot run again",
-				checkpoint.ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))
+		msg, err := checkpoint.Reopening(run, a)
+		if err != nil {
+			return err
 		}
 		ids := stepIDs
 		if ids == nil {
 			ids = []string{}
 		}
-		msg := "reopened by " + a.Operator + " (" + a.Command + "): " + a.Reason
 		b := &pgx.Batch{}
 		for _, q := range []string{sqlResetSteps, sqlResetItems, sqlResetChunkPlans, sqlResetChanges} {
 			b.Queue(q, run.ID, ids)

@@ -71,17 +71,14 @@ func (s *Store) operate(ctx context.Context, a checkpoint.Audit, now time.Time, 
 func (s *Store) Recover(ctx context.Context, a checkpoint.Audit, now time.Time, force bool, opts ...checkpoint.OperateOption) error {
 	o := checkpoint.NewOperateOptions(opts)
 	return s.operate(ctx, a, now, o, true, func(tx *sql.Tx, run checkpoint.Run) error {
-		if run.Status != checkpoint.RunRunning {
-			return fmt.Errorf("%w: %s is %s, not running; nothing to recover", checkpoint.ErrNotStale, run.ID, run.Status)
+		msg, err := checkpoint.Recovery(run, a, o.Held(run, now), force)
+		if err != nil {
+			return err
 		}
-		if o.Held(run, now) && !force {
-			return fmt.Errorf("%w: %w", checkpoint.ErrNotStale, &checkpoint.LeaseHeldError{RunID: run.ID, Owner: run.LeaseOwner, Until: run.LeaseUntil})
-		}
-		msg := "recovered by " + a.Operator + ": " + a.Reason
 		if _, err := tx.ExecContext(ctx, sqlRecoverRun, msg, fmtTime(now), run.ID, run.Fence); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, sqlEndAttempts, fmtTime(now), msg, run.ID)
+		_, err = tx.ExecContext(ctx, sqlEndAttempts, fmtTime(now), msg, run.ID)
 		return err
 	})
 }
@@ -91,20 +88,14 @@ func (s *Store) Recover(ctx context.Context, a checkpoint.Audit, now time.Time, 
 // succeeded one with ErrAlreadySucceeded.
 func (s *Store) Abandon(ctx context.Context, a checkpoint.Audit, now time.Time, opts ...checkpoint.OperateOption) error {
 	return s.operate(ctx, a, now, checkpoint.NewOperateOptions(opts), false, func(tx *sql.Tx, run checkpoint.Run) error {
-		if run.Status == checkpoint.RunAbandoned {
-			return fmt.Errorf("%w: %s is already abandoned", checkpoint.ErrAbandoned, run.ID)
+		msg, err := checkpoint.Abandonment(run, a)
+		if err != nil {
+			return err
 		}
-		if run.Status == checkpoint.RunSucceeded {
-			// Its effects applied and stay: marking it abandoned would
-			// misstate a finished day as given up.
-			return fmt.Errorf("%w: %s finished at %s; a succeeded run is not abandoned",
-				checkpoint.ErrAlreadySucceeded, run.ID, run.FinishedAt.Format(time.RFC3339))
-		}
-		msg := "abandoned by " + a.Operator + ": " + a.Reason
 		if _, err := tx.ExecContext(ctx, sqlAbandonRun, msg, fmtTime(now), fmtTime(now), run.ID, run.Fence); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, sqlEndAttempts, fmtTime(now), msg, run.ID)
+		_, err = tx.ExecContext(ctx, sqlEndAttempts, fmtTime(now), msg, run.ID)
 		return err
 	})
 }
@@ -115,9 +106,9 @@ func (s *Store) Abandon(ctx context.Context, a checkpoint.Audit, now time.Time, 
 // runner is refused with a *LeaseHeldError.
 func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Time, stepIDs []string, opts ...checkpoint.OperateOption) error {
 	return s.operate(ctx, a, now, checkpoint.NewOperateOptions(opts), false, func(tx *sql.Tx, run checkpoint.Run) error {
-		if !run.PrunedAt.IsZero() {
-			return fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so its steps cannot run again",
-				checkpoint.ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))
+		msg, err := checkpoint.Reopening(run, a)
+		if err != nil {
+			return err
 		}
 		for _, id := range stepIDs {
 			for _, q := range []string{sqlDeleteStep, sqlDeleteItems, sqlDeleteChunkPlans, sqlDeleteChanges} {
@@ -126,8 +117,7 @@ func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Tim
 				}
 			}
 		}
-		msg := "reopened by " + a.Operator + " (" + a.Command + "): " + a.Reason
-		_, err := tx.ExecContext(ctx, sqlReopenRun, msg, fmtTime(now), run.ID, run.Fence)
+		_, err = tx.ExecContext(ctx, sqlReopenRun, msg, fmtTime(now), run.ID, run.Fence)
 		return err
 	})
 }
