@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -52,9 +51,8 @@ func (t *pgTx) PutStep(st checkpoint.Step) error {
 // identical content is our own earlier commit whose acknowledgement was
 // lost, so it counts as success; different content is a conflict.
 func (t *pgTx) explainRefusedPut(st checkpoint.Step) error {
-	var status, hash, errText string
-	var output []byte
-	err := t.conn.QueryRow(t.ctx, sqlGetStep, t.lease.RunID, st.ID).Scan(&status, &output, &hash, &errText)
+	var rec checkpoint.Step
+	err := t.conn.QueryRow(t.ctx, sqlGetStep, t.lease.RunID, st.ID).Scan(&rec.Status, &rec.Output, &rec.InputHash, &rec.Error)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Nothing recorded and nothing written: the run row is gone.
 		return t.fail(fmt.Errorf("%w: run %s", checkpoint.ErrNotFound, t.lease.RunID))
@@ -62,10 +60,7 @@ func (t *pgTx) explainRefusedPut(st checkpoint.Step) error {
 	if err != nil {
 		return t.fail(err)
 	}
-	if status == st.Status && hash == st.InputHash && errText == st.Error && bytes.Equal(output, st.Output) {
-		return nil
-	}
-	return &checkpoint.StepConflictError{RunID: t.lease.RunID, StepID: st.ID, Status: status}
+	return checkpoint.RefusedPut(t.lease.RunID, rec, st)
 }
 
 // ResetStep implements checkpoint.Tx.

@@ -1,11 +1,9 @@
 package sqlite
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	msqlite "modernc.org/sqlite"
@@ -105,26 +103,14 @@ func (t *sqliteTx) ResetStep(id string) error {
 // finished. A finished step with identical content is our own earlier commit
 // whose acknowledgement was lost, so it counts as success.
 func (t *sqliteTx) explainRefusedPut(st checkpoint.Step) error {
-	var fence int64
-	if err := t.tx.QueryRowContext(t.ctx, sqlRunFence, t.lease.RunID).Scan(&fence); err != nil {
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("%w: run %s", checkpoint.ErrNotFound, t.lease.RunID)
-		}
+	if err := t.checkFence(); err != nil {
 		return err
 	}
-	if fence != t.lease.Fence {
-		return fmt.Errorf("%w: run %s is at fence %d, this attempt (%d) holds fence %d; it writes nothing more",
-			checkpoint.ErrFenced, t.lease.RunID, fence, t.lease.Attempt, t.lease.Fence)
-	}
-	var status, hash, errText string
-	var output []byte
-	if err := t.tx.QueryRowContext(t.ctx, sqlGetStep, t.lease.RunID, st.ID).Scan(&status, &output, &hash, &errText); err != nil {
+	var rec checkpoint.Step
+	if err := t.tx.QueryRowContext(t.ctx, sqlGetStep, t.lease.RunID, st.ID).Scan(&rec.Status, &rec.Output, &rec.InputHash, &rec.Error); err != nil {
 		return err
 	}
-	if status == st.Status && hash == st.InputHash && errText == st.Error && bytes.Equal(output, st.Output) {
-		return nil
-	}
-	return &checkpoint.StepConflictError{RunID: t.lease.RunID, StepID: st.ID, Status: status}
+	return checkpoint.RefusedPut(t.lease.RunID, rec, st)
 }
 
 // Steps implements checkpoint.Store.
