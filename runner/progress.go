@@ -38,7 +38,7 @@ func (r *Runner) progressHook(lease checkpoint.Lease, jobLog zerolog.Logger) fun
 		now := r.cfg.Clock.Now()
 		mu.Lock()
 		at, logged := last[p.Step]
-		quiet := logged && now.Sub(at) < every && p.Done != p.Total
+		quiet := logged && now.Sub(at) < every && !p.Final
 		if !quiet {
 			last[p.Step] = now
 		}

@@ -107,8 +107,31 @@ func TestRunnerLogsProgress(t *testing.T) {
 	if l := lines[0]; l.Rate == nil || *l.Rate != 0.5 || l.ETA == nil || *l.ETA != 10 {
 		t.Errorf("first line rate %v items/s, eta %v s; want 0.5 and 10", deref(l.Rate), deref(l.ETA))
 	}
-	if !slices.Equal(hooked, []int64{1, 2, 3, 4, 5, 6}) {
-		t.Errorf("OnProgress got done = %v; want every chunk", hooked)
+	if !slices.Equal(hooked, []int64{1, 2, 3, 4, 5, 6, 6}) {
+		t.Errorf("OnProgress got done = %v; want every chunk, then the final report", hooked)
+	}
+
+	// A source that does not know its total still gets its last line.
+	h3 := newHarness(t)
+	h3.body = func(ctx context.Context, run *steps.Run, p jobParams) error {
+		seq := func(yield func(string, int) bool) {
+			for i := 1; i <= 6; i++ {
+				if !yield(strconv.Itoa(i), i) {
+					return
+				}
+			}
+		}
+		_, err := steps.ForEach(ctx, run, "post", steps.Seq(seq, -1),
+			func(context.Context, int, *steps.Effects) (int, error) { clock.Advance(2 * time.Second); return 0, nil }, steps.ChunkSize(1))
+		return err
+	}
+	log = syncBuf{}
+	r = h3.runner(func(c *runner.Config) { c.Clock, c.Logger = clock, zerolog.New(&log) })
+	if _, err := r.Run(context.Background(), runner.Request{Job: "job", Values: testValues}); err != nil {
+		t.Fatal(err)
+	}
+	if ls := progressLines(t, log.Bytes()); len(ls) == 0 || ls[len(ls)-1].Done != 6 {
+		t.Errorf("unknown total: progress lines %+v; want the last one at done 6", ls)
 	}
 
 	// A negative ProgressLog logs none (a bar shows progress instead).

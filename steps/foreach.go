@@ -41,6 +41,9 @@ type Progress struct {
 	Skipped   int64
 	Replayed  int64 // already done by earlier attempts
 	StartedAt time.Time
+	// Final marks the batch step's last report, sent once its source is
+	// exhausted (whether or not the source declared its total).
+	Final bool
 }
 
 // itemPlan is one item's operations in a recorded chunk plan.
@@ -194,6 +197,8 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 	if err := b.checkGone(ctx, src); err != nil {
 		return b.sum, b.stopped(ctx, head, err)
 	}
+	b.prog.Final = true // the source is exhausted: this is the last report
+	b.report()
 	ctx = context.WithoutCancel(ctx)
 	b.sum.Total = b.sum.Completed + b.sum.Rejected + b.sum.Skipped
 	cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
