@@ -85,8 +85,8 @@ func (t Table) String() string {
 // Target is the view of one effect target table inside one transaction:
 // the checkpoint's own (Tx.Target, same store) or one of the target's
 // database (EffectTarget.Update and View, separate store). Every method is
-// set-based, so a server store spends one round trip per call however many
-// keys a chunk touches.
+// set-based: the number of statements a call sends does not grow with the
+// number of keys a chunk touches (no statement per key).
 //
 // Inside a write transaction, what Read returned must stay true until the
 // commit: no other writer may change a key read until the transaction
