@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -37,6 +38,13 @@ var ErrBadParams = errors.New("jobs: bad parameters")
 //	format:"existingfile"          a path as above that must name an
 //	                               existing file when decoded, so a typo is
 //	                               refused before the run is created
+//	format:"database"              a database: a postgres:// or postgresql://
+//	                               URL, kept as given (it must not hold a
+//	                               password: parameters are stored and
+//	                               shown, so the password belongs in
+//	                               PGPASSWORD or ~/.pgpass), or else a path
+//	                               to an existing SQLite file, as
+//	                               existingfile
 //
 // A path parameter given empty stays empty (not given).
 type Param struct {
@@ -70,7 +78,42 @@ const (
 	FormatPath = "path"
 	// FormatExistingFile is FormatPath for a file that must exist.
 	FormatExistingFile = "existingfile"
+	// FormatDatabase marks a string parameter naming a database: a
+	// password-free postgres:// URL, kept as given, or an existing file,
+	// as FormatExistingFile.
+	FormatDatabase = "database"
 )
+
+// databaseParam checks the FormatDatabase parameter p's value s: a URL
+// without a password is kept; anything else is an existing file's path.
+func databaseParam(p Param, s string) (string, error) {
+	scheme, _, ok := strings.Cut(s, "://")
+	if !ok || !(strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql")) {
+		return absPath(Param{Name: p.Name, Format: FormatExistingFile}, s)
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", fmt.Errorf("parameter %q is not a valid database URL: %w; give postgres://USER@HOST:PORT/DATABASE", p.Name, redactParseError(err))
+	}
+	if _, has := u.User.Password(); has {
+		return "", fmt.Errorf("parameter %q (%s) holds a password, which would be stored with the run and shown by every listing; "+
+			"remove it from the URL and set PGPASSWORD or a ~/.pgpass entry instead", p.Name, u.Redacted())
+	}
+	if u.Host == "" || strings.Trim(u.Path, "/") == "" {
+		return "", fmt.Errorf("parameter %q is %s; a database URL names a host and a database: postgres://USER@HOST:PORT/DATABASE", p.Name, u.Redacted())
+	}
+	return s, nil
+}
+
+// redactParseError drops the URL (which may hold a password) from a
+// url.Parse error.
+func redactParseError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
 
 // absPath makes the path parameter p's value s absolute and, for
 // FormatExistingFile, checks the file exists. Errors name the absolute
@@ -151,12 +194,12 @@ func paramsOf(t reflect.Type) ([]Param, error) {
 		}
 		switch p.Format {
 		case "", "date":
-		case FormatPath, FormatExistingFile:
+		case FormatPath, FormatExistingFile, FormatDatabase:
 			if p.Type != "string" {
 				return nil, fmt.Errorf("field %s: format %q needs a string field", f.Name, p.Format)
 			}
 		default:
-			return nil, fmt.Errorf("field %s: unknown format %q (use date, %s or %s)", f.Name, p.Format, FormatPath, FormatExistingFile)
+			return nil, fmt.Errorf("field %s: unknown format %q (use date, %s, %s or %s)", f.Name, p.Format, FormatPath, FormatExistingFile, FormatDatabase)
 		}
 		if slices.ContainsFunc(ps, func(q Param) bool { return q.Name == name }) {
 			return nil, fmt.Errorf("field %s: parameter name %q used twice", f.Name, name)
@@ -261,6 +304,13 @@ func decodeParams(job string, t reflect.Type, ps []Param, values map[string]stri
 				return v, fmt.Errorf("%w: %w", ErrBadParams, err)
 			}
 			f.SetString(abs)
+		}
+		if p.Format == FormatDatabase && f.String() != "" {
+			loc, err := databaseParam(p, f.String())
+			if err != nil {
+				return v, fmt.Errorf("%w: %w", ErrBadParams, err)
+			}
+			f.SetString(loc)
 		}
 		if p.Key {
 			s := fmt.Sprint(f.Interface())

@@ -432,3 +432,45 @@ func TestPathFormatNeedsAString(t *testing.T) {
 		t.Errorf("panic %q does not say a path needs a string field", msg)
 	}
 }
+
+type databaseParams struct {
+	Date   string `param:"date,key"`
+	Ledger string `param:"ledger" format:"database" help:"ledger database"`
+}
+
+// TestDecodeDatabaseParam: a URL without a password is kept as given; one
+// with a password is refused without echoing it; a path must be an
+// existing file and is made absolute.
+func TestDecodeDatabaseParam(t *testing.T) {
+	j := jobs.Define("report", noop[databaseParams])
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ledger.db"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	for _, tc := range []struct {
+		in, want, refused string
+	}{
+		{in: "postgres://app@db.internal:5432/ledger?sslmode=require", want: "postgres://app@db.internal:5432/ledger?sslmode=require"},
+		{in: "postgresql://app@db/ledger", want: "postgresql://app@db/ledger"},
+		{in: "ledger.db", want: filepath.Join(dir, "ledger.db")},
+		{in: "postgres://app:s3cret@db/ledger", refused: "holds a password"},
+		{in: "postgres://app@db", refused: "names a host and a database"},
+		{in: "missing.db", refused: "does not exist"},
+	} {
+		d, err := j.Decode(map[string]string{"date": "2026-11-28", "ledger": tc.in}, nil)
+		if tc.refused != "" {
+			if !errors.Is(err, jobs.ErrBadParams) || !strings.Contains(err.Error(), tc.refused) || strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("ledger=%s: err = %v; want ErrBadParams saying %q, without the password", tc.in, err, tc.refused)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("ledger=%s: %v", tc.in, err)
+			continue
+		}
+		if want := fmt.Sprintf(`{"date":"2026-11-28","ledger":%q}`, tc.want); string(d.JSON) != want {
+			t.Errorf("ledger=%s: decoded %s; want %s", tc.in, d.JSON, want)
+		}
+	}
+}
