@@ -86,16 +86,15 @@ func Check(ctx context.Context, db *sql.DB, date string) (Report, error) {
 		return rep, fmt.Errorf("%w: ledger check: date %q is not YYYY-MM-DD", ErrBadInput, date)
 	}
 	var tables int
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table'
-AND name IN ('accounts', 'transfers', 'opening_balances')`).Scan(&tables); err != nil {
+	if err := db.QueryRowContext(ctx, dialectOf(db).ledgerTables()).Scan(&tables); err != nil {
 		return rep, fmt.Errorf("ledger check: read the schema: %w", err)
 	}
 	if tables != 3 {
-		return rep, fmt.Errorf("%w: ledger check: the file has no accounts, transfers and opening_balances tables; it is not a ledger made by Seed", ErrBadInput)
+		return rep, fmt.Errorf("%w: ledger check: the database has no accounts, transfers and opening_balances tables; it is not a ledger made by Seed", ErrBadInput)
 	}
 	want := map[string]int64{}
 	opening := sum{what: "the opening total of " + date}
-	rows, err := db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = ?`, date)
+	rows, err := db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = $1`, date)
 	if err != nil {
 		return rep, fmt.Errorf("ledger check: read opening balances: %w", err)
 	}
@@ -119,7 +118,7 @@ AND name IN ('accounts', 'transfers', 'opening_balances')`).Scan(&tables); err !
 	if len(want) == 0 {
 		return rep, fmt.Errorf("%w: ledger check: no opening balances for %s; seed that date first", ErrBadInput, date)
 	}
-	rows, err = db.QueryContext(ctx, `SELECT id, from_account, to_account, amount FROM transfers WHERE business_date = ? ORDER BY id`, date)
+	rows, err = db.QueryContext(ctx, `SELECT id, from_account, to_account, amount FROM transfers WHERE business_date = $1 ORDER BY id`, date)
 	if err != nil {
 		return rep, err
 	}
@@ -163,13 +162,13 @@ AND name IN ('accounts', 'transfers', 'opening_balances')`).Scan(&tables); err !
 	// Compare with the balances at the end of the day: the current ones,
 	// or, once a later date is seeded, that date's opening balances.
 	var next sql.NullString
-	if err := db.QueryRowContext(ctx, `SELECT min(business_date) FROM opening_balances WHERE business_date > ?`, date).Scan(&next); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT min(business_date) FROM opening_balances WHERE business_date > $1`, date).Scan(&next); err != nil {
 		return rep, err
 	}
 	total := sum{what: "the total of the current balances"}
 	if next.Valid {
 		total.what = "the total of " + next.String + "'s opening balances"
-		rows, err = db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = ?`, next.String)
+		rows, err = db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = $1`, next.String)
 	} else {
 		rows, err = db.QueryContext(ctx, `SELECT id, balance FROM accounts`)
 	}

@@ -7,33 +7,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"time"
 )
-
-// Schema of the ledger. The accounts and transfers columns are fixed: people
-// and tools read them.
-const schema = `
-CREATE TABLE IF NOT EXISTS accounts (
-    id      TEXT PRIMARY KEY,
-    balance INTEGER NOT NULL,
-    version INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS transfers (
-    id            TEXT PRIMARY KEY,
-    business_date TEXT NOT NULL,
-    from_account  TEXT NOT NULL,
-    to_account    TEXT NOT NULL,
-    amount        INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS transfers_by_date ON transfers (business_date, id);
--- Balances when a business date was seeded, for ledger check.
-CREATE TABLE IF NOT EXISTS opening_balances (
-    business_date TEXT NOT NULL,
-    account_id    TEXT NOT NULL,
-    balance       INTEGER NOT NULL,
-    PRIMARY KEY (business_date, account_id)
-) WITHOUT ROWID;
-`
 
 // SeedConfig describes a reproducible ledger.
 type SeedConfig struct {
@@ -100,16 +76,17 @@ func Seed(ctx context.Context, db *sql.DB, cfg SeedConfig) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
+	d := dialectOf(db)
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, schema); err != nil {
+	if _, err := tx.ExecContext(ctx, d.schema()); err != nil {
 		return fmt.Errorf("seed: create ledger tables: %w", err)
 	}
 	var existing int
-	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM transfers WHERE business_date = ?`, cfg.Date).Scan(&existing); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM transfers WHERE business_date = $1`, cfg.Date).Scan(&existing); err != nil {
 		return err
 	}
 	if existing > 0 {
@@ -120,22 +97,19 @@ func Seed(ctx context.Context, db *sql.DB, cfg SeedConfig) error {
 		return err
 	}
 	if accounts == 0 {
-		ins, err := tx.PrepareContext(ctx, `INSERT INTO accounts (id, balance, version) VALUES (?, ?, 0)`)
-		if err != nil {
-			return err
-		}
+		acct := inserter{ctx: ctx, tx: tx, head: `INSERT INTO accounts (id, balance, version) VALUES `, cols: 3}
 		for i := 1; i <= cfg.Accounts; i++ {
-			if _, err := ins.ExecContext(ctx, AccountID(i), cfg.Balance); err != nil {
+			if err := acct.add(AccountID(i), cfg.Balance, 0); err != nil {
 				return err
 			}
+		}
+		if err := acct.flush(); err != nil {
+			return err
 		}
 		accounts = cfg.Accounts
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5e771e))
-	ins, err := tx.PrepareContext(ctx, `INSERT INTO transfers (id, business_date, from_account, to_account, amount) VALUES (?, ?, ?, ?, ?)`)
-	if err != nil {
-		return err
-	}
+	trans := inserter{ctx: ctx, tx: tx, head: `INSERT INTO transfers (id, business_date, from_account, to_account, amount) VALUES `, cols: 5}
 	for i := 1; i <= cfg.Transfers; i++ {
 		from := rng.IntN(accounts) + 1
 		to := rng.IntN(accounts-1) + 1
@@ -143,13 +117,63 @@ func Seed(ctx context.Context, db *sql.DB, cfg SeedConfig) error {
 			to++ // never to itself
 		}
 		amount := rng.Int64N(cfg.MaxAmount) + 1
-		if _, err := ins.ExecContext(ctx, TransferID(cfg.Date, i), cfg.Date, AccountID(from), AccountID(to), amount); err != nil {
+		if err := trans.add(TransferID(cfg.Date, i), cfg.Date, AccountID(from), AccountID(to), amount); err != nil {
 			return err
 		}
 	}
+	if err := trans.flush(); err != nil {
+		return err
+	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO opening_balances (business_date, account_id, balance)
-SELECT ?, id, balance FROM accounts`, cfg.Date); err != nil {
+SELECT $1, id, balance FROM accounts`, cfg.Date); err != nil {
 		return fmt.Errorf("seed: record opening balances: %w", err)
 	}
 	return tx.Commit()
+}
+
+// inserter inserts rows a few hundred to a statement: one round trip per
+// batch instead of per row, which a server database needs (and which both
+// databases accept: multi-row VALUES with $n placeholders).
+type inserter struct {
+	ctx  context.Context
+	tx   *sql.Tx
+	head string // INSERT INTO t (cols) VALUES
+	cols int
+	args []any
+}
+
+// insertRows is how many rows one statement inserts: well inside both
+// databases' limits on a statement's parameters.
+const insertRows = 500
+
+func (in *inserter) add(values ...any) error {
+	in.args = append(in.args, values...)
+	if len(in.args) >= insertRows*in.cols {
+		return in.flush()
+	}
+	return nil
+}
+
+func (in *inserter) flush() error {
+	if len(in.args) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString(in.head)
+	for r := 0; r < len(in.args)/in.cols; r++ {
+		if r > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('(')
+		for c := 0; c < in.cols; c++ {
+			if c > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "$%d", r*in.cols+c+1)
+		}
+		b.WriteByte(')')
+	}
+	_, err := in.tx.ExecContext(in.ctx, b.String(), in.args...)
+	in.args = in.args[:0]
+	return err
 }

@@ -26,7 +26,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
@@ -35,7 +34,7 @@ import (
 // Params are the settle job's parameters.
 type Params struct {
 	Date   string `param:"date,key" format:"date" help:"business date to settle, YYYY-MM-DD"`
-	Ledger string `param:"ledger" format:"existingfile" help:"ledger database file (must exist; stored as an absolute path); empty means the checkpoint database"`
+	Ledger string `param:"ledger" format:"database" help:"ledger database: an existing SQLite file (stored as an absolute path) or a postgres:// URL without a password; empty means the checkpoint database"`
 	Chunk  int    `param:"chunk" default:"1000" help:"transfers committed together"`
 }
 
@@ -98,12 +97,12 @@ func Settle(ctx context.Context, r *steps.Run, p Params) error {
 	if err != nil {
 		return fmt.Errorf("open ledger: %w (create one with `stepwise ledger seed`)", err)
 	}
+	dialect := dialectOf(db)
 	day, err := steps.Do(ctx, r, steps.ID("count"), func(ctx context.Context) (Day, error) {
 		var d Day
-		err := db.QueryRowContext(ctx, `SELECT count(*), COALESCE(sum(amount), 0) FROM transfers WHERE business_date = ?`,
-			p.Date).Scan(&d.Transfers, &d.Amount)
-		if err != nil && strings.Contains(err.Error(), "integer overflow") {
-			// SQLite's sum() refuses to wrap around; say what it summed.
+		err := db.QueryRowContext(ctx, dialect.daySums(), p.Date).Scan(&d.Transfers, &d.Amount)
+		if dialect.overflowed(err) {
+			// The database's sum refuses to wrap around; say what it summed.
 			return d, fmt.Errorf("%w: the total amount of %s's transfers does not fit in int64 minor units: %w", ErrOverflow, p.Date, err)
 		}
 		if err != nil {
@@ -117,7 +116,7 @@ func Settle(ctx context.Context, r *steps.Run, p Params) error {
 	src := steps.Paged(p.Chunk, func(t Transfer) string { return t.ID },
 		func(ctx context.Context, after string, limit int) ([]Transfer, error) {
 			rows, err := db.QueryContext(ctx, `SELECT id, from_account, to_account, amount FROM transfers
-WHERE business_date = ? AND id > ? ORDER BY id LIMIT ?`, p.Date, after, limit)
+WHERE business_date = $1 AND id > $2 ORDER BY id LIMIT $3`, p.Date, after, limit)
 			if err != nil {
 				return nil, err
 			}
@@ -167,7 +166,7 @@ func summarize(ctx context.Context, r *steps.Run, db *sql.DB, date string, day D
 			}
 		case it.Status == "rejected":
 			// post itself rejected it (a bad amount): read the amount.
-			if err := db.QueryRowContext(ctx, `SELECT amount FROM transfers WHERE id = ?`, it.Key).Scan(&amount); err != nil {
+			if err := db.QueryRowContext(ctx, `SELECT amount FROM transfers WHERE id = $1`, it.Key).Scan(&amount); err != nil {
 				return fmt.Errorf("rejected transfer %s: read its amount: %w", it.Key, err)
 			}
 			s.BadAmount++
