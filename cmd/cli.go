@@ -37,7 +37,7 @@ type CLI struct {
 
 // Globals are the flags every command takes.
 type Globals struct {
-	DB          string           `name:"db" env:"STEPWISE_DB" default:"stepwise.db" help:"Checkpoint database file (SQLite). Its directory must exist." type:"database"`
+	DB          string           `name:"db" env:"STEPWISE_DB" default:"stepwise.db" help:"Checkpoint database: a SQLite file (its directory must exist) or a postgres:// URL (the database must exist; Stepwise creates its tables; put the password in PGPASSWORD or ~/.pgpass, not in the URL)." type:"database"`
 	Synchronous string           `env:"STEPWISE_SYNCHRONOUS" default:"full" enum:"full,normal" help:"SQLite durability: full (default) survives power loss after every step; normal is faster but a power loss can lose the last commits (a process crash cannot)."`
 	BusyTimeout time.Duration    `env:"STEPWISE_BUSY_TIMEOUT" default:"5s" nonzero:"" help:"How long to wait for another process's write lock before failing (a positive duration)."`
 	LogLevel    string           `env:"STEPWISE_LOG_LEVEL" default:"info" enum:"debug,info,warn,error" help:"Log level."`

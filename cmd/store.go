@@ -10,6 +10,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 )
 
@@ -34,8 +35,13 @@ func (dbMapper) Decode(ctx *kong.DecodeContext, target reflect.Value) error {
 	return nil
 }
 
-// databaseURL reports whether loc is a server database's URL (postgres://
-// or postgresql://), and gives it with any password hidden, for messages.
+// DatabaseURL reports whether loc is a server database's URL (postgres://
+// or postgresql://), and gives it with any password hidden, for messages:
+// commands of other binaries (the example ledger's) that take a database
+// decide with it as --db does.
+func DatabaseURL(loc string) (string, bool) { return databaseURL(loc) }
+
+// databaseURL is DatabaseURL.
 func databaseURL(loc string) (string, bool) {
 	scheme, _, ok := strings.Cut(loc, "://")
 	if !ok || !(strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql")) {
@@ -47,16 +53,18 @@ func databaseURL(loc string) (string, bool) {
 	return scheme + "://…", true
 }
 
-// errNoPostgres is returned for a PostgreSQL URL in --db: this build has
-// no PostgreSQL store.
-var errNoPostgres = errors.New("this build of Stepwise has no PostgreSQL store yet")
-
-// openBackend opens the checkpoint store named by g.DB: a SQLite file
-// (created unless mustExist) with g's durability and lock wait.
+// openBackend opens the checkpoint store named by g.DB: a PostgreSQL
+// database (never created; its tables are created or migrated), or a
+// SQLite file (created unless mustExist) with g's durability and lock
+// wait.
 func openBackend(e *Env, mustExist bool) (checkpoint.Backend, error) {
 	g := e.Globals
-	if shown, ok := databaseURL(g.DB); ok {
-		return nil, usageError{fmt.Errorf("--db %s: %w; give a SQLite database file path", shown, errNoPostgres)}
+	if _, ok := databaseURL(g.DB); ok {
+		st, err := postgres.Open(e.Ctx, postgres.Config{URL: g.DB})
+		if err != nil {
+			return nil, err
+		}
+		return st, nil
 	}
 	st, err := sqlite.Open(e.Ctx, sqlite.Config{
 		Path: g.DB, Synchronous: g.Synchronous, BusyTimeout: g.BusyTimeout, MustExist: mustExist,
@@ -77,4 +85,18 @@ func (e *Env) storeName() string {
 		return shown
 	}
 	return e.Globals.DB
+}
+
+// serverError reports whether err is a database server refusing or failing
+// what was asked in a way the user fixes (exit 2): the server down or
+// unreachable, authentication refused, the database missing, a privilege
+// missing, a statement timeout, too many connections. Nothing was written.
+func serverError(err error) bool {
+	for _, kind := range []error{postgres.ErrUnavailable, postgres.ErrAuth, postgres.ErrNoDatabase,
+		postgres.ErrPermission, postgres.ErrStatementTimeout, postgres.ErrTooManyConnections} {
+		if errors.Is(err, kind) {
+			return true
+		}
+	}
+	return false
 }

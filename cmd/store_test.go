@@ -1,38 +1,104 @@
 package cmd
 
 import (
+	"net/url"
 	"os"
-
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/alecthomas/kong"
+
+	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 )
 
-// TestDBRefusesPostgresURL: a postgres:// or postgresql:// URL in --db or
-// $STEPWISE_DB is refused with exit 2 and a message saying this build has
-// no PostgreSQL store, naming the server but never the password, and no
-// file is created for it.
-func TestDBRefusesPostgresURL(t *testing.T) {
+// TestDBPostgresServerErrors: --db naming a PostgreSQL server that is
+// down, a role it refuses, a database it lacks, a role without the
+// privilege to create Stepwise's tables, or a role over its connection
+// limit exits 2 with an error naming the server and the database and what
+// is wrong, never the password, and creates no file.
+func TestDBPostgresServerErrors(t *testing.T) {
+	base := pgtest.URL(t)
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
 	t.Chdir(dir)
-	for _, url := range []string{"postgres://ops:s3cret@db.example:5432/stepwise", "postgresql://ops:s3cret@db.example/stepwise?sslmode=disable", "POSTGRES://ops:s3cret@db.example/x"} {
-		o := cliRun(t, []string{"--db", url, "runs"})
-		if o.code != ExitUsage || !strings.Contains(o.stderr, "no PostgreSQL store") || !strings.Contains(o.stderr, "db.example") {
-			t.Errorf("--db %s: exit %d, want 2 and an error saying there is no PostgreSQL store, naming the server\n%s", url, o.code, o)
+	role := pgtest.Name(t)
+	db := pgtest.Database(t)
+	dbName := strings.TrimPrefix(mustParse(t, db).Path, "/")
+	pgtest.Exec(t, db, "CREATE ROLE "+role+" LOGIN")
+	pgtest.Exec(t, db, "CREATE ROLE "+role+"_full LOGIN CONNECTION LIMIT 0")
+	t.Cleanup(func() {
+		pgtest.Exec(t, base, "DROP OWNED BY "+role+" CASCADE")
+		pgtest.Exec(t, base, "DROP ROLE IF EXISTS "+role)
+		pgtest.Exec(t, base, "DROP ROLE IF EXISTS "+role+"_full")
+	})
+	as := func(user, database string) string {
+		v := *u
+		v.User = url.UserPassword(user, "s3cret")
+		v.Path = "/" + database
+		return v.String()
+	}
+	for _, tc := range []struct {
+		what, db string
+		want     []string
+	}{
+		{"server down", "postgres://ops:s3cret@127.0.0.1:1/stepwise?connect_timeout=3", []string{"server unavailable", "127.0.0.1:1", "stepwise"}},
+		{"unknown role", as(role+"_nobody", dbName), []string{"authentication failed", dbName}},
+		{"missing database", as("postgres", dbName+"_missing"), []string{"database does not exist", dbName + "_missing"}},
+		{"no privilege", as(role, dbName), []string{"permission denied", dbName}},
+		{"connection limit", as(role+"_full", dbName), []string{"too many connections", dbName}},
+	} {
+		o := cliRun(t, []string{"--db", tc.db, "runs"})
+		if o.code != ExitUsage {
+			t.Errorf("%s: exit %d, want 2\n%s", tc.what, o.code, o)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(o.stderr, w) {
+				t.Errorf("%s: stderr does not say %q\n%s", tc.what, w, o)
+			}
 		}
 		if strings.Contains(o.stderr+o.stdout, "s3cret") {
-			t.Errorf("--db %s: the password is printed\n%s", url, o)
+			t.Errorf("%s: the password is printed\n%s", tc.what, o)
 		}
 	}
-	t.Setenv("STEPWISE_DB", "postgres://ops:s3cret@db.example/stepwise")
-	if o := cliRun(t, []string{"runs"}); o.code != ExitUsage || !strings.Contains(o.stderr, "no PostgreSQL store") {
-		t.Errorf("$STEPWISE_DB=postgres://…: exit %d, want 2\n%s", o.code, o)
-	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
-		t.Errorf("refusing a URL created %v", ents)
+		t.Errorf("failing to reach PostgreSQL created %v", ents)
 	}
+}
+
+// TestDBPostgresRun: with --db naming a PostgreSQL database, a run is
+// recorded there and listed by another invocation, through
+// $STEPWISE_DB as through --db.
+func TestDBPostgresRun(t *testing.T) {
+	db := pgtest.Schema(t)
+	side := filepath.Join(t.TempDir(), "side.log")
+	if o := cliRun(t, []string{"--db", db, "run", "opsledger", "-p", "key=k1", "-p", "side=" + side}); o.code != ExitOK {
+		t.Fatalf("run on PostgreSQL: exit %d\n%s", o.code, o)
+	}
+	// A rerun skips every step: the side file says each ran once.
+	if o := cliRun(t, []string{"--db", db, "run", "opsledger", "-p", "key=k1", "-p", "side=" + side}); o.code != ExitOK {
+		t.Fatalf("second run on PostgreSQL: exit %d\n%s", o.code, o)
+	}
+	if b, err := os.ReadFile(side); err != nil || strings.Count(string(b), "\n") != 3 {
+		t.Errorf("side effects after a run and a rerun: %q (%v); want each of the three steps once", b, err)
+	}
+	t.Setenv("STEPWISE_DB", db)
+	o := cliRun(t, []string{"runs"})
+	if o.code != ExitOK || !strings.Contains(o.stdout, "opsledger/k1") || !strings.Contains(o.stdout, "succeeded") {
+		t.Errorf("runs on PostgreSQL via $STEPWISE_DB: exit %d, want the succeeded run listed\n%s", o.code, o)
+	}
+}
+
+func mustParse(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
 }
 
 // TestDBPathIsAbsolute: a relative --db path is made absolute when parsed

@@ -2,10 +2,12 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -108,6 +110,9 @@ type Store struct {
 	pool  *pgxpool.Pool
 	cfg   Config
 	where string // "server HOST:PORT, database NAME": what errors name
+
+	readOnce sync.Once
+	read     *sql.DB // database/sql over pool, for job code (ReadDB)
 }
 
 // Store is a complete backend: the command line can use it as it uses
@@ -156,6 +161,9 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Close releases the pool's connections.
 func (s *Store) Close() error {
+	if s.read != nil {
+		s.read.Close()
+	}
 	s.pool.Close()
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
@@ -20,14 +21,21 @@ type ledgerCmd struct {
 	Check checkCmd `cmd:"" help:"Audit a settled date independently of the checkpoints (reads only; creates no file): exits 1 naming any wrong account or a total that overflows int64, 2 for a missing ledger or a date it was never seeded for."`
 }
 
-// openLedger opens the ledger file, defaulting to the checkpoint database.
-// With mustExist (commands that only read) a missing file is not created
-// but is a usage error naming its absolute path.
-func openLedger(ctx context.Context, env *cmd.Env, path string, mustExist bool) (*sql.DB, string, error) {
+// openLedger opens the ledger, defaulting to the checkpoint database: a
+// PostgreSQL database (which must exist) or a SQLite file. With mustExist
+// (commands that only read) a missing file is not created but is a usage
+// error naming its absolute path. It returns the ledger's name for
+// messages (a URL without its password).
+func openLedger(ctx context.Context, env *cmd.Env, loc string, mustExist bool) (*sql.DB, string, error) {
 	flag := "--ledger"
-	if path == "" {
-		path, flag = env.Globals.DB, "--db"
+	if loc == "" {
+		loc, flag = env.Globals.DB, "--db"
 	}
+	if shown, ok := cmd.DatabaseURL(loc); ok {
+		db, err := postgres.OpenDB(ctx, postgres.Config{URL: loc})
+		return db, shown, err
+	}
+	path := loc
 	db, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: path, BusyTimeout: env.Globals.BusyTimeout, MustExist: mustExist})
 	if errors.Is(err, checkpoint.ErrNoDatabase) {
 		err = cmd.UsageError(fmt.Errorf("ledger: %w; check %s, or create a ledger with `%s ledger seed`", err, flag, env.Name))
@@ -51,7 +59,7 @@ func seedError(ctx context.Context, what string, err error) error {
 }
 
 type seedCmd struct {
-	Ledger    string `help:"Ledger database file. Defaults to the checkpoint database (--db), so effects land in the same store." type:"path"`
+	Ledger    string `help:"Ledger database: a SQLite file (created if missing) or a postgres:// URL (the database must exist). Defaults to the checkpoint database (--db), so effects land in the same store." type:"database"`
 	Accounts  int    `default:"10000" help:"Number of accounts (created when the ledger has none)."`
 	Transfers int    `default:"100000" help:"Number of transfers for the date."`
 	Date      string `required:"" help:"Business date of the transfers, YYYY-MM-DD."`
@@ -77,7 +85,7 @@ func (c *seedCmd) Run(env *cmd.Env) error {
 }
 
 type checkCmd struct {
-	Ledger string `help:"Ledger database file; it must exist. Defaults to the checkpoint database (--db)." type:"path"`
+	Ledger string `help:"Ledger database: a SQLite file (it must exist) or a postgres:// URL. Defaults to the checkpoint database (--db)." type:"database"`
 	Date   string `required:"" help:"Business date to audit, YYYY-MM-DD."`
 	JSON   bool   `name:"json" help:"Print the report as JSON."`
 }
