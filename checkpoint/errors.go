@@ -86,7 +86,8 @@ func (e *StepConflictError) Error() string {
 	return fmt.Sprintf("step %s of run %s is already recorded as %s with a different result", e.StepID, e.RunID, e.Status)
 }
 
-// ErrNoDatabase is returned when a database file opened with
-// Config.MustExist does not exist. The message names its absolute path;
-// nothing was created.
-var ErrNoDatabase = errors.New("checkpoint: database file does not exist")
+// ErrNoDatabase is returned when a database opened with a backend's
+// MustExist does not exist: a SQLite file (the message names its absolute
+// path), or a server database without Stepwise's tables. Nothing was
+// created.
+var ErrNoDatabase = errors.New("checkpoint: database does not exist")

@@ -60,7 +60,10 @@ func databaseURL(loc string) (string, bool) {
 func openBackend(e *Env, mustExist bool) (checkpoint.Backend, error) {
 	g := e.Globals
 	if _, ok := databaseURL(g.DB); ok {
-		st, err := postgres.Open(e.Ctx, postgres.Config{URL: g.DB})
+		st, err := postgres.Open(e.Ctx, postgres.Config{URL: g.DB, MustExist: mustExist})
+		if errors.Is(err, checkpoint.ErrNoDatabase) {
+			return nil, usageError{fmt.Errorf("%w; check --db or $STEPWISE_DB (this command only reads a checkpoint database)", err)}
+		}
 		if err != nil {
 			return nil, err
 		}

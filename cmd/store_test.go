@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/alecthomas/kong"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 )
@@ -51,7 +53,9 @@ func TestDBPostgresServerErrors(t *testing.T) {
 		{"no privilege", as(role, dbName), []string{"permission denied", dbName}},
 		{"connection limit", as(role+"_full", dbName), []string{"too many connections", dbName}},
 	} {
-		o := cliRun(t, []string{"--db", tc.db, "runs"})
+		// run writes: on a database without Stepwise's tables it creates
+		// them, which needs the privilege.
+		o := cliRun(t, []string{"--db", tc.db, "run", "opsledger", "-p", "key=k1", "-p", "side=" + filepath.Join(dir, "side.log")})
 		if o.code != ExitUsage {
 			t.Errorf("%s: exit %d, want 2\n%s", tc.what, o.code, o)
 		}
@@ -124,4 +128,42 @@ func TestDBPathIsAbsolute(t *testing.T) {
 			t.Errorf("--db %s parsed as %q; want %q", arg, c.DB, want)
 		}
 	}
+}
+
+// TestDBPostgresReadOnlyCreatesNothing: a command that only reads, given
+// a PostgreSQL database without Stepwise's tables, exits 2 saying so and
+// creates no table there; a command that writes creates them.
+func TestDBPostgresReadOnlyCreatesNothing(t *testing.T) {
+	db := pgtest.Schema(t)
+	for _, args := range [][]string{{"runs"}, {"show", "x/y"}} {
+		o := cliRun(t, append([]string{"--db", db}, args...))
+		if o.code != ExitUsage || !strings.Contains(o.stderr, "holds no Stepwise tables") {
+			t.Errorf("%v on an empty PostgreSQL schema: exit %d, want 2 saying it holds no Stepwise tables\n%s", args, o.code, o)
+		}
+	}
+	if n := tablesIn(t, db); n != 0 {
+		t.Fatalf("read-only commands created %d tables", n)
+	}
+	side := filepath.Join(t.TempDir(), "side.log")
+	if o := cliRun(t, []string{"--db", db, "run", "opsledger", "-p", "key=k1", "-p", "side=" + side}); o.code != ExitOK {
+		t.Fatalf("run: exit %d\n%s", o.code, o)
+	}
+	if n := tablesIn(t, db); n == 0 {
+		t.Errorf("run created no tables")
+	}
+}
+
+// tablesIn counts the tables in the schema the URL db's search_path names.
+func tablesIn(t *testing.T, db string) int {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

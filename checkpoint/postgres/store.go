@@ -47,6 +47,12 @@ type Config struct {
 	// Leave it false in production so clock skew between hosts cannot
 	// shorten or stretch a lease.
 	CallerClock bool
+	// MustExist refuses a database that holds no Stepwise tables (in the
+	// schema the URL's search_path names) with an error wrapping
+	// checkpoint.ErrNoDatabase, instead of creating them: for commands
+	// that only read, so a mistyped URL creates nothing. The database
+	// itself is never created either way.
+	MustExist bool
 }
 
 // poolConfig validates c and builds the pgxpool configuration. Errors
@@ -133,6 +139,18 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := s.pool.Ping(ctx); err != nil {
 		s.pool.Close()
 		return nil, s.wrap("connect", err)
+	}
+	if cfg.MustExist {
+		var exists bool
+		if err := s.pool.QueryRow(ctx, sqlSchemaTable).Scan(&exists); err != nil {
+			s.pool.Close()
+			return nil, s.wrap("read schema version", err)
+		}
+		if !exists {
+			s.pool.Close()
+			return nil, fmt.Errorf("%w: %s holds no Stepwise tables (none in the schemas of its search_path); nothing was created",
+				checkpoint.ErrNoDatabase, s.where)
+		}
 	}
 	if err := s.migrate(ctx); err != nil {
 		s.pool.Close()
