@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
@@ -338,7 +337,7 @@ func TestKilledLeaseHolderIsTakenOver(t *testing.T) {
 	t.Run("other host: after the lease expires", func(t *testing.T) {
 		ctx := context.Background()
 		db, side := testFiles(t)
-		st := checkpointtest.OpenPath(t, db)
+		st := openStore(t, db)
 		dec, err := crashyJob.Decode(map[string]string{"key": "k", "side": side, "steps": "2"}, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -368,8 +367,9 @@ func TestKilledLeaseHolderIsTakenOver(t *testing.T) {
 		// The foreign runner's last heartbeat let its lease run out now, and
 		// it was never heard from again. (Setting the expiry through the
 		// store stands in for sleeping through a lease.)
+		// (A heartbeat must extend past its now on PostgreSQL.)
 		expired := time.Now()
-		if err := st.Heartbeat(ctx, claim.Lease, expired, expired); err != nil {
+		if err := st.Heartbeat(ctx, claim.Lease, expired.Add(-time.Millisecond), expired); err != nil {
 			t.Fatal(err)
 		}
 		code, stdout, _ := execute("--db", db, "runs", "--json")
