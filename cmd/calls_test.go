@@ -270,7 +270,7 @@ func TestRunnerInAnotherPIDNamespaceIsNotTakenOver(t *testing.T) {
 	// PID is set through ns_last_pid before the shell starts it.
 	pid := freePID(t)
 	db, side := testFiles(t)
-	release := filepath.Join(filepath.Dir(db), "release")
+	release := filepath.Join(filepath.Dir(side), "release")
 	args := crashyArgs(db, "k", side, "block="+release, "block-at=2")
 	wrap := []string{"unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c",
 		`echo "$0" > /proc/sys/kernel/ns_last_pid && "$@"`, strconv.Itoa(pid - 1)}
@@ -350,7 +350,7 @@ func freePID(t *testing.T) int {
 // refusing with "held by" for the rest of the lease.
 func TestOperatorsActAtOnceAfterKill9(t *testing.T) {
 	t.Parallel()
-	db, _ := testFiles(t)
+	db, side := testFiles(t)
 	cli := func(args ...string) (int, string, string) {
 		var out, errb bytes.Buffer
 		code := Execute(context.Background(), testRegistry(), append([]string{"--db", db}, args...), &out, &errb)
@@ -358,8 +358,8 @@ func TestOperatorsActAtOnceAfterKill9(t *testing.T) {
 	}
 	kill := func(key string) string {
 		t.Helper()
-		s := filepath.Join(filepath.Dir(db), key+".log")
-		c := startChild(t, nil, nil, crashyArgs(db, key, s, "block="+filepath.Join(filepath.Dir(db), "never"), "block-at=2")...)
+		s := filepath.Join(filepath.Dir(side), key+".log")
+		c := startChild(t, nil, nil, crashyArgs(db, key, s, "block="+filepath.Join(filepath.Dir(side), "never"), "block-at=2")...)
 		c.WaitFor("step/2 started", func() bool { return readSide(t, s).ran["step/2"] == 1 })
 		if err := c.Kill(); err != nil {
 			t.Fatal(err)

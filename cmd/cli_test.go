@@ -14,7 +14,6 @@ import (
 
 	"github.com/alecthomas/kong"
 
-	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
@@ -186,7 +185,7 @@ func TestHelpListsEnumValues(t *testing.T) {
 func TestNumberFlagsRefused(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	db := filepath.Join(dir, "never.db")
+	db := filepath.Join(dir, "never.db") // SQLite: a refused command creates no file
 	crashy := []string{"crashy", "-p", "key=k", "-p", "side=" + filepath.Join(dir, "side")}
 	backfill := []string{"backfill", "opsdaily", "--from", "2026-01-01", "--to", "2026-01-02", "-p", "side=" + filepath.Join(dir, "side")}
 	for _, c := range []struct {
@@ -312,8 +311,8 @@ func init() {
 
 func TestMainNamesItselfAfterArgv0(t *testing.T) {
 	t.Parallel()
-	db := filepath.Join(t.TempDir(), "stepwise.db")
-	checkpointtest.OpenPath(t, db) // runs only reads: the database must exist
+	db := testDB(t)
+	createDB(t, db) // runs only reads: the database must exist
 	c, got := crashtest.Run(t, crashtest.Spec{Args: []string{"--db", db, "runs"}, Env: []string{namedChildEnv + "=1"},
 		Argv0: "/opt/bin/mytool"}) // what the shell passes as argv[0]
 	c.WantExit(got, crashtest.Code(0))

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
@@ -154,11 +153,11 @@ func TestRandomKillThenRerun(t *testing.T) {
 
 	const n, iterations = 12, 5
 	ids := stepIDs(n)
-	db, _ := testFiles(t)
+	db, dir := testDB(t), t.TempDir()
 	for it := range iterations {
 		key := "r" + strconv.Itoa(it)
 		runID := jobs.RunID("crashy", key)
-		side := filepath.Join(filepath.Dir(db), key+".log")
+		side := filepath.Join(dir, key+".log")
 		args := crashyArgs(db, key, side, "steps="+strconv.Itoa(n), "pace=2ms")
 
 		// Kill once a random number of steps have started, plus a random
@@ -236,7 +235,7 @@ func TestTwoRunnersOnOneRun(t *testing.T) {
 		// The schema exists, as for every run but a database's first
 		// (TestConcurrentFirstOpen covers that one).
 		createDB(t, db)
-		release := filepath.Join(filepath.Dir(db), "release")
+		release := filepath.Join(filepath.Dir(side), "release")
 		args := crashyArgs(db, "k", side, "block="+release, "block-at=1")
 		cs, start := gatedChildren(t, 2, args, args)
 		start()
@@ -275,7 +274,7 @@ func TestTwoRunnersOnOneRun(t *testing.T) {
 
 	t.Run("second waits", func(t *testing.T) {
 		db, side := testFiles(t)
-		release := filepath.Join(filepath.Dir(db), "release")
+		release := filepath.Join(filepath.Dir(side), "release")
 		args := crashyArgs(db, "k", side, "block="+release, "block-at=1")
 		first := startChild(t, nil, nil, args...)
 		first.WaitFor("step/1 started", func() bool { return readSide(t, side).ran["step/1"] == 1 })
@@ -302,7 +301,7 @@ func TestTwoRunnersOnOneRun(t *testing.T) {
 func TestKilledLeaseHolderIsTakenOver(t *testing.T) {
 	t.Run("same host, process gone: at once", func(t *testing.T) {
 		db, side := testFiles(t)
-		release := filepath.Join(filepath.Dir(db), "release")
+		release := filepath.Join(filepath.Dir(side), "release")
 		args := crashyArgs(db, "k", side, "block="+release, "block-at=2")
 		c := startChild(t, nil, nil, args...)
 		c.WaitFor("step/2 started", func() bool { return readSide(t, side).ran["step/2"] == 1 })
@@ -338,7 +337,7 @@ func TestKilledLeaseHolderIsTakenOver(t *testing.T) {
 	t.Run("other host: after the lease expires", func(t *testing.T) {
 		ctx := context.Background()
 		db, side := testFiles(t)
-		st := checkpointtest.OpenPath(t, db)
+		st := openStore(t, db)
 		dec, err := crashyJob.Decode(map[string]string{"key": "k", "side": side, "steps": "2"}, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -368,8 +367,9 @@ func TestKilledLeaseHolderIsTakenOver(t *testing.T) {
 		// The foreign runner's last heartbeat let its lease run out now, and
 		// it was never heard from again. (Setting the expiry through the
 		// store stands in for sleeping through a lease.)
+		// (A heartbeat must extend past its now on PostgreSQL.)
 		expired := time.Now()
-		if err := st.Heartbeat(ctx, claim.Lease, expired, expired); err != nil {
+		if err := st.Heartbeat(ctx, claim.Lease, expired.Add(-time.Millisecond), expired); err != nil {
 			t.Fatal(err)
 		}
 		code, stdout, _ := execute("--db", db, "runs", "--json")
@@ -422,7 +422,7 @@ func TestSIGTERMInterruptsResumably(t *testing.T) {
 	ids := stepIDs(n)
 
 	db, side := testFiles(t)
-	release := filepath.Join(filepath.Dir(db), "release")
+	release := filepath.Join(filepath.Dir(side), "release")
 	args := crashyArgs(db, "k", side, "steps="+strconv.Itoa(n), "block="+release, "block-at=3")
 	c := startChild(t, nil, nil, args...)
 	c.WaitFor("step/3 started", func() bool { return readSide(t, side).ran["step/3"] == 1 })
@@ -488,7 +488,7 @@ func TestSIGTERMLetsTheCurrentStepFinish(t *testing.T) {
 	ids := stepIDs(n)
 
 	db, side := testFiles(t)
-	release := filepath.Join(filepath.Dir(db), "release")
+	release := filepath.Join(filepath.Dir(side), "release")
 	args := crashyArgs(db, "k", side, "steps="+strconv.Itoa(n), "block="+release, "block-at=2", "stubborn=true")
 	c := startChild(t, nil, nil, args...)
 	c.WaitFor("step/2 started", func() bool { return readSide(t, side).ran["step/2"] == 1 })
@@ -518,7 +518,7 @@ func TestConcurrentFirstOpen(t *testing.T) {
 	const runners, rounds = 4, 5
 	for round := range rounds {
 		db, side := testFiles(t)
-		release := filepath.Join(filepath.Dir(db), "release")
+		release := filepath.Join(filepath.Dir(side), "release")
 		args := crashyArgs(db, "k", side, "block="+release, "block-at=1")
 		all := make([][]string, runners)
 		for i := range all {

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
@@ -260,12 +259,16 @@ func (s shown) step(id string) (shownStep, bool) {
 // the checkpoint database db (no child is running then).
 func stateOf(t *testing.T, db, key string) checkpoint.State {
 	t.Helper()
-	ctx := context.Background()
-	st, err := sqlite.Open(ctx, sqlite.Config{Path: db})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := dialStore(t, db)
 	defer st.Close()
+	return stateIn(t, st, key)
+}
+
+// stateIn returns key's value and version in the built-in state table of
+// st, read through the effect target contract.
+func stateIn(t *testing.T, st checkpoint.Store, key string) checkpoint.State {
+	t.Helper()
+	ctx := context.Background()
 	tgt, err := st.OpenTarget(ctx, checkpoint.TargetSpec{Table: checkpoint.StateTable, ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
@@ -318,7 +321,7 @@ func counterArgs(db, side string, params ...string) []string {
 func TestSIGTERMMidStepThenExactRerun(t *testing.T) {
 	t.Parallel()
 	db, side := testFiles(t)
-	release := filepath.Join(filepath.Dir(db), "release")
+	release := filepath.Join(filepath.Dir(side), "release")
 	c := startChild(t, nil, nil, counterArgs(db, side, "block="+release, "block-at=3")...)
 	c.WaitFor("add/3 started", func() bool { return countLine(t, side, "ran add/3") == 1 })
 	if err := c.Signal(syscall.SIGTERM); err != nil {
@@ -374,7 +377,7 @@ func TestSIGTERMMidStepThenExactRerun(t *testing.T) {
 func TestSecondSIGTERMExitsAtOnce(t *testing.T) {
 	t.Parallel()
 	db, side := testFiles(t)
-	release := filepath.Join(filepath.Dir(db), "release")
+	release := filepath.Join(filepath.Dir(side), "release")
 	args := counterArgs(db, side, "block="+release, "block-at=3", "stubborn=true")
 	// A long grace period: only the second signal can end the child soon.
 	c := startChild(t, []string{GraceEnv + "=1m"}, nil, args...)
@@ -421,7 +424,7 @@ func TestGracePeriodEndsAStubbornStep(t *testing.T) {
 	t.Parallel()
 	const grace = 300 * time.Millisecond
 	db, side := testFiles(t)
-	release := filepath.Join(filepath.Dir(db), "release")
+	release := filepath.Join(filepath.Dir(side), "release")
 	args := counterArgs(db, side, "block="+release, "block-at=3", "stubborn=true")
 	c := startChild(t, []string{GraceEnv + "=" + grace.String()}, nil, args...)
 	c.WaitFor("add/3 started", func() bool { return countLine(t, side, "ran add/3") == 1 })
@@ -798,7 +801,7 @@ func TestRetriesEndToEnd(t *testing.T) {
 func TestSIGTERMDuringOutsideCall(t *testing.T) {
 	t.Parallel()
 	db, outside := testFiles(t)
-	release := filepath.Join(filepath.Dir(db), "release")
+	release := filepath.Join(filepath.Dir(outside), "release")
 	args := []string{"--db", db, "run", "pay", "-p", "key=k", "-p", "outside=" + outside, "-p", "block=" + release}
 	c := startChild(t, nil, nil, args...)
 	c.WaitFor("the outside system called", func() bool { return len(linesOf(t, outside)) == 1 })

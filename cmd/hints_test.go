@@ -1,7 +1,6 @@
 package cmd
 
 import (
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -11,9 +10,7 @@ import (
 // the message names no command or flag.
 func TestHintsComeFromTheCommandLine(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	db := filepath.Join(dir, "stepwise.db")
-	side := filepath.Join(dir, "side")
+	db, side := testFiles(t)
 	name := []Option{Name("mytool")}
 	if o := cliRun(t, []string{"--db", db, "run", "crashy", "-p", "key=h", "-p", "side=" + side, "-p", "steps=1"}, name...); o.code != ExitOK {
 		t.Fatalf("first run: %s", o)

@@ -86,7 +86,7 @@ func startGated(t *testing.T, g *gated, db string, args ...string) <-chan opsOut
 // it without running the first step again.
 func TestLockMidRunWithoutWait(t *testing.T) {
 	t.Parallel()
-	db := filepath.Join(t.TempDir(), "stepwise.db")
+	db := sqliteDB(t) // about SQLite's write lock
 	g := newGated()
 	// A short lease: in this one process the runner's PID stays alive, so
 	// the resume takes the run over when the lease expires (a real
@@ -134,7 +134,7 @@ func TestLockMidRunWithoutWait(t *testing.T) {
 // released, each step run once.
 func TestLockMidRunWithWait(t *testing.T) {
 	t.Parallel()
-	db := filepath.Join(t.TempDir(), "stepwise.db")
+	db := sqliteDB(t) // about SQLite's write lock
 	g := newGated()
 	done := startGated(t, g, db, "--wait")
 	release := holdWriteLock(t, db)
@@ -162,7 +162,7 @@ func TestLockMidRunWithWait(t *testing.T) {
 // A command without --wait is not told to add it.
 func TestLockedHintWithoutWaitFlag(t *testing.T) {
 	t.Parallel()
-	c := newOpsCLI(t)
+	c := newSQLiteOpsCLI(t) // about SQLite's write lock
 	c.runCrashy("h")
 	holdWriteLock(t, c.db)
 	o := c.want(ExitHeld, []string{"database is locked", "--busy-timeout"},
@@ -178,7 +178,7 @@ func TestLockedHintWithoutWaitFlag(t *testing.T) {
 // retry (200ms took 4s; the default 5s took 42 minutes).
 func TestOpenLockedNewSchemaWaitsOneBusyTimeout(t *testing.T) {
 	t.Parallel()
-	db := filepath.Join(t.TempDir(), "t.db")
+	db := filepath.Join(t.TempDir(), "t.db") // about SQLite's busy timeout
 	conn, err := sql.Open("sqlite", "file:"+db+"?_pragma=journal_mode(WAL)")
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +204,7 @@ func TestOpenLockedNewSchemaWaitsOneBusyTimeout(t *testing.T) {
 // succeeded run is refused with exit 5, the run still succeeded.
 func TestOperatorStopsAreNotFailures(t *testing.T) {
 	t.Parallel()
-	db := filepath.Join(t.TempDir(), "stepwise.db")
+	db := testDB(t)
 	g := newGated()
 	close(g.proceed)
 	g.fail.Store(true)

@@ -273,7 +273,7 @@ func TestServeSurvivesPanicsAndLogsProgress(t *testing.T) {
 	t.Parallel()
 	db, _ := testFiles(t)
 	c := startChild(t, []string{logsChildEnv + "=1"}, nil, "--db", db, "--log-format", "json", "serve", "--grace", "5s")
-	st := openStoreAt(t, db)
+	st := openStore(t, db)
 	count := func(job, status string) int {
 		runs, err := st.Runs(context.Background(), checkpoint.RunFilter{Job: job, Status: status, Limit: 1000})
 		if err != nil {
@@ -391,7 +391,7 @@ func TestSIGINTIsOneLine(t *testing.T) {
 // second warning (the step runs again on resume).
 func TestSIGINTInAStepIsOneLine(t *testing.T) {
 	db, side := testFiles(t)
-	release := filepath.Join(filepath.Dir(db), "release") // never created
+	release := filepath.Join(filepath.Dir(side), "release") // never created
 	c := startChild(t, nil, nil, crashyArgs(db, "k", side, "steps=3", "block="+release, "block-at=2")...)
 	c.WaitFor("step/2 started", func() bool { return readSide(t, side).ran["step/2"] == 1 })
 	if err := c.Signal(syscall.SIGINT); err != nil {

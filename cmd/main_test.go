@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/postgres"
+	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
@@ -270,17 +272,21 @@ type runState struct {
 	steps map[string]checkpoint.Step
 }
 
-// readRun reads a run and its checkpoints from the database file, opening
+// readRun reads a run and its checkpoints from the store at db, opening
 // and closing the store around the read (no child is running then).
 func readRun(t *testing.T, db, runID string) runState {
 	t.Helper()
-	ctx := context.Background()
-	st, err := sqlite.Open(ctx, sqlite.Config{Path: db})
-	if err != nil {
-		t.Fatalf("open %s: %v", db, err)
-	}
+	st := dialStore(t, db)
 	defer st.Close()
+	return readRunIn(t, st, runID)
+}
+
+// readRunIn reads a run and its checkpoints through st.
+func readRunIn(t *testing.T, st checkpoint.Store, runID string) runState {
+	t.Helper()
+	ctx := context.Background()
 	s := runState{steps: map[string]checkpoint.Step{}}
+	var err error
 	s.info, err = st.Run(ctx, runID)
 	if errors.Is(err, checkpoint.ErrNotFound) {
 		return s
@@ -416,21 +422,104 @@ func touch(t *testing.T, path string) {
 	}
 }
 
-// createDB creates the checkpoint database at path with its schema.
-func createDB(t *testing.T, path string) {
+// The cmd tests run on the store STEPWISE_TEST_STORE selects: sqlite (the
+// default) or postgres, on the server STEPWISE_TEST_PG names, each test in
+// a schema of its own. Tests about SQLite files (paths, locks, pragmas)
+// stay on SQLite whatever it says, and say so.
+const (
+	storeEnv      = "STEPWISE_TEST_STORE"
+	storeSQLite   = "sqlite"
+	storePostgres = "postgres"
+)
+
+// testStore returns the store the tests run on, failing t on a value of
+// STEPWISE_TEST_STORE it does not know.
+func testStore(t testing.TB) string {
 	t.Helper()
-	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: path})
-	if err != nil {
-		t.Fatal(err)
+	switch v := os.Getenv(storeEnv); v {
+	case "", storeSQLite:
+		return storeSQLite
+	case storePostgres:
+		return storePostgres
+	default:
+		t.Fatalf("%s=%q: want %s or %s", storeEnv, v, storeSQLite, storePostgres)
+		return ""
 	}
-	if err := st.Close(); err != nil {
+}
+
+// onPostgres reports whether the tests run on PostgreSQL.
+func onPostgres(t testing.TB) bool { t.Helper(); return testStore(t) == storePostgres }
+
+// testDB returns a fresh checkpoint location on the selected store, for
+// --db: a file path in a new temporary directory (not created yet), or
+// the URL of a new PostgreSQL schema (dropped when t ends).
+// STEPWISE_TEST_STORE=postgres without STEPWISE_TEST_PG fails t: a pass
+// asked for on PostgreSQL must not quietly run nothing.
+func testDB(t testing.TB) string {
+	t.Helper()
+	if !onPostgres(t) {
+		return sqliteDB(t)
+	}
+	if os.Getenv(pgtest.EnvURL) == "" {
+		t.Fatalf("%s=%s but %s is not set: give the server's URL, e.g. %s=postgres://postgres@127.0.0.1:5432/test",
+			storeEnv, storePostgres, pgtest.EnvURL, pgtest.EnvURL)
+	}
+	return pgtest.Schema(t)
+}
+
+// sqliteDB returns a SQLite file path in a new temporary directory, for
+// the tests that are about SQLite files whatever the selected store.
+func sqliteDB(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(t.TempDir(), "stepwise.db")
+}
+
+// dialStore opens the checkpoint store at loc (a path or a postgres://
+// URL), creating its tables; the caller closes it. The PostgreSQL store
+// runs on the caller's clock, so a test can claim a run "an hour ago"; the
+// CLI under test runs on the server's, which is this machine's.
+func dialStore(t testing.TB, loc string) checkpoint.Backend {
+	t.Helper()
+	ctx := context.Background()
+	var st checkpoint.Backend
+	var err error
+	if _, ok := databaseURL(loc); ok {
+		st, err = postgres.Open(ctx, postgres.Config{URL: loc, CallerClock: true})
+	} else {
+		st, err = sqlite.Open(ctx, sqlite.Config{Path: loc})
+	}
+	if err != nil {
+		t.Fatalf("open checkpoint store %s: %v", loc, err)
+	}
+	return st
+}
+
+// openStore is dialStore, closed when t ends.
+func openStore(t testing.TB, loc string) checkpoint.Backend {
+	t.Helper()
+	st := dialStore(t, loc)
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// createDB creates the checkpoint store at loc with its tables.
+func createDB(t *testing.T, loc string) {
+	t.Helper()
+	if err := dialStore(t, loc).Close(); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// testFiles returns a database path and a side file path in a fresh
-// temporary directory.
+// testFiles returns a fresh checkpoint location on the selected store
+// (see testDB) and a side file path in a fresh temporary directory.
 func testFiles(t *testing.T) (db, side string) {
+	t.Helper()
+	return testDB(t), filepath.Join(t.TempDir(), "side.log")
+}
+
+// sqliteFiles is testFiles on SQLite whatever the selected store: the
+// database file and the side file in one fresh temporary directory.
+func sqliteFiles(t *testing.T) (db, side string) {
 	dir := t.TempDir()
 	return filepath.Join(dir, "stepwise.db"), filepath.Join(dir, "side.log")
 }

@@ -19,7 +19,7 @@ import (
 func TestOperatingRunsEndToEnd(t *testing.T) {
 	c := newOpsCLI(t)
 	t.Setenv("STEPWISE_OPERATOR", "alice") // in-process commands only: children drop STEPWISE_ variables
-	dir := filepath.Dir(c.db)
+	dir := filepath.Dir(c.side)
 	release := filepath.Join(dir, "release")
 
 	// A runner dies inside step/2. Its short lease lets the run be listed

@@ -19,8 +19,6 @@ import (
 	"github.com/mattn/go-isatty"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
 )
@@ -99,12 +97,23 @@ func opsRegistry() *jobs.Registry {
 type opsCLI struct {
 	t        *testing.T
 	db, side string
-	st       *sqlite.Store
+	st       checkpoint.Backend
 }
 
+// newOpsCLI returns an opsCLI on a fresh store of the selected kind (see
+// testDB), its tables created.
 func newOpsCLI(t *testing.T) *opsCLI {
 	t.Helper()
 	db, side := testFiles(t)
+	createDB(t, db)
+	return &opsCLI{t: t, db: db, side: side}
+}
+
+// newSQLiteOpsCLI is newOpsCLI on a SQLite file whatever the selected
+// store, for tests about SQLite's locks and files.
+func newSQLiteOpsCLI(t *testing.T) *opsCLI {
+	t.Helper()
+	db, side := sqliteFiles(t)
 	createDB(t, db)
 	return &opsCLI{t: t, db: db, side: side}
 }
@@ -153,9 +162,9 @@ func (c *opsCLI) runCrashy(key string) {
 }
 
 // store is a store on the database, open for the rest of the test.
-func (c *opsCLI) store() *sqlite.Store {
+func (c *opsCLI) store() checkpoint.Backend {
 	if c.st == nil {
-		c.st = checkpointtest.OpenPath(c.t, c.db)
+		c.st = openStore(c.t, c.db)
 	}
 	return c.st
 }
@@ -243,11 +252,11 @@ func (c *opsCLI) wantRan(want map[string]int) {
 // stateValue is key's value in the built-in state table.
 func (c *opsCLI) stateValue(key string) int64 {
 	c.t.Helper()
-	var v int64
-	if err := c.store().ReadDB().QueryRow(`SELECT value FROM stepwise_state WHERE key = ?`, key).Scan(&v); err != nil {
-		c.t.Fatalf("read %s: %v", key, err)
+	s := stateIn(c.t, c.store(), key)
+	if !s.Exists {
+		c.t.Fatalf("state key %s does not exist", key)
 	}
-	return v
+	return s.Value
 }
 
 // opsShowJSON is the part of `show --json` these tests read: the
@@ -586,7 +595,7 @@ func TestResetCommand(t *testing.T) {
 func TestResetBatchStepWithAppliedItems(t *testing.T) {
 	t.Parallel()
 	c := newOpsCLI(t)
-	fail := filepath.Join(filepath.Dir(c.db), "fail")
+	fail := filepath.Join(filepath.Dir(c.side), "fail")
 	touch(t, fail)
 	c.want(ExitFailed, []string{"payee unknown"}, "run", "opsbatch", "-p", "key=x", "-p", "side="+c.side, "-p", "fail="+fail)
 	if v := c.stateValue("acct:x"); v != 2 {
@@ -764,8 +773,12 @@ func TestPruneCommand(t *testing.T) {
 			t.Errorf("pruned run's %s keeps its output %s", id, st.Output)
 		}
 	}
-	var items int
-	if err := c.store().ReadDB().QueryRow(`SELECT count(*) FROM items WHERE run_id = 'crashy/old'`).Scan(&items); err != nil || items != 0 {
+	counts, err := c.store().ItemCounts(context.Background(), "crashy/old")
+	var items int64
+	for _, n := range counts {
+		items += n.Count
+	}
+	if err != nil || items != 0 {
 		t.Errorf("pruned run keeps %d items (%v)", items, err)
 	}
 	as := c.wantAudits("crashy/old", "prune --older-than 90d")

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/runner"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
@@ -135,7 +134,7 @@ func TestServeRealProcess(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	restartedAt := time.Now()
 	second := startServe(t, db, side)
-	st := openStoreAt(t, db)
+	st := openStore(t, db)
 	var polled time.Time
 	second.WaitFor("runs after the restart", func() bool {
 		if time.Since(polled) < 20*time.Millisecond {
@@ -203,7 +202,7 @@ func TestServeRealProcess(t *testing.T) {
 }
 
 // latestRun returns the fire time of the latest succeeded run in the store.
-func latestRun(t *testing.T, st *sqlite.Store) time.Time {
+func latestRun(t *testing.T, st checkpoint.Store) time.Time {
 	t.Helper()
 	runs, err := st.Runs(context.Background(), checkpoint.RunFilter{Job: "crashy", Status: checkpoint.RunSucceeded, Limit: 1})
 	if err != nil {
@@ -217,16 +216,6 @@ func latestRun(t *testing.T, st *sqlite.Store) time.Time {
 		t.Fatal(err)
 	}
 	return at
-}
-
-func openStoreAt(t *testing.T, db string) *sqlite.Store {
-	t.Helper()
-	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: db})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	return st
 }
 
 // checkMetrics checks a /metrics scrape has every series serve promises,
@@ -303,8 +292,10 @@ func TestSchedulesCommand(t *testing.T) {
 	}
 
 	text := run("--from", "2026-03-06T12:00:00-05:00", "--next", "3")
-	// schedules only reads: a missing database is not created.
-	if _, err := os.Stat(db); !errors.Is(err, os.ErrNotExist) {
+	// schedules only reads: a missing SQLite file is not created.
+	if _, isURL := databaseURL(db); isURL {
+		// A PostgreSQL database is never created; its schema was made.
+	} else if _, err := os.Stat(db); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("schedules created the missing database %s (stat: %v)", db, err)
 	}
 	for _, want := range []string{

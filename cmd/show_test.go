@@ -114,7 +114,7 @@ func TestShowStoppedBatchStep(t *testing.T) {
 	}
 	t.Run("failed", func(t *testing.T) {
 		c := newOpsCLI(t)
-		fail := filepath.Join(filepath.Dir(c.db), "fail")
+		fail := filepath.Join(filepath.Dir(c.side), "fail")
 		touch(t, fail)
 		c.want(ExitFailed, []string{"payee unknown"}, "run", "opsbatch", "-p", "key=f", "-p", "side="+c.side, "-p", "fail="+fail)
 		check(t, c, "opsbatch/f", checkpoint.RunFailed, 2)
@@ -267,7 +267,7 @@ func holdWriteLock(t *testing.T, db string) (release func()) {
 // and then runs.
 func TestLockedDatabase(t *testing.T) {
 	t.Parallel()
-	c := newOpsCLI(t)
+	c := newSQLiteOpsCLI(t) // about SQLite's write lock
 	release := holdWriteLock(t, c.db)
 
 	o := c.want(ExitHeld, []string{"database is locked", c.db, "--wait", "--busy-timeout"},

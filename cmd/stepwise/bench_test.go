@@ -23,7 +23,9 @@ var benchRows = []string{
 }
 
 // tinyBench runs bench on tiny sizes in a directory of the test's own and
-// checks it left nothing behind there, nor at --db.
+// checks it left nothing behind there, nor at --db. It stays on SQLite
+// whatever STEPWISE_TEST_STORE says: these tests hold the SQLite table
+// (raw SQLite baselines, synchronous=full) and its files.
 func tinyBench(t *testing.T, extra ...string) (stdout, stderr string) {
 	t.Helper()
 	dir := t.TempDir()

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stepwise-run/stepwise/checkpoint/postgres"
+	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
@@ -45,7 +47,7 @@ func wantContains(t *testing.T, what, got string, wants ...string) {
 
 func TestDemo(t *testing.T) {
 	t.Parallel()
-	db := filepath.Join(t.TempDir(), "stepwise.db")
+	db := testDB(t)
 	out, _ := mustRun(t, cmd.ExitOK, "--db", db, "demo", "--accounts", "40", "--transfers", "400")
 	wantContains(t, "demo output", out,
 		"seeded a demo ledger in "+db+": 400 transfers on 2026-11-28",
@@ -89,9 +91,18 @@ func itoa(n int) string {
 	return string(b)
 }
 
-func openTestLedger(t *testing.T, path string) *sql.DB {
+// openTestLedger opens the ledger at loc: a PostgreSQL database (a
+// postgres:// URL) or a SQLite file. SQL sent to it uses $n placeholders,
+// which both take.
+func openTestLedger(t *testing.T, loc string) *sql.DB {
 	t.Helper()
-	db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: path})
+	var db *sql.DB
+	var err error
+	if _, ok := cmd.DatabaseURL(loc); ok {
+		db, err = postgres.OpenDB(context.Background(), postgres.Config{URL: loc})
+	} else {
+		db, err = sqlite.OpenTarget(context.Background(), sqlite.Config{Path: loc})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,17 +110,89 @@ func openTestLedger(t *testing.T, path string) *sql.DB {
 	return db
 }
 
+// The tests run on the store STEPWISE_TEST_STORE selects: sqlite (the
+// default) or postgres, on the server STEPWISE_TEST_PG names, each test in
+// a schema of its own. Tests about SQLite files and paths stay on SQLite.
+const storeEnv = "STEPWISE_TEST_STORE"
+
+// onPostgres reports whether the tests run on PostgreSQL, failing t on a
+// value of STEPWISE_TEST_STORE it does not know.
+func onPostgres(t *testing.T) bool {
+	t.Helper()
+	switch v := os.Getenv(storeEnv); v {
+	case "", "sqlite":
+		return false
+	case "postgres":
+		return true
+	default:
+		t.Fatalf("%s=%q: want sqlite or postgres", storeEnv, v)
+		return false
+	}
+}
+
+// testDB returns a fresh checkpoint location on the selected store: a
+// file path in a new temporary directory, or the URL of a new PostgreSQL
+// schema. STEPWISE_TEST_STORE=postgres without STEPWISE_TEST_PG fails t.
+func testDB(t *testing.T) string {
+	t.Helper()
+	if !onPostgres(t) {
+		return filepath.Join(t.TempDir(), "stepwise.db")
+	}
+	if os.Getenv(pgtest.EnvURL) == "" {
+		t.Fatalf("%s=postgres but %s is not set: give the server's URL, e.g. %s=postgres://postgres@127.0.0.1:5432/test",
+			storeEnv, pgtest.EnvURL, pgtest.EnvURL)
+	}
+	return pgtest.Schema(t)
+}
+
+// ledgerLayout is where a test keeps the example ledger: in the checkpoint
+// store, or in a database of its own.
+type ledgerLayout struct {
+	name string
+	// ledger returns the separate ledger's location; nil: the checkpoint
+	// store's own database.
+	ledger func(t *testing.T) string
+}
+
+// ledgerLayouts are the layouts for the selected store: the same store
+// and a separate SQLite file on both, and on PostgreSQL also another
+// PostgreSQL database.
+func ledgerLayouts(t *testing.T) []ledgerLayout {
+	ls := []ledgerLayout{
+		{"same store", nil},
+		{"separate store", func(t *testing.T) string { return filepath.Join(t.TempDir(), "ledger.db") }},
+	}
+	if onPostgres(t) {
+		ls = append(ls, ledgerLayout{"separate PostgreSQL database", func(t *testing.T) string { return pgtest.Database(t) }})
+	}
+	return ls
+}
+
+// pgSeparateTargetsMissing is what the PostgreSQL store says to a ledger
+// outside the checkpoint database until separate effect targets are built
+// (branch pgtarget).
+const pgSeparateTargetsMissing = "are not supported by the PostgreSQL store yet"
+
+// unsupportedSeparateLedger stops t, saying so loudly, when a settle run
+// failed only because the PostgreSQL store cannot open a separate ledger
+// yet; any other failure is left to the caller to report.
+func unsupportedSeparateLedger(t *testing.T, stderr string) {
+	t.Helper()
+	if strings.Contains(stderr, pgSeparateTargetsMissing) {
+		t.Skipf("NOT RUN: the PostgreSQL store cannot settle a ledger outside its database yet "+
+			"(separate effect targets: branch pgtarget); the run said:\n%s", stderr)
+	}
+}
+
 func TestLedgerSeedAndCheck(t *testing.T) {
 	t.Parallel()
-	for _, separate := range []bool{false, true} {
-		name := map[bool]string{false: "same store", true: "separate store"}[separate]
-		t.Run(name, func(t *testing.T) {
+	for _, layout := range ledgerLayouts(t) {
+		t.Run(layout.name, func(t *testing.T) {
 			t.Parallel()
-			dir := t.TempDir()
-			db := filepath.Join(dir, "stepwise.db")
+			db := testDB(t)
 			ledgerPath, ledgerFlag, ledgerParam := db, []string{}, []string{}
-			if separate {
-				ledgerPath = filepath.Join(dir, "ledger.db")
+			if layout.ledger != nil {
+				ledgerPath = layout.ledger(t)
 				ledgerFlag = []string{"--ledger", ledgerPath}
 				ledgerParam = []string{"-p", "ledger=" + ledgerPath}
 			}
@@ -125,7 +208,11 @@ func TestLedgerSeedAndCheck(t *testing.T) {
 			out, _ = mustRun(t, 1, check...)
 			wantContains(t, "check of an unsettled day", out, "WRONG ")
 
-			mustRun(t, cmd.ExitOK, args(append([]string{"run", "settle", "-p", "date=2026-11-28", "--progress", "none"}, ledgerParam...)...)...)
+			settle := args(append([]string{"run", "settle", "-p", "date=2026-11-28", "--progress", "none"}, ledgerParam...)...)
+			if code, stdout, stderr := stepwise(t, settle...); code != cmd.ExitOK {
+				unsupportedSeparateLedger(t, stderr)
+				t.Fatalf("stepwise %s: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", strings.Join(settle, " "), code, stdout, stderr)
+			}
 			out, _ = mustRun(t, cmd.ExitOK, check...)
 			wantContains(t, "check output", out, "ledger check 2026-11-28: 20 accounts, 300 transfers", "money conserved")
 
@@ -153,7 +240,7 @@ func TestLedgerSeedAndCheck(t *testing.T) {
 func TestLedgerSeedBadInput(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	db := filepath.Join(dir, "stepwise.db")
+	db := testDB(t)
 	for _, date := range []string{"2026-13-01", "28/11/2026", "2026-02-30"} {
 		_, errOut := mustRun(t, cmd.ExitUsage, "--db", db, "ledger", "seed", "--date", date, "--transfers", "10")
 		wantContains(t, "seed error", errOut, date)
@@ -167,6 +254,7 @@ func TestLedgerSeedBadInput(t *testing.T) {
 
 	_, errOut = mustRun(t, cmd.ExitUsage, "--db", db, "ledger", "seed", "--transfers", "10")
 	wantContains(t, "seed error", errOut, "--date")
+	// SQLite: a file in a missing directory.
 	_, errOut = mustRun(t, cmd.ExitUsage, "--db", filepath.Join(dir, "missing", "x.db"), "ledger", "seed", "--date", "2026-11-28")
 	wantContains(t, "seed error", errOut, filepath.Join(dir, "missing"))
 }

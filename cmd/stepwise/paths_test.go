@@ -13,6 +13,10 @@ import (
 	"github.com/stepwise-run/stepwise/cmd"
 )
 
+// These tests are about SQLite files and the paths that name them
+// (relative paths made absolute, missing files, files that are not a
+// ledger): they run on SQLite whatever STEPWISE_TEST_STORE says.
+
 // files lists the names in dir.
 func files(t *testing.T, dir string) []string {
 	t.Helper()

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -67,23 +66,25 @@ func showSettle(t *testing.T, args ...string) shownSettle {
 // notification's payload is a JSON object.
 func TestShowSettlementEffectsAndItems(t *testing.T) {
 	t.Parallel()
-	for _, separate := range []bool{false, true} {
-		name := map[bool]string{false: "same store", true: "separate store"}[separate]
-		t.Run(name, func(t *testing.T) {
+	for _, layout := range ledgerLayouts(t) {
+		t.Run(layout.name, func(t *testing.T) {
 			t.Parallel()
-			dir := t.TempDir()
-			db := filepath.Join(dir, "stepwise.db")
+			db := testDB(t)
 			ledgerPath, ledgerFlag, ledgerParam := db, []string{}, []string{}
-			if separate {
-				ledgerPath = filepath.Join(dir, "ledger.db")
+			if layout.ledger != nil {
+				ledgerPath = layout.ledger(t)
 				ledgerFlag = []string{"--ledger", ledgerPath}
 				ledgerParam = []string{"-p", "ledger=" + ledgerPath}
 			}
 			const opening, chunk, transfers = 50, 10, 120
 			mustRun(t, cmd.ExitOK, append([]string{"--db", db, "ledger", "seed", "--date", "2026-11-28",
 				"--accounts", "4", "--transfers", itoa(transfers), "--balance", itoa(opening)}, ledgerFlag...)...)
-			mustRun(t, cmd.ExitOK, append([]string{"--db", db, "run", "settle", "-p", "date=2026-11-28", "-p", "chunk=" + itoa(chunk),
-				"--progress", "none"}, ledgerParam...)...)
+			settle := append([]string{"--db", db, "run", "settle", "-p", "date=2026-11-28", "-p", "chunk=" + itoa(chunk),
+				"--progress", "none"}, ledgerParam...)
+			if code, stdout, stderr := stepwise(t, settle...); code != cmd.ExitOK {
+				unsupportedSeparateLedger(t, stderr)
+				t.Fatalf("stepwise %s: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", strings.Join(settle, " "), code, stdout, stderr)
+			}
 			const runID = "settle/2026-11-28"
 			show := []string{"--db", db, "show", runID}
 
@@ -135,7 +136,7 @@ func TestShowSettlementEffectsAndItems(t *testing.T) {
 			ledger := openTestLedger(t, ledgerPath)
 			for acct, w := range last {
 				var bal, ver int64
-				if err := ledger.QueryRow(`SELECT balance, version FROM accounts WHERE id = ?`, acct).Scan(&bal, &ver); err != nil {
+				if err := ledger.QueryRow(`SELECT balance, version FROM accounts WHERE id = $1`, acct).Scan(&bal, &ver); err != nil {
 					t.Fatal(err)
 				}
 				if bal != w.NewValue || ver != w.OldVersion+1 {
@@ -229,7 +230,7 @@ func TestShowSettlementEffectsAndItems(t *testing.T) {
 // TestShowBadPaging checks show's paging flags say what is wrong.
 func TestShowBadPaging(t *testing.T) {
 	t.Parallel()
-	db := filepath.Join(t.TempDir(), "stepwise.db")
+	db := testDB(t)
 	for _, tc := range []struct {
 		args []string
 		want string
