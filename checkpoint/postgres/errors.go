@@ -47,6 +47,8 @@ const (
 	codeCrashShutdown         = "57P02"
 	codeCannotConnectNow      = "57P03"
 	codeInvalidSchemaName     = "3F000"
+	codeUndefinedTable        = "42P01"
+	codeUndefinedColumn       = "42703"
 )
 
 // Error is a store error the server or the network caused: what kind it

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -315,6 +316,15 @@ func checkTableExists(ctx context.Context, q querier, t checkpoint.Table) error 
 	if err == nil {
 		rows.Close()
 		err = rows.Err()
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case codeUndefinedTable:
+			return fmt.Errorf("effect target table %q does not exist (under the URL's search_path); create it with columns %s: %w", t.Name, t, err)
+		case codeUndefinedColumn:
+			return fmt.Errorf("effect target table %q lacks a column (%s); want %s: %w", t.Name, pe.Message, t, err)
+		}
 	}
 	return err
 }
