@@ -86,8 +86,10 @@ func (e *StepConflictError) Error() string {
 	return fmt.Sprintf("step %s of run %s is already recorded as %s with a different result", e.StepID, e.RunID, e.Status)
 }
 
-// ErrNoDatabase is returned when a database opened with a backend's
-// MustExist does not exist: a SQLite file (the message names its absolute
-// path), or a server database without Stepwise's tables. Nothing was
-// created.
+// ErrNoDatabase is returned when a database that must exist does not: a
+// SQLite file opened with Config.MustExist (or as an effect target), a
+// PostgreSQL database the server does not have, or one without Stepwise's
+// tables opened by a command that only reads. The message names it (a
+// file's absolute path, a server and database; never a password); nothing
+// was created.
 var ErrNoDatabase = errors.New("checkpoint: database does not exist")

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
+	"github.com/stepwise-run/stepwise/checkpoint/stores"
 )
 
 // This file is the one place that knows which backends exist: --db (and
@@ -59,20 +59,10 @@ func databaseURL(loc string) (string, bool) {
 // wait.
 func openBackend(e *Env, mustExist bool) (checkpoint.Backend, error) {
 	g := e.Globals
-	if _, ok := databaseURL(g.DB); ok {
-		st, err := postgres.Open(e.Ctx, postgres.Config{URL: g.DB, MustExist: mustExist})
-		if errors.Is(err, checkpoint.ErrNoDatabase) {
-			return nil, usageError{fmt.Errorf("%w; check --db or $STEPWISE_DB (this command only reads a checkpoint database)", err)}
-		}
-		if err != nil {
-			return nil, err
-		}
-		return st, nil
-	}
-	st, err := sqlite.Open(e.Ctx, sqlite.Config{
-		Path: g.DB, Synchronous: g.Synchronous, BusyTimeout: g.BusyTimeout, MustExist: mustExist,
+	st, err := stores.Open(e.Ctx, g.DB, stores.Settings{
+		MustExist: mustExist, Synchronous: g.Synchronous, BusyTimeout: g.BusyTimeout,
 	})
-	if errors.Is(err, checkpoint.ErrNoDatabase) {
+	if errors.Is(err, checkpoint.ErrNoDatabase) && mustExist {
 		return nil, usageError{fmt.Errorf("%w; check --db or $STEPWISE_DB (this command only reads a checkpoint database)", err)}
 	}
 	if err != nil {
