@@ -119,11 +119,17 @@ func (p *postgresBackend) schema(ctx context.Context, name string) (string, stri
 		return "", "", fmt.Errorf("create schema %s in %s: %w", schema, p.shown, err)
 	}
 	p.schemas = append(p.schemas, schema)
+	return p.schemaURL(schema), schema, nil
+}
+
+// schemaURL is the base URL with search_path set to schema. Spaces in
+// the other parameters (options=-c x=y) stay %20: pgx reads no "+".
+func (p *postgresBackend) schemaURL(schema string) string {
 	u := *p.base
 	q := u.Query()
 	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String(), schema, nil
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
+	return u.String()
 }
 
 // open opens a store on a fresh schema: its migrations make the tables.
@@ -290,11 +296,7 @@ func (p *postgresBackend) settleSides(ctx context.Context, name string, seed see
 	if err != nil {
 		return nil, nil, err
 	}
-	u := *p.base
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	db, err := postgres.OpenDB(ctx, postgres.Config{URL: u.String()})
+	db, err := postgres.OpenDB(ctx, postgres.Config{URL: p.schemaURL(schema)})
 	if err != nil {
 		return nil, nil, err
 	}

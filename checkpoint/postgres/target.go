@@ -20,16 +20,29 @@ type querier interface {
 }
 
 // pgTarget is the set-based view of one target table: one statement per
-// call, whatever the number of keys. In a write transaction its reads lock
+// call, whatever the number of keys. In a write transaction (tx set) its reads lock
 // the rows they read (FOR UPDATE, in key order, so two writers touching
 // the same keys wait for each other instead of deadlocking).
 type pgTarget struct {
 	q     querier
 	table checkpoint.Table
-	lock  bool
 	// fail records a failed statement: it aborts a PostgreSQL transaction.
 	fail func(error) error
 	sql  targetSQL
+	// tx is the checkpoint transaction of a same-store view (nil for
+	// View): Read sends BEGIN and the fence lock in its own round trip,
+	// ahead of its statements, when no write has opened the transaction
+	// yet; its reads lock the rows they read.
+	tx *pgTx
+}
+
+// begin opens the checkpoint transaction of a same-store view before a
+// statement that is not pipelined behind the fence lock.
+func (g *pgTarget) begin() error {
+	if g.tx == nil {
+		return nil
+	}
+	return g.tx.open()
 }
 
 // targetSQL holds a table's statements, built once from its validated
@@ -76,27 +89,45 @@ func (t *pgTx) Target(table checkpoint.Table) (checkpoint.Target, error) {
 	if err := table.Validate(); err != nil {
 		return nil, err
 	}
-	if err := t.open(); err != nil {
-		return nil, err
+	if t.failed != nil {
+		return nil, t.failed
 	}
-	return &pgTarget{q: t.conn, table: table, lock: true, fail: t.fail, sql: newTargetSQL(table)}, nil
+	// The transaction opens with the view's first statement (Read's
+	// batch), not a round trip of its own.
+	return &pgTarget{q: t.conn, table: table, fail: t.fail, sql: newTargetSQL(table), tx: t}, nil
 }
 
 // Read implements checkpoint.Target.
 func (g *pgTarget) Read(ctx context.Context, keys []string) (map[string]checkpoint.State, error) {
 	keys = sortedUnique(keys)
-	q := g.sql.read
-	if g.lock {
-		q = g.sql.readLocked
+	var rows pgx.Rows
+	if g.tx != nil {
+		// One round trip: BEGIN and the fence lock (when the transaction
+		// is not open yet), the key locks of a table that creates missing
+		// keys, and the locking read.
+		b := g.tx.batch()
 		if g.table.CreateMissing {
-			if _, err := g.q.Exec(ctx, sqlLockKeys, g.table.Name, keys); err != nil {
+			b.Queue(sqlLockKeys, g.table.Name, keys)
+		}
+		b.Queue(g.sql.readLocked, keys)
+		br, err := g.tx.send(b)
+		if err != nil {
+			return nil, err
+		}
+		defer br.Close()
+		if g.table.CreateMissing {
+			if _, err := br.Exec(); err != nil {
 				return nil, g.fail(fmt.Errorf("postgres: lock the keys of %s: %w", g.table.Name, err))
 			}
 		}
-	}
-	rows, err := g.q.Query(ctx, q, keys)
-	if err != nil {
-		return nil, g.fail(fmt.Errorf("postgres: read %s: %w", g.table.Name, err))
+		if rows, err = br.Query(); err != nil {
+			return nil, g.fail(fmt.Errorf("postgres: read %s: %w", g.table.Name, err))
+		}
+	} else {
+		var err error
+		if rows, err = g.q.Query(ctx, g.sql.read, keys); err != nil {
+			return nil, g.fail(fmt.Errorf("postgres: read %s: %w", g.table.Name, err))
+		}
 	}
 	out := make(map[string]checkpoint.State, len(keys))
 	for rows.Next() {
@@ -112,6 +143,7 @@ func (g *pgTarget) Read(ctx context.Context, keys []string) (map[string]checkpoi
 	if err := rows.Err(); err != nil {
 		return nil, g.fail(fmt.Errorf("postgres: read %s: %w", g.table.Name, err))
 	}
+	rows.Close()
 	for _, k := range keys {
 		if _, ok := out[k]; ok {
 			continue
@@ -130,6 +162,9 @@ func (g *pgTarget) Read(ctx context.Context, keys []string) (map[string]checkpoi
 func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 	// In key order, so two writers of the same keys take their row locks
 	// in one order and wait for each other instead of deadlocking.
+	if err := g.begin(); err != nil {
+		return err
+	}
 	ws = slices.Clone(ws)
 	slices.SortFunc(ws, func(a, b checkpoint.Write) int { return strings.Compare(a.Key, b.Key) })
 	for i := 1; i < len(ws); i++ {
@@ -215,6 +250,9 @@ func (g *pgTarget) conflict(ctx context.Context, ws []checkpoint.Write, written 
 
 // IsApplied implements checkpoint.Target.
 func (g *pgTarget) IsApplied(ctx context.Context, effectID string) (bool, error) {
+	if err := g.begin(); err != nil {
+		return false, err
+	}
 	rows, err := g.q.Query(ctx, sqlIsApplied, effectID)
 	if err != nil {
 		return false, g.fail(fmt.Errorf("postgres: look up applied effect %s: %w", effectID, err))
@@ -229,6 +267,9 @@ func (g *pgTarget) IsApplied(ctx context.Context, effectID string) (bool, error)
 // MarkApplied implements checkpoint.Target. An effect ID marked twice is
 // an error (a unique key): a plan applies once.
 func (g *pgTarget) MarkApplied(ctx context.Context, a checkpoint.Applied) error {
+	if err := g.begin(); err != nil {
+		return err
+	}
 	if _, err := g.q.Exec(ctx, sqlMarkApplied, a.EffectID, a.RunID, a.StepID, a.At); err != nil {
 		return g.fail(fmt.Errorf("postgres: record applied effect %s: %w", a.EffectID, err))
 	}
