@@ -15,19 +15,14 @@ import (
 	"github.com/stepwise-run/stepwise/steps"
 )
 
-// These benchmarks measure steps with effects against what the store must do
-// anyway. BenchmarkEffectSameVsRaw puts steps that each add to one key of the
-// built-in state table (steps.Apply on steps.State: read, compare-and-set,
-// checkpoint, one commit) beside a hand-written transaction doing the same
-// work through database/sql prepared statements on the same DSN
-// (sqlite.DSN): SELECT value and version, UPDATE ... WHERE version = ?,
-// INSERT the checkpoint row, COMMIT. BenchmarkEffectSeparateVsSame puts
-// separate-store steps (plan, apply, record: three commits in two files)
-// beside same-store ones. Both sides of each benchmark alternate within one
-// run, so the ratio is not skewed by the machine's drift; read the ratio.
-// The goal for the same store is ratio >= 0.9 at sync=full.
+// BenchmarkEffectSeparateVsSame puts separate-store effect steps (plan,
+// apply, record: three commits in two files) beside same-store ones
+// (steps.Apply on steps.State). Both sides alternate within one run, so
+// the ratio is not skewed by the machine's drift; read the ratio. The
+// same-store side against hand-written SQL is package bench's effects
+// workload (go test -bench Effect ./bench/, or stepwise bench).
 //
-//	go test -run '^$' -bench 'Effect' -benchtime 6x -count 3 ./steps/
+//	go test -run '^$' -bench 'EffectSeparateVsSame' -benchtime 6x -count 3 ./steps/
 //
 // One iteration is one round of fxPerRound steps per side.
 
@@ -37,7 +32,7 @@ import (
 var fxBenchSyncs = []string{sqlite.SyncFull, sqlite.SyncNormal}
 
 const (
-	fxBenchOutput = 42 // every step returns it; the raw side stores its JSON
+	fxBenchOutput = 42 // every step returns it
 	fxPerRound    = 500
 	fxBenchKeys   = 64 // distinct keys the steps cycle through
 )
@@ -153,124 +148,6 @@ func fxStepNumber(b *testing.B, id string) int {
 	return n
 }
 
-// The raw baseline's statements: the work one same-store effect step must
-// do, written by hand.
-const (
-	fxRawRead   = `SELECT value, version FROM stepwise_state WHERE key = ?`
-	fxRawCAS    = `UPDATE stepwise_state SET value = ?, version = ? WHERE key = ? AND version = ?`
-	fxRawInsert = `INSERT INTO steps (run_id, step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan)
-VALUES ('bench/effects', ?, 'completed', ?, '', '', 1, 1, ?, ?, ?)`
-)
-
-// fxRaw is the hand-written baseline on its own database with the same DSN,
-// one connection like the store, and prepared statements.
-type fxRaw struct {
-	db                *sql.DB
-	read, cas, insert *sql.Stmt
-}
-
-// fxOpenRaw creates raw.db in dir with the steps and stepwise_state tables
-// copied from the store's own schema (so columns, keys and WITHOUT ROWID are
-// identical) and the same seeded keys.
-func fxOpenRaw(b *testing.B, dir, sync string, schemaFrom *sql.DB) *fxRaw {
-	b.Helper()
-	ctx := context.Background()
-	rows, err := schemaFrom.QueryContext(ctx, `SELECT sql FROM sqlite_master
-WHERE tbl_name IN ('steps', 'stepwise_state') AND sql IS NOT NULL ORDER BY type = 'index', tbl_name`)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var ddl []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			b.Fatal(err)
-		}
-		ddl = append(ddl, s)
-	}
-	if err := rows.Close(); err != nil || len(ddl) < 2 {
-		b.Fatalf("read schema: %v (%d statements)", err, len(ddl))
-	}
-	dsn, err := sqlite.DSN(sqlite.Config{Path: filepath.Join(dir, "raw.db"), Synchronous: sync})
-	if err != nil {
-		b.Fatal(err)
-	}
-	db, err := sql.Open("sqlite", dsn)
-	if err != nil {
-		b.Fatal(err)
-	}
-	db.SetMaxOpenConns(1)
-	db.SetMaxIdleConns(1)
-	db.SetConnMaxLifetime(0)
-	b.Cleanup(func() { db.Close() })
-	for _, s := range ddl {
-		if _, err := db.ExecContext(ctx, s); err != nil {
-			b.Fatalf("create raw schema: %v", err)
-		}
-	}
-	for i := range fxBenchKeys {
-		if _, err := db.Exec(`INSERT INTO stepwise_state (key, value, version) VALUES (?, 0, 0)`, fxKeyName(i)); err != nil {
-			b.Fatal(err)
-		}
-	}
-	r := &fxRaw{db: db}
-	for _, p := range []struct {
-		dst **sql.Stmt
-		q   string
-	}{{&r.read, fxRawRead}, {&r.cas, fxRawCAS}, {&r.insert, fxRawInsert}} {
-		if *p.dst, err = db.PrepareContext(ctx, p.q); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { (*p.dst).Close() })
-	}
-	return r
-}
-
-var fxBenchOutputJSON = []byte(strconv.Itoa(fxBenchOutput))
-
-// steps commits one transaction per ID: read the key, compare-and-set it,
-// insert the checkpoint row with a plan of the same shape Stepwise records.
-func (r *fxRaw) steps(b *testing.B, ids []string) {
-	ctx := context.Background()
-	plan := make([]byte, 0, 256)
-	for _, id := range ids {
-		key := fxKeyName(fxStepNumber(b, id))
-		now := time.Now().UTC().Format("2006-01-02T15:04:05.000000Z")
-		tx, err := r.db.BeginTx(ctx, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		var value, version int64
-		if err := tx.StmtContext(ctx, r.read).QueryRowContext(ctx, key).Scan(&value, &version); err != nil {
-			b.Fatal(err)
-		}
-		res, err := tx.StmtContext(ctx, r.cas).ExecContext(ctx, value+1, version+1, key, version)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			b.Fatalf("raw CAS on %s missed", key)
-		}
-		plan = append(plan[:0], `{"target":"stepwise_state","ops":[{"key":"`...)
-		plan = append(plan, key...)
-		plan = append(plan, `","kind":"add","amount":1}],"writes":[{"key":"`...)
-		plan = append(plan, key...)
-		plan = append(plan, `","old_version":`...)
-		plan = strconv.AppendInt(plan, version, 10)
-		plan = append(plan, `,"old_value":`...)
-		plan = strconv.AppendInt(plan, value, 10)
-		plan = append(plan, `,"new_value":`...)
-		plan = strconv.AppendInt(plan, value+1, 10)
-		plan = append(plan, `}]}`...)
-		if _, err := tx.StmtContext(ctx, r.insert).ExecContext(ctx, id, fxBenchOutputJSON, now, now, plan); err != nil {
-			b.Fatal(err)
-		}
-		if err := tx.Commit(); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 // fxCheckState fails the benchmark unless the state table holds n additions
 // in all, each with its version bump.
 func fxCheckState(b *testing.B, db *sql.DB, n int) {
@@ -281,23 +158,6 @@ func fxCheckState(b *testing.B, db *sql.DB, n int) {
 	}
 	if sum != n || versions != n {
 		b.Fatalf("state holds %d added in %d versions; want %d", sum, versions, n)
-	}
-}
-
-// BenchmarkEffectSameVsRaw: same-store effect steps (raw/s is the baseline,
-// same/s Stepwise; ratio = same/raw).
-func BenchmarkEffectSameVsRaw(b *testing.B) {
-	for _, sync := range fxBenchSyncs {
-		b.Run("sync="+sync, func(b *testing.B) {
-			dir := b.TempDir()
-			st, run := fxBenchStore(b, dir, sync)
-			raw := fxOpenRaw(b, dir, sync, st.DB())
-			base := &fxSide{name: "raw", run: raw.steps}
-			same := &fxSide{name: "same", run: fxApplySteps(run, steps.State)}
-			fxAlternate(b, base, same)
-			fxCheckState(b, raw.db, b.N*fxPerRound)
-			fxCheckState(b, st.DB(), b.N*fxPerRound)
-		})
 	}
 }
 

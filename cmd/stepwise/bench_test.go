@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stepwise-run/stepwise/bench"
 	"github.com/stepwise-run/stepwise/cmd"
 )
 
@@ -118,7 +119,7 @@ func figure(t *testing.T, s, unit string) float64 {
 func TestBenchJSON(t *testing.T) {
 	t.Parallel()
 	out, _ := tinyBench(t, "--json")
-	var rep benchReport
+	var rep bench.Report
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("--json output is not JSON: %v\n%s", err, out)
 	}

@@ -24,7 +24,7 @@ func extraCommands() []cmd.Option {
 		cmd.Command("demo", "Seed a demo ledger (if absent) and settle a day on it, with progress; start here.", &demoCmd{}),
 		cmd.Command("ledger", "The example ledger: seed one, or audit a settled day.", &ledgerCmd{}),
 		scheduleCommands(), // serve, schedules: schedule.go
-		cmd.Command("bench", "Measure per-step commits, chunked settlement, reruns and memory against raw SQLite, side by side.", &benchCmd{}),
+		cmd.Command("bench", "Measure per-step commits, chunked settlement, reruns and memory against raw SQL on the --db store (SQLite, or PostgreSQL for a postgres:// URL), side by side.", &benchCmd{}),
 	}
 }
 
