@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/examples/settlement"
@@ -177,8 +178,9 @@ func (p *postgresBackend) store(ctx context.Context, name string) (*store, error
 	if err != nil {
 		return nil, err
 	}
-	// ReadDB is database/sql over the store's pool: it writes too.
-	return &store{Store: st, db: st.ReadDB(), read: st.ReadDB()}, nil
+	// ReadDB is read-only: the benchmark's own set-up writes through
+	// database/sql over the store's pool.
+	return &store{Store: st, db: stdlib.OpenDBFromPool(st.Pool()), read: st.ReadDB()}, nil
 }
 
 // rawPool opens the raw side's schema with the store's tables and pool.
@@ -324,7 +326,7 @@ func (p *postgresBackend) settleSides(ctx context.Context, name string, seed see
 			}
 		}
 	}
-	return &store{Store: st, db: st.ReadDB(), read: st.ReadDB()},
+	return &store{Store: st, db: stdlib.OpenDBFromPool(st.Pool()), read: st.ReadDB()},
 		&pgSettler{pool: pool, runID: jobs.RunID(settlement.Job.Name(), benchDate), bal: map[string]*pgAccount{}}, nil
 }
 
