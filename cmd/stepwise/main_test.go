@@ -168,22 +168,6 @@ func ledgerLayouts(t *testing.T) []ledgerLayout {
 	return ls
 }
 
-// pgSeparateTargetsMissing is what the PostgreSQL store says to a ledger
-// outside the checkpoint database until separate effect targets are built
-// (branch pgtarget).
-const pgSeparateTargetsMissing = "are not supported by the PostgreSQL store yet"
-
-// unsupportedSeparateLedger stops t, saying so loudly, when a settle run
-// failed only because the PostgreSQL store cannot open a separate ledger
-// yet; any other failure is left to the caller to report.
-func unsupportedSeparateLedger(t *testing.T, stderr string) {
-	t.Helper()
-	if strings.Contains(stderr, pgSeparateTargetsMissing) {
-		t.Skipf("NOT RUN: the PostgreSQL store cannot settle a ledger outside its database yet "+
-			"(separate effect targets: branch pgtarget); the run said:\n%s", stderr)
-	}
-}
-
 func TestLedgerSeedAndCheck(t *testing.T) {
 	t.Parallel()
 	for _, layout := range ledgerLayouts(t) {
@@ -210,7 +194,6 @@ func TestLedgerSeedAndCheck(t *testing.T) {
 
 			settle := args(append([]string{"run", "settle", "-p", "date=2026-11-28", "--progress", "none"}, ledgerParam...)...)
 			if code, stdout, stderr := stepwise(t, settle...); code != cmd.ExitOK {
-				unsupportedSeparateLedger(t, stderr)
 				t.Fatalf("stepwise %s: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", strings.Join(settle, " "), code, stdout, stderr)
 			}
 			out, _ = mustRun(t, cmd.ExitOK, check...)

@@ -82,7 +82,6 @@ func TestShowSettlementEffectsAndItems(t *testing.T) {
 			settle := append([]string{"--db", db, "run", "settle", "-p", "date=2026-11-28", "-p", "chunk=" + itoa(chunk),
 				"--progress", "none"}, ledgerParam...)
 			if code, stdout, stderr := stepwise(t, settle...); code != cmd.ExitOK {
-				unsupportedSeparateLedger(t, stderr)
 				t.Fatalf("stepwise %s: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", strings.Join(settle, " "), code, stdout, stderr)
 			}
 			const runID = "settle/2026-11-28"
