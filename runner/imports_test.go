@@ -13,7 +13,8 @@ const modulePath = "github.com/stepwise-run/stepwise"
 
 // layerAllows says which Stepwise layers each layer may import, besides
 // itself: imports flow one way, cmd -> runner -> jobs -> steps ->
-// checkpoint, and examples use jobs and steps only. The checkpoint
+// checkpoint, and examples use jobs and steps only; bench (the workloads
+// of `stepwise bench`) sits beside cmd, which alone imports it. The checkpoint
 // contract imports no other layer; a backend (checkpoint/sqlite, and any
 // store beside it) implements the contract, and only cmd, which opens the
 // store --db names, may import one outside tests.
@@ -25,16 +26,19 @@ var layerAllows = map[string][]string{
 	"jobs":           {"steps", "checkpoint"},
 	"runner":         {"jobs", "steps", "checkpoint"},
 	"examples":       {"jobs", "steps"},
-	"cmd":            {"runner", "jobs", "steps", "checkpoint", "backend", "examples"},
+	"bench":          {"runner", "jobs", "steps", "checkpoint", "backend", "examples"},
+	"cmd":            {"runner", "jobs", "steps", "checkpoint", "backend", "examples", "bench"},
 }
 
 // testAllows are the layers a layer's own test files may import besides
 // layerAllows: the real stores the tests open.
 var testAllows = map[string][]string{
-	"steps":  {"checkpointtest", "backend"},
-	"jobs":   {"checkpointtest", "backend"},
-	"runner": {"checkpointtest", "backend"},
-	"cmd":    {"checkpointtest"},
+	"backend": {"checkpointtest"},
+	"bench":   {"checkpointtest"},
+	"steps":   {"checkpointtest", "backend"},
+	"jobs":    {"checkpointtest", "backend"},
+	"runner":  {"checkpointtest", "backend"},
+	"cmd":     {"checkpointtest"},
 }
 
 // forbidden lists the imports (a path or a path prefix ending in /) a layer
@@ -82,7 +86,7 @@ func importViolations(pkgs map[string]pkgImports) []string {
 		}
 		allowed, known := layerAllows[from]
 		if !known {
-			bad = append(bad, pkg+" is outside the fixed layout (checkpoint, steps, jobs, runner, cmd, examples)")
+			bad = append(bad, pkg+" is outside the fixed layout (checkpoint, steps, jobs, runner, bench, cmd, examples)")
 			continue
 		}
 		for _, dep := range deps.Imports {
