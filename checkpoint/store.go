@@ -15,8 +15,9 @@ type Store interface {
 	// not held by a live runner, increments its fence number and records a
 	// new attempt. It returns a *LeaseHeldError while another runner holds it.
 	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
-	// Heartbeat extends the lease until the given time. It returns ErrFenced
-	// if the run has been claimed by another runner since.
+	// Heartbeat extends the lease until the given time, which must be after
+	// now (otherwise it is an error and nothing changes). It returns
+	// ErrFenced if the run has been claimed by another runner since.
 	Heartbeat(ctx context.Context, l Lease, now, until time.Time) error
 	// Finish records how the attempt ended, sets the run's status and
 	// releases the lease, all checked against the fence.

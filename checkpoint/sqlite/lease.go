@@ -131,6 +131,9 @@ func claimTx(ctx context.Context, tx *sql.Tx, req checkpoint.ClaimRequest) (chec
 
 // Heartbeat implements checkpoint.Store.
 func (s *Store) Heartbeat(ctx context.Context, l checkpoint.Lease, now, until time.Time) error {
+	if !until.After(now) {
+		return fmt.Errorf("checkpoint: heartbeat of run %s: until (%v) is not after now (%v)", l.RunID, until, now)
+	}
 	res, err := s.db.ExecContext(ctx, sqlHeartbeat, fmtTime(until), fmtTime(now), l.RunID, l.Fence)
 	if err != nil {
 		return s.wrap("heartbeat run "+l.RunID, err)

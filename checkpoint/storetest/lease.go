@@ -271,6 +271,24 @@ func testClaimAndLease(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("HeartbeatMustExtend", func(t *testing.T) {
+		// A heartbeat whose until is not after its now is a caller's bug:
+		// refused on every store, and the lease stays as it was.
+		e := newEnv(t, h)
+		a := e.open()
+		c := e.claim(a, "beat/2", ownerA, t0)
+		before := e.run(a, "beat/2").Run
+		for _, until := range []time.Time{t0.Add(time.Second), t0} {
+			err := a.Heartbeat(e.ctx, c.Lease, t0.Add(time.Second), until)
+			if err == nil || errors.Is(err, checkpoint.ErrFenced) || !strings.Contains(err.Error(), "not after") {
+				t.Errorf("heartbeat until %s at %s: %v; want an error saying until is not after now", until, t0.Add(time.Second), err)
+			}
+		}
+		if r := e.run(a, "beat/2").Run; !sameTime(r.LeaseUntil, before.LeaseUntil) || r.Fence != before.Fence {
+			t.Errorf("run after refused heartbeats = %+v; want the lease as it was (%+v)", r, before)
+		}
+	})
+
 	t.Run("Finish", func(t *testing.T) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
