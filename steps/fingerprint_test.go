@@ -608,16 +608,46 @@ func TestForEachResumedAscendingReadsBackOnlyRecordedChunks(t *testing.T) {
 	}
 }
 
-// Items without a fingerprint exist only in SQLite files written by a
-// Stepwise from before fingerprints (schema 6): the test makes one there,
-// through the file, so it runs on SQLite whatever the suite's store.
+// noFingerprint is the real store recording one item key without a
+// fingerprint, as a Stepwise from before fingerprints (schema 6) did.
+type noFingerprint struct {
+	checkpoint.Backend
+	key string
+}
+
+func (s noFingerprint) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
+	return s.Backend.InTx(ctx, l, func(tx checkpoint.Tx) error { return fn(noFingerprintTx{tx, s.key}) })
+}
+
+type noFingerprintTx struct {
+	checkpoint.Tx
+	key string
+}
+
+func (tx noFingerprintTx) PutItems(items []checkpoint.Item) error {
+	items = slices.Clone(items)
+	for i := range items {
+		if items[i].Key == tx.key {
+			items[i].Fingerprint = nil
+		}
+	}
+	return tx.Tx.PutItems(items)
+}
+
 func TestForEachDoesNotCheckItemsRecordedWithoutAFingerprint(t *testing.T) {
-	st := checkpointtest.OpenSQLite(t)
-	b := newFPBatchOn(t, st, st.Path(), false, 30)
+	b := newFPBatch(t, false, 30)
+	// T004 recorded without a fingerprint, as by a Stepwise from before
+	// fingerprints (schema 6).
+	b.store = noFingerprint{Backend: b.st, key: "T004"}
 	b.crashed(b.slice())
-	// As recorded by a Stepwise from before fingerprints (schema 6).
-	if _, err := st.DB().Exec(`UPDATE items SET fingerprint = NULL WHERE item_key = 'T004'`); err != nil {
-		t.Fatal(err)
+	b.store = b.st
+	var fp []byte
+	err := b.st.Items(context.Background(), checkpoint.ItemQuery{RunID: "j/k", Step: "post", Keys: []string{"T004"}}, func(it checkpoint.Item) error {
+		fp = it.Fingerprint
+		return nil
+	})
+	if err != nil || fp != nil {
+		t.Fatalf("T004 recorded with fingerprint %x (%v); the setup wants none", fp, err)
 	}
 	b.set("T004", 77)
 	sum, err := b.settle(b.slice(), "")
