@@ -146,13 +146,12 @@ func TestApplySameStore(t *testing.T) {
 	}
 }
 
-// A separate target runs on SQLite whatever the suite's store: the
-// PostgreSQL store cannot open a separate target yet (see
-// checkpointtest.SeparateTarget).
+// The store and its separate target come from checkpointtest.SeparateTarget:
+// SQLite files whatever the suite's store, until the PostgreSQL store can
+// open a separate target.
 func TestApplySeparateStore(t *testing.T) {
 	ctx := context.Background()
-	st := checkpointtest.OpenSQLite(t)
-	path := checkpointtest.SeparateTarget(t)
+	st, path := checkpointtest.SeparateTarget(t)
 	db := checkpointtest.SQL(t, path)
 	ledger(t, path, map[string]int64{"a": 1000, "b": 0})
 	target := steps.Target{Path: path, Table: accountsTable}
@@ -262,9 +261,9 @@ func targetStore(t *testing.T, separate bool) (st checkpoint.Backend, loc string
 	t.Helper()
 	target = steps.Target{Table: accountsTable}
 	if separate {
-		loc = checkpointtest.SeparateTarget(t)
+		st, loc = checkpointtest.SeparateTarget(t)
 		target.Path = loc
-		return checkpointtest.OpenSQLite(t), loc, target
+		return st, loc, target
 	}
 	st, loc = checkpointtest.OpenNew(t)
 	return st, loc, target

@@ -174,14 +174,13 @@ type fxLedger struct {
 // fxNewLedger makes a scenario's databases: the store on the suite's store
 // with the accounts in its database, or, separate, a SQLite store with the
 // accounts in a separate SQLite file (the PostgreSQL store cannot open a
-// separate target yet; see checkpointtest.SeparateTarget).
+// separate target yet; see checkpointtest.SeparateLocations).
 func fxNewLedger(t *testing.T, separate bool, opening map[string]int64, ts []fxTransfer) *fxLedger {
 	t.Helper()
 	dir := t.TempDir()
 	l := &fxLedger{dir: dir, opening: opening, transfers: ts}
 	if separate {
-		l.dbLoc = filepath.Join(dir, "stepwise.db")
-		l.ledgerPath = checkpointtest.SeparateTarget(t)
+		l.dbLoc, l.ledgerPath = checkpointtest.SeparateLocations(t)
 		l.targetLoc = l.ledgerPath
 	} else {
 		l.dbLoc = checkpointtest.NewLocation(t)

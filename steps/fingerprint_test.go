@@ -39,7 +39,8 @@ type fpBatch struct {
 func newFPBatch(t *testing.T, separate bool, n int) *fpBatch {
 	t.Helper()
 	if separate {
-		return newFPBatchOn(t, checkpointtest.OpenSQLite(t), checkpointtest.SeparateTarget(t), true, n)
+		st, loc := checkpointtest.SeparateTarget(t)
+		return newFPBatchOn(t, st, loc, true, n)
 	}
 	st, loc := checkpointtest.OpenNew(t)
 	return newFPBatchOn(t, st, loc, false, n)

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -199,8 +198,7 @@ func feNewLedger(t *testing.T, separate bool, bk feBook) *feLedger {
 	dir := t.TempDir()
 	l := &feLedger{dir: dir, book: bk, orders: map[string]string{}}
 	if separate {
-		l.dbLoc = filepath.Join(dir, "stepwise.db")
-		l.ledgerPath = checkpointtest.SeparateTarget(t)
+		l.dbLoc, l.ledgerPath = checkpointtest.SeparateLocations(t)
 		l.targetLoc = l.ledgerPath
 	} else {
 		l.dbLoc = checkpointtest.NewLocation(t)

@@ -61,7 +61,7 @@ func TestForEachFoldsInItemOrder(t *testing.T) {
 			var db string
 			target := steps.Target{Table: accountsTable}
 			if separate {
-				st, db = checkpointtest.OpenSQLite(t), checkpointtest.SeparateTarget(t)
+				st, db = checkpointtest.SeparateTarget(t)
 				target.Path = db
 			} else {
 				st, db = checkpointtest.OpenNew(t)

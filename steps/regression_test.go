@@ -58,13 +58,13 @@ func rvBegin(t *testing.T, st checkpoint.Backend, store checkpoint.Store) *steps
 	return run
 }
 
-// rvLedger makes a separate target with account A. Separate targets are
-// SQLite files, used with a SQLite store whatever the suite's store (see
-// checkpointtest.SeparateTarget).
-func rvLedger(t *testing.T) (string, *sql.DB) {
-	path := checkpointtest.SeparateTarget(t)
+// rvLedger opens a store with a separate target holding account A, from
+// checkpointtest.SeparateTarget (SQLite files whatever the suite's store,
+// until the PostgreSQL store can open a separate target).
+func rvLedger(t *testing.T) (checkpoint.Backend, string, *sql.DB) {
+	st, path := checkpointtest.SeparateTarget(t)
 	ledger(t, path, map[string]int64{"A": 1000})
-	return path, checkpointtest.SQL(t, path)
+	return st, path, checkpointtest.SQL(t, path)
 }
 
 func itemStatuses(t *testing.T, run *steps.Run, name string) map[string]string {
@@ -113,8 +113,7 @@ func TestReviewInterruptPinsItemsAsSkipped(t *testing.T) {
 // 2. A separate-store chunk holding a rejected item cannot re-plan after a
 // version conflict: the re-plan rewrites the already-final rejected item.
 func TestReviewChunkReplanWithRejectedItem(t *testing.T) {
-	st := checkpointtest.OpenSQLite(t)
-	path, db := rvLedger(t)
+	st, path, db := rvLedger(t)
 	hook := &rvHookStore{Backend: st}
 	hook.afterPlan = func() { // another writer moves A after the plan is recorded
 		if _, err := db.Exec(`UPDATE accounts SET balance = balance + 1, version = version + 1 WHERE id = 'A'`); err != nil {
@@ -141,8 +140,7 @@ func TestReviewChunkReplanWithRejectedItem(t *testing.T) {
 // 3. A stale chunk plan re-planned on resume leaves the chunk's items that
 // had no effects "planned" forever.
 func TestReviewResumedChunkLeavesNoopItemsPlanned(t *testing.T) {
-	st := checkpointtest.OpenSQLite(t)
-	path, db := rvLedger(t)
+	st, path, db := rvLedger(t)
 	target := steps.Target{Path: path, Table: accountsTable}
 	items := []string{"a", "b"}
 	fn := func(ctx context.Context, it string, e *steps.Effects) (int, error) {
@@ -253,8 +251,7 @@ func (s *rvFenceHook) Fence(ctx context.Context, runID string) (int64, error) {
 // 5. The takeover lands between the stale runner's fence check and its
 // target transaction (what TestFxFenceCheckRaceStaysExactlyOnce meant to do).
 func TestReviewFenceWindowExactlyOnce(t *testing.T) {
-	st := checkpointtest.OpenSQLite(t)
-	path, db := rvLedger(t)
+	st, path, db := rvLedger(t)
 	if _, err := db.Exec(`INSERT INTO accounts VALUES ('B', 0, 0)`); err != nil {
 		t.Fatal(err)
 	}

@@ -150,22 +150,32 @@ func OpenPath(t testing.TB, path string) *sqlite.Store {
 	return st
 }
 
-// SeparateTarget returns the location of a fresh database for a
-// separate-store effect target, with an empty database already there (a
-// separate target must exist). Today it is always a SQLite file, and the
-// suite's store must be SQLite to use it: the PostgreSQL store cannot open
-// a separate target yet. Tests of separate targets therefore run on a
-// SQLite store opened with OpenSQLite; when the PostgreSQL store can, this
-// gives a pgtest.Database on the postgres pass.
-func SeparateTarget(t testing.TB) string {
+// SeparateLocations returns the locations of a fresh store database and
+// of a fresh, separate effect target database beside it (already there,
+// empty: a separate target must exist), for tests of separate-store
+// effects. It is the one switch for them: today both are SQLite files,
+// whatever the suite's store, since the PostgreSQL store cannot open a
+// separate target yet; when it can, the postgres pass gives a schema (the
+// store) and a pgtest.Database (the target) here.
+func SeparateLocations(t testing.TB) (storeLoc, targetLoc string) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "ledger.db")
-	db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: path})
+	dir := t.TempDir()
+	storeLoc, targetLoc = filepath.Join(dir, "stepwise.db"), filepath.Join(dir, "ledger.db")
+	db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: targetLoc})
 	if err != nil {
-		t.Fatalf("checkpointtest: create the separate target %s: %v", path, err)
+		t.Fatalf("checkpointtest: create the separate target %s: %v", targetLoc, err)
 	}
 	db.Close()
-	return path
+	return storeLoc, targetLoc
+}
+
+// SeparateTarget opens a store for a test of separate-store effects and
+// returns it with the location of its separate target database, as
+// SeparateLocations gives them.
+func SeparateTarget(t testing.TB) (checkpoint.Backend, string) {
+	t.Helper()
+	storeLoc, targetLoc := SeparateLocations(t)
+	return OpenLocation(t, storeLoc), targetLoc
 }
 
 // SQL opens database/sql on the database at loc (modernc's "sqlite" for a
