@@ -13,13 +13,12 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/runner"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
 // queueOne notifies once in a claimed run and returns the store.
-func queueOne(t *testing.T) *sqlite.Store {
+func queueOne(t *testing.T) checkpoint.Backend {
 	t.Helper()
 	ctx := context.Background()
 	st := checkpointtest.Open(t)
@@ -73,7 +72,7 @@ func (h *hook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // losingStore is a real store whose MarkSent fails: the process died
 // between delivering and recording the delivery.
-type losingStore struct{ *sqlite.Store }
+type losingStore struct{ checkpoint.Backend }
 
 func (losingStore) MarkSent(context.Context, string, time.Time) error { return errors.New("killed") }
 

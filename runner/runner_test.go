@@ -12,7 +12,6 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
 	"github.com/stepwise-run/stepwise/steps"
@@ -31,7 +30,7 @@ var testValues = map[string]string{"date": "2026-11-28"}
 // job's body, set by each test.
 type harness struct {
 	t     *testing.T
-	st    *sqlite.Store
+	st    checkpoint.Backend
 	reg   *jobs.Registry
 	job   *jobs.Definition[jobParams]
 	body  func(ctx context.Context, run *steps.Run, p jobParams) error

@@ -3,7 +3,6 @@ package runner_test
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
@@ -114,7 +114,7 @@ type started struct {
 }
 
 // startScheduler starts a scheduler on st for the tick job.
-func startScheduler(t *testing.T, k *ticks, st *sqlite.Store, owner string, scheds []runner.Schedule, mod func(*runner.SchedulerConfig)) *started {
+func startScheduler(t *testing.T, k *ticks, st checkpoint.Backend, owner string, scheds []runner.Schedule, mod func(*runner.SchedulerConfig)) *started {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	m, err := runner.NewMetrics(reg)
@@ -186,17 +186,22 @@ func (r *started) value(t *testing.T, name string, labels ...string) float64 {
 	return 0
 }
 
-// openStore opens a fresh store for a scheduler test. synchronous=normal
-// skips the fsync per commit: these tests crash no machine, and hours of
-// fake time make many commits.
-func openStore(t *testing.T) *sqlite.Store {
+// openStore opens a fresh store on the suite's store for a scheduler test.
+func openStore(t *testing.T) checkpoint.Backend {
 	t.Helper()
-	return openStoreAt(t, filepath.Join(t.TempDir(), "stepwise.db"))
+	return openStoreAt(t, checkpointtest.NewLocation(t))
 }
 
-func openStoreAt(t *testing.T, path string) *sqlite.Store {
+// openStoreAt opens the store at loc (checkpointtest.NewLocation). A
+// SQLite file is opened with synchronous=normal, which skips the fsync per
+// commit: these tests crash no machine, and hours of fake time make many
+// commits.
+func openStoreAt(t *testing.T, loc string) checkpoint.Backend {
 	t.Helper()
-	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: path, Synchronous: sqlite.SyncNormal})
+	if checkpointtest.IsURL(loc) {
+		return checkpointtest.OpenLocation(t, loc)
+	}
+	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: loc, Synchronous: sqlite.SyncNormal})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,9 +476,9 @@ func TestSchedulerDeduplicatesFires(t *testing.T) {
 
 func TestTwoSchedulersOnOneDatabaseFireOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		path := filepath.Join(t.TempDir(), "stepwise.db")
+		loc := checkpointtest.NewLocation(t)
 		k := newTicks(0)
-		stA, stB := openStoreAt(t, path), openStoreAt(t, path)
+		stA, stB := openStoreAt(t, loc), openStoreAt(t, loc)
 		s := []runner.Schedule{hourly(nil)}
 		a := startScheduler(t, k, stA, "a:1", s, nil)
 		b := startScheduler(t, k, stB, "b:2", s, nil)

@@ -4,43 +4,74 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
 var accountsTable = checkpoint.Table{Name: "accounts", Key: "id", Value: "balance", Version: "version"}
 
+// createAccounts is the accounts table in SQLite's own words, for the
+// benchmarks, which run on SQLite files only.
 const createAccounts = `CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL, version INTEGER NOT NULL)`
 
-// ledger creates the accounts table in db with the given balances.
-func ledger(t *testing.T, db *sql.DB, balances map[string]int64) {
+// ledger creates the accounts table in the database at loc (the store's
+// own, or a separate target) with the given balances.
+func ledger(t *testing.T, loc string, balances map[string]int64) {
 	t.Helper()
-	if _, err := db.Exec(createAccounts); err != nil {
-		t.Fatal(err)
-	}
-	for id, b := range balances {
-		if _, err := db.Exec(`INSERT INTO accounts VALUES (?, ?, 0)`, id, b); err != nil {
-			t.Fatal(err)
-		}
-	}
+	checkpointtest.CreateTable(t, loc, accountsTable, balances)
 }
 
-func balance(t *testing.T, db *sql.DB, id string) (value, version int64) {
+// balance reads one account of the accounts table at loc.
+func balance(t *testing.T, loc, id string) (value, version int64) {
 	t.Helper()
-	if err := db.QueryRow(`SELECT balance, version FROM accounts WHERE id = ?`, id).Scan(&value, &version); err != nil {
+	s := checkpointtest.Balance(t, loc, accountsTable, id)
+	return s.Value, s.Version
+}
+
+// execSQL runs a statement (placeholders $1, $2, ...) on the database at
+// loc: a test's own change to a target table, as another writer would.
+func execSQL(t *testing.T, loc, q string, args ...any) sql.Result {
+	t.Helper()
+	db := checkpointtest.SQL(t, loc)
+	res, err := db.Exec(q, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return res
+}
+
+// stepOf returns the checkpoint of one step of runID, read through the
+// contract; ok is false when none is recorded.
+func stepOf(t *testing.T, st checkpoint.Store, runID, id string) (s checkpoint.Step, ok bool) {
+	t.Helper()
+	err := st.Steps(context.Background(), runID, func(c checkpoint.Step) error {
+		if c.ID == id {
+			s, ok = c, true
+		}
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	return value, version
+	return s, ok
+}
+
+// stepCount counts runID's step checkpoints, through the contract.
+func stepCount(t *testing.T, st checkpoint.Store, runID string) int {
+	t.Helper()
+	n := 0
+	if err := st.Steps(context.Background(), runID, func(checkpoint.Step) error { n++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // beginEffects claims runID afresh (a new attempt) and opens its steps.Run.
-func beginEffects(t *testing.T, st *sqlite.Store, runID string) *steps.Run {
+func beginEffects(t *testing.T, st checkpoint.Backend, runID string) *steps.Run {
 	t.Helper()
 	ctx := context.Background()
 	c, err := st.Claim(ctx, checkpoint.ClaimRequest{RunID: runID, Job: "j", RunKey: "k", Params: []byte("{}"), ParamsHash: "h",
@@ -66,8 +97,8 @@ func transfer(from, to string, amount int64) func(context.Context, *steps.Effect
 
 func TestApplySameStore(t *testing.T) {
 	ctx := context.Background()
-	st := checkpointtest.Open(t)
-	ledger(t, st.DB(), map[string]int64{"a": 1000, "b": 0})
+	st, loc := checkpointtest.OpenNew(t)
+	ledger(t, loc, map[string]int64{"a": 1000, "b": 0})
 	target := steps.Target{Table: accountsTable}
 
 	run := beginEffects(t, st, "j/k")
@@ -75,7 +106,7 @@ func TestApplySameStore(t *testing.T) {
 	if err != nil || out != "moved" {
 		t.Fatalf("Apply = %q, %v", out, err)
 	}
-	if v, ver := balance(t, st.DB(), "a"); v != 700 || ver != 1 {
+	if v, ver := balance(t, loc, "a"); v != 700 || ver != 1 {
 		t.Fatalf("a = %d v%d, want 700 v1", v, ver)
 	}
 	if s := run.Stats(); s.Effects != 2 || s.Executed != 1 {
@@ -87,15 +118,13 @@ func TestApplySameStore(t *testing.T) {
 	if !errors.As(err, &rej) {
 		t.Fatalf("overdraft: err = %v, want *RejectedError", err)
 	}
-	if v, _ := balance(t, st.DB(), "a"); v != 700 {
+	if v, _ := balance(t, loc, "a"); v != 700 {
 		t.Fatalf("rejected transfer moved money: a = %d", v)
 	}
 
 	// Top the account up; a rerun must still return the same rejection and
 	// must not apply T1 again.
-	if _, err := st.DB().Exec(`UPDATE accounts SET balance = balance + 5000, version = version + 1 WHERE id = 'a'`); err != nil {
-		t.Fatal(err)
-	}
+	execSQL(t, loc, `UPDATE accounts SET balance = balance + 5000, version = version + 1 WHERE id = 'a'`)
 	run2 := beginEffects(t, st, "j/k")
 	called := false
 	_, err = steps.Apply(ctx, run2, "post/T1", target, func(ctx context.Context, e *steps.Effects) (string, error) {
@@ -109,31 +138,29 @@ func TestApplySameStore(t *testing.T) {
 	if !errors.As(err, &rej) {
 		t.Fatalf("rerun of rejected step: err = %v, want the pinned rejection", err)
 	}
-	if v, _ := balance(t, st.DB(), "a"); v != 5700 {
+	if v, _ := balance(t, loc, "a"); v != 5700 {
 		t.Fatalf("a = %d, want 5700", v)
 	}
-	if v, _ := balance(t, st.DB(), "b"); v != 300 {
+	if v, _ := balance(t, loc, "b"); v != 300 {
 		t.Fatalf("b = %d, want 300", v)
 	}
 }
 
+// The store and its separate target come from checkpointtest.SeparateTarget:
+// SQLite files whatever the suite's store, until the PostgreSQL store can
+// open a separate target.
 func TestApplySeparateStore(t *testing.T) {
 	ctx := context.Background()
-	st := checkpointtest.Open(t)
-	path := filepath.Join(t.TempDir(), "ledger.db")
-	db, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ledger(t, db, map[string]int64{"a": 1000, "b": 0})
+	st, path := checkpointtest.SeparateTarget(t)
+	db := checkpointtest.SQL(t, path)
+	ledger(t, path, map[string]int64{"a": 1000, "b": 0})
 	target := steps.Target{Path: path, Table: accountsTable}
 
 	run := beginEffects(t, st, "j/k")
 	if _, err := steps.Apply(ctx, run, "post/T1", target, transfer("a", "b", 250)); err != nil {
 		t.Fatal(err)
 	}
-	if v, ver := balance(t, db, "a"); v != 750 || ver != 1 {
+	if v, ver := balance(t, path, "a"); v != 750 || ver != 1 {
 		t.Fatalf("a = %d v%d, want 750 v1", v, ver)
 	}
 	var n int
@@ -144,14 +171,14 @@ func TestApplySeparateStore(t *testing.T) {
 	if _, err := steps.Apply(ctx, run2, "post/T1", target, transfer("a", "b", 250)); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := balance(t, db, "a"); v != 750 {
+	if v, _ := balance(t, path, "a"); v != 750 {
 		t.Fatalf("rerun applied again: a = %d", v)
 	}
 }
 
 func TestBuiltInState(t *testing.T) {
 	ctx := context.Background()
-	st := checkpointtest.Open(t)
+	st, loc := checkpointtest.OpenNew(t)
 	run := beginEffects(t, st, "j/k")
 	for i, key := range []string{"c1", "c2"} {
 		_, err := steps.Apply(ctx, run, steps.ID("count", key), steps.State, func(ctx context.Context, e *steps.Effects) (int, error) {
@@ -162,19 +189,16 @@ func TestBuiltInState(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var v, ver int64
-	if err := st.DB().QueryRow(`SELECT value, version FROM stepwise_state WHERE key = 'counter'`).Scan(&v, &ver); err != nil {
-		t.Fatal(err)
-	}
-	if v != 3 || ver != 2 {
+	c := checkpointtest.Balance(t, loc, checkpoint.StateTable, "counter")
+	if v, ver := c.Value, c.Version; v != 3 || ver != 2 {
 		t.Fatalf("counter = %d v%d, want 3 v2", v, ver)
 	}
 }
 
 func TestApplyDryRun(t *testing.T) {
 	ctx := context.Background()
-	st := checkpointtest.Open(t)
-	ledger(t, st.DB(), map[string]int64{"a": 1000, "b": 0})
+	st, loc := checkpointtest.OpenNew(t)
+	ledger(t, loc, map[string]int64{"a": 1000, "b": 0})
 	run, err := steps.Begin(ctx, steps.Config{Store: st, Lease: checkpoint.Lease{RunID: "j/dry"}, DryRun: true})
 	if err != nil {
 		t.Fatal(err)
@@ -195,14 +219,52 @@ func TestApplyDryRun(t *testing.T) {
 	if len(plans) != 3 || plans[1].Writes[0].OldValue != 600 || plans[1].Writes[0].NewValue != 200 || len(plans[2].Rejected) != 1 {
 		t.Fatalf("dry plans = %+v", plans)
 	}
-	if v, ver := balance(t, st.DB(), "a"); v != 1000 || ver != 0 {
+	if v, ver := balance(t, loc, "a"); v != 1000 || ver != 0 {
 		t.Fatalf("dry run wrote: a = %d v%d", v, ver)
 	}
-	var n int
-	if err := st.DB().QueryRow(`SELECT count(*) FROM steps`).Scan(&n); err != nil {
-		t.Fatalf("count the checkpoints: %v", err)
-	}
-	if n != 0 {
+	if n := stepCount(t, st, "j/dry"); n != 0 {
 		t.Fatalf("dry run checkpointed %d steps", n)
 	}
+}
+
+// resetStep deletes one step's checkpoint (not its items) through the
+// contract, as a runner reopening a batch step does: it claims runID (taking
+// over whoever held it), resets the step in a write transaction and
+// releases the run, interrupted.
+func resetStep(t *testing.T, st checkpoint.Store, runID, id string) {
+	t.Helper()
+	ctx := context.Background()
+	info, err := st.Run(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := info.Run
+	c, err := st.Claim(ctx, checkpoint.ClaimRequest{RunID: runID, Job: r.Job, RunKey: r.RunKey, Params: r.Params, ParamsHash: r.ParamsHash,
+		Owner: "reset:1", Now: time.Now(), LeaseFor: time.Minute, OwnerGone: func(string) bool { return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.InTx(ctx, c.Lease, func(tx checkpoint.Tx) error { return tx.ResetStep(id) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Finish(ctx, c.Lease, checkpoint.Ending{Status: checkpoint.RunInterrupted, At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// targetStore opens a store and says where its effect target's database
+// is: the suite's store with the target in its own database, or, separate,
+// a SQLite store with the target in a separate SQLite file. Separate
+// targets run on SQLite whatever the suite's store: the PostgreSQL store
+// cannot open one yet (see checkpointtest.SeparateTarget).
+func targetStore(t *testing.T, separate bool) (st checkpoint.Backend, loc string, target steps.Target) {
+	t.Helper()
+	target = steps.Target{Table: accountsTable}
+	if separate {
+		st, loc = checkpointtest.SeparateTarget(t)
+		target.Path = loc
+		return st, loc, target
+	}
+	st, loc = checkpointtest.OpenNew(t)
+	return st, loc, target
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -64,7 +63,7 @@ func beginCall(t *testing.T, st checkpoint.Store, clock *callClock, cfg steps.Co
 	return run
 }
 
-func callStep(t *testing.T, st *sqlite.Store, id string) checkpoint.Step {
+func callStep(t *testing.T, st checkpoint.Backend, id string) checkpoint.Step {
 	t.Helper()
 	var out checkpoint.Step
 	err := st.Steps(context.Background(), "pay/d", func(s checkpoint.Step) error {
@@ -409,7 +408,7 @@ func TestCallContextEndsBeforeTheLease(t *testing.T) {
 	}
 }
 
-func run2Lease(t *testing.T, st *sqlite.Store) checkpoint.Lease {
+func run2Lease(t *testing.T, st checkpoint.Backend) checkpoint.Lease {
 	t.Helper()
 	info, err := st.Run(context.Background(), "pay/d")
 	if err != nil {

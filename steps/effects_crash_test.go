@@ -32,7 +32,7 @@ import (
 // Environment of the child runner (TestFxChild).
 const (
 	fxChildEnv     = "STEPWISE_FX_CHILD"     // "1" makes TestFxChild run
-	fxDBEnv        = "STEPWISE_FX_DB"        // checkpoint database
+	fxDBEnv        = "STEPWISE_FX_DB"        // checkpoint database's location (file path or postgres:// URL)
 	fxLedgerEnv    = "STEPWISE_FX_LEDGER"    // separate ledger database; empty for the same store
 	fxTransfersEnv = "STEPWISE_FX_TRANSFERS" // JSON []fxTransfer, posted in order
 	fxCallsEnv     = "STEPWISE_FX_CALLS"     // file the child appends each called step ID to
@@ -119,7 +119,7 @@ func TestFxChild(t *testing.T) {
 	if err := json.Unmarshal([]byte(os.Getenv(fxTransfersEnv)), &ts); err != nil {
 		t.Fatalf("decode %s: %v", fxTransfersEnv, err)
 	}
-	st, err := sqlite.Open(ctx, sqlite.Config{Path: os.Getenv(fxDBEnv)})
+	st, err := checkpointtest.OpenLocationErr(os.Getenv(fxDBEnv))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,31 +161,34 @@ func TestFxChild(t *testing.T) {
 // fxLedger is one scenario's databases, seen from the test process.
 type fxLedger struct {
 	dir        string
-	dbPath     string
+	dbLoc      string // the store's location: a file path or a postgres:// URL
 	ledgerPath string // "" for the same store
-	store      *sqlite.Store
-	target     *sql.DB // where the accounts table lives
+	targetLoc  string // where the accounts table lives: dbLoc or ledgerPath
+	store      checkpoint.Backend
+	target     *sql.DB // SQL on targetLoc, for the tests' own writes
 	opening    map[string]int64
 	transfers  []fxTransfer
 	children   int
 }
 
+// fxNewLedger makes a scenario's databases: the store on the suite's store
+// with the accounts in its database, or, separate, a SQLite store with the
+// accounts in a separate SQLite file (the PostgreSQL store cannot open a
+// separate target yet; see checkpointtest.SeparateLocations).
 func fxNewLedger(t *testing.T, separate bool, opening map[string]int64, ts []fxTransfer) *fxLedger {
 	t.Helper()
 	dir := t.TempDir()
-	l := &fxLedger{dir: dir, dbPath: filepath.Join(dir, "stepwise.db"), opening: opening, transfers: ts}
-	l.store = checkpointtest.OpenPath(t, l.dbPath)
-	l.target = l.store.DB()
+	l := &fxLedger{dir: dir, opening: opening, transfers: ts}
 	if separate {
-		l.ledgerPath = filepath.Join(dir, "ledger.db")
-		db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: l.ledgerPath})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		l.target = db
+		l.dbLoc, l.ledgerPath = checkpointtest.SeparateLocations(t)
+		l.targetLoc = l.ledgerPath
+	} else {
+		l.dbLoc = checkpointtest.NewLocation(t)
+		l.targetLoc = l.dbLoc
 	}
-	ledger(t, l.target, opening)
+	l.store = checkpointtest.OpenLocation(t, l.dbLoc)
+	l.target = checkpointtest.SQL(t, l.targetLoc)
+	ledger(t, l.targetLoc, opening)
 	return l
 }
 
@@ -200,7 +203,7 @@ func (l *fxLedger) runChild(t *testing.T, crashAt string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := []string{fxChildEnv + "=1", fxDBEnv + "=" + l.dbPath, fxLedgerEnv + "=" + l.ledgerPath,
+	env := []string{fxChildEnv + "=1", fxDBEnv + "=" + l.dbLoc, fxLedgerEnv + "=" + l.ledgerPath,
 		fxTransfersEnv + "=" + string(ts), fxCallsEnv + "=" + callsPath}
 	if crashAt == "" {
 		crashtest.Start(t, crashtest.Spec{Test: "TestFxChild", Env: env}).WantCode(0)
@@ -242,10 +245,12 @@ func (l *fxLedger) read(t *testing.T) fxSeen {
 		t.Fatal(err)
 	}
 	for acct := range l.opening {
-		v, ver := balance(t, l.target, acct)
+		v, ver := balance(t, l.targetLoc, acct)
 		s.balances[acct] = [2]int64{v, ver}
 	}
-	if fxHasTable(t, l.target, "stepwise_applied") {
+	// Applied-effect records are kept in a separate target only (a
+	// same-store effect commits with its checkpoint, which is the proof).
+	if l.ledgerPath != "" && fxHasTable(t, l.target, "stepwise_applied") {
 		rows, err := l.target.Query(`SELECT effect_id, step_id FROM stepwise_applied`)
 		if err != nil {
 			t.Fatal(err)
@@ -265,6 +270,8 @@ func (l *fxLedger) read(t *testing.T) fxSeen {
 	return s
 }
 
+// fxHasTable reports whether a SQLite database (a separate target) has the
+// table name.
 func fxHasTable(t *testing.T, db *sql.DB, name string) bool {
 	t.Helper()
 	var n int
@@ -544,7 +551,7 @@ func TestFxABAReplansOnVersion(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if v, ver := balance(t, l.target, "A"); v != stale.Writes[0].OldValue || ver == stale.Writes[0].OldVersion {
+	if v, ver := balance(t, l.targetLoc, "A"); v != stale.Writes[0].OldValue || ver == stale.Writes[0].OldVersion {
 		t.Fatalf("setup: A = %d v%d; want the plan's old value %d under a new version (plan %+v)", v, ver, stale.Writes[0].OldValue, stale.Writes[0])
 	}
 
@@ -552,10 +559,10 @@ func TestFxABAReplansOnVersion(t *testing.T) {
 		t.Errorf("rerun called the planned step's function: %v; it must re-plan from the recorded operations", called)
 	}
 	s = l.read(t)
-	if v, ver := balance(t, l.target, "A"); v != 700 || ver != 3 {
+	if v, ver := balance(t, l.targetLoc, "A"); v != 700 || ver != 3 {
 		t.Errorf("A = %d v%d; want 700 v3 (two other writes, then ours once)", v, ver)
 	}
-	if v, ver := balance(t, l.target, "B"); v != 300 || ver != 1 {
+	if v, ver := balance(t, l.targetLoc, "B"); v != 300 || ver != 1 {
 		t.Errorf("B = %d v%d; want 300 v1", v, ver)
 	}
 	final := s.plans[tr.stepID()]
@@ -571,13 +578,13 @@ func TestFxABAReplansOnVersion(t *testing.T) {
 // recorded a planned step commits, afterPlan runs, so a test can act at the
 // separate store's "after plan, before apply" boundary in process.
 type fxHookStore struct {
-	*sqlite.Store
+	checkpoint.Backend
 	afterPlan func(stepID string)
 	afterRun  func() // runs once, after the next Fence (the fence check) returns
 }
 
 func (s *fxHookStore) Fence(ctx context.Context, runID string) (int64, error) {
-	fence, err := s.Store.Fence(ctx, runID)
+	fence, err := s.Backend.Fence(ctx, runID)
 	if f := s.afterRun; f != nil {
 		s.afterRun = nil
 		f()
@@ -587,7 +594,7 @@ func (s *fxHookStore) Fence(ctx context.Context, runID string) (int64, error) {
 
 func (s *fxHookStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
 	var planned []string
-	err := s.Store.InTx(ctx, l, func(tx checkpoint.Tx) error {
+	err := s.Backend.InTx(ctx, l, func(tx checkpoint.Tx) error {
 		return fn(fxPlanTx{Tx: tx, planned: &planned})
 	})
 	if err == nil && s.afterPlan != nil {
@@ -613,7 +620,7 @@ func (tx fxPlanTx) PutStep(st checkpoint.Step) error {
 
 // fxClaim claims the run as owner (taking it over from anyone) and begins
 // its steps on store, which may wrap st.
-func fxClaim(t *testing.T, st *sqlite.Store, store checkpoint.Store, owner string) (checkpoint.Lease, *steps.Run) {
+func fxClaim(t *testing.T, st checkpoint.Store, store checkpoint.Store, owner string) (checkpoint.Lease, *steps.Run) {
 	t.Helper()
 	ctx := context.Background()
 	c, err := st.Claim(ctx, fxClaimRequest(owner))
@@ -629,42 +636,54 @@ func fxClaim(t *testing.T, st *sqlite.Store, store checkpoint.Store, owner strin
 }
 
 // fxDump renders what effects and checkpoints may change: the accounts, the
-// step checkpoints and the applied effects.
+// step checkpoints (read through the contract) and, on a separate target,
+// the applied effects.
 func (l *fxLedger) dump(t *testing.T) string {
 	t.Helper()
 	var b strings.Builder
-	for _, q := range []struct {
-		db    *sql.DB
-		table string
-	}{{l.target, "accounts"}, {l.store.DB(), "steps"}, {l.target, "stepwise_applied"}} {
-		fmt.Fprintf(&b, "%s:\n", q.table)
-		if !fxHasTable(t, q.db, q.table) {
-			continue
+	b.WriteString("accounts:\n")
+	bals := checkpointtest.Balances(t, l.targetLoc, accountsTable)
+	for _, k := range slices.Sorted(maps.Keys(bals)) {
+		fmt.Fprintf(&b, "  %s %d v%d\n", k, bals[k].Value, bals[k].Version)
+	}
+	b.WriteString("steps:\n")
+	err := l.store.Steps(context.Background(), fxRunID, func(st checkpoint.Step) error {
+		fmt.Fprintf(&b, "  %s %s attempt %d output %s plan %s error %q\n", st.ID, st.Status, st.Attempt, st.Output, st.Plan, st.Error)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.ledgerPath == "" {
+		return b.String()
+	}
+	b.WriteString("stepwise_applied:\n")
+	if !fxHasTable(t, l.target, "stepwise_applied") {
+		return b.String()
+	}
+	rows, err := l.target.Query(`SELECT * FROM stepwise_applied ORDER BY 1, 2`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cols, _ := rows.Columns()
+	for rows.Next() {
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
 		}
-		rows, err := q.db.Query(`SELECT * FROM ` + q.table + ` ORDER BY 1, 2`) // constant table names
-		if err != nil {
+		if err := rows.Scan(ptrs...); err != nil {
 			t.Fatal(err)
 		}
-		cols, _ := rows.Columns()
-		for rows.Next() {
-			vals := make([]any, len(cols))
-			ptrs := make([]any, len(cols))
-			for i := range vals {
-				ptrs[i] = &vals[i]
+		for i, v := range vals {
+			if bs, ok := v.([]byte); ok {
+				vals[i] = string(bs)
 			}
-			if err := rows.Scan(ptrs...); err != nil {
-				t.Fatal(err)
-			}
-			for i, v := range vals {
-				if bs, ok := v.([]byte); ok {
-					vals[i] = string(bs)
-				}
-			}
-			fmt.Fprintf(&b, "  %v\n", vals)
 		}
-		if err := rows.Close(); err != nil {
-			t.Fatal(err)
-		}
+		fmt.Fprintf(&b, "  %v\n", vals)
+	}
+	if err := rows.Close(); err != nil {
+		t.Fatal(err)
 	}
 	return b.String()
 }
@@ -691,7 +710,7 @@ func TestFxFencedRunnerWritesNothing(t *testing.T) {
 				ctx := context.Background()
 				l := fxNewLedger(t, separate, map[string]int64{"A": 1000, "B": 0}, []fxTransfer{tr, next})
 				target := fxTarget(l.ledgerPath)
-				hook := &fxHookStore{Store: l.store}
+				hook := &fxHookStore{Backend: l.store}
 				_, stale := fxClaim(t, l.store, hook, "fx:stale")
 
 				var snapshot string
@@ -736,7 +755,7 @@ func TestFxFencedRunnerWritesNothing(t *testing.T) {
 				}
 				s := l.read(t)
 				l.checkInvariants(t, s, l.appliedSteps(t, s))
-				if v, _ := balance(t, l.target, "A"); v != 800 || len(l.appliedSteps(t, s)) != 2 {
+				if v, _ := balance(t, l.targetLoc, "A"); v != 800 || len(l.appliedSteps(t, s)) != 2 {
 					t.Errorf("A = %d, applied %v; want 800 after both steps once", v, fxKeys(l.appliedSteps(t, s)))
 				}
 			})
@@ -760,7 +779,7 @@ func TestFxConcurrentWriterIsNeverOverwritten(t *testing.T) {
 	}
 	l := fxNewLedger(t, true, map[string]int64{"A": 1_000_000, "B": 0}, ts)
 	var plans atomic.Int64
-	hook := &fxHookStore{Store: l.store, afterPlan: func(string) { plans.Add(1) }}
+	hook := &fxHookStore{Backend: l.store, afterPlan: func(string) { plans.Add(1) }}
 	_, run := fxClaim(t, l.store, hook, "fx:runner")
 	writer, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: l.ledgerPath})
 	if err != nil {
@@ -815,10 +834,10 @@ func TestFxConcurrentWriterIsNeverOverwritten(t *testing.T) {
 	n, k := moved.Load(), int64(len(ok))
 	t.Logf("other writer moved B %d times; %d plans for %d steps; applied %v, conflicted %v", n, plans.Load(), len(ts), ok, conflicted)
 
-	if v, ver := balance(t, l.target, "A"); v != 1_000_000-100*k || ver != k {
+	if v, ver := balance(t, l.targetLoc, "A"); v != 1_000_000-100*k || ver != k {
 		t.Errorf("A = %d v%d; want %d v%d", v, ver, 1_000_000-100*k, k)
 	}
-	if v, ver := balance(t, l.target, "B"); v != n+100*k || ver != n+k {
+	if v, ver := balance(t, l.targetLoc, "B"); v != n+100*k || ver != n+k {
 		t.Errorf("B = %d v%d; want %d v%d: every outside update plus our %d deltas once", v, ver, n+100*k, n+k, k)
 	}
 	s := l.read(t)
@@ -844,7 +863,7 @@ func TestFxConflictAfterMaxReplans(t *testing.T) {
 			ctx := context.Background()
 			l := fxNewLedger(t, true, map[string]int64{"A": 1000, "B": 0}, []fxTransfer{tr})
 			plans := 0
-			hook := &fxHookStore{Store: l.store, afterPlan: func(string) {
+			hook := &fxHookStore{Backend: l.store, afterPlan: func(string) {
 				plans++
 				if plans <= bumps {
 					if _, err := l.target.Exec(fxBumpB); err != nil {
@@ -900,10 +919,10 @@ func TestFxConflictAfterMaxReplans(t *testing.T) {
 
 func fxWantAccounts(t *testing.T, l *fxLedger, a, aVer, b, bVer int64) {
 	t.Helper()
-	if v, ver := balance(t, l.target, "A"); v != a || ver != aVer {
+	if v, ver := balance(t, l.targetLoc, "A"); v != a || ver != aVer {
 		t.Errorf("A = %d v%d; want %d v%d", v, ver, a, aVer)
 	}
-	if v, ver := balance(t, l.target, "B"); v != b || ver != bVer {
+	if v, ver := balance(t, l.targetLoc, "B"); v != b || ver != bVer {
 		t.Errorf("B = %d v%d; want %d v%d", v, ver, b, bVer)
 	}
 }
@@ -919,7 +938,7 @@ func TestFxFenceCheckRaceStaysExactlyOnce(t *testing.T) {
 	ctx := context.Background()
 	tr := fxTransfer{"T-1", "A", "B", 300}
 	l := fxNewLedger(t, true, map[string]int64{"A": 1000, "B": 0}, []fxTransfer{tr})
-	hook := &fxHookStore{Store: l.store}
+	hook := &fxHookStore{Backend: l.store}
 	_, stale := fxClaim(t, l.store, hook, "fx:stale")
 	tookOver := false
 	hook.afterRun = func() {

@@ -2,11 +2,9 @@ package steps_test
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -23,9 +20,9 @@ import (
 // that tests change between attempts, and a run to resume.
 type fpBatch struct {
 	t      *testing.T
-	st     *sqlite.Store
+	st     checkpoint.Backend
 	store  checkpoint.Store // st, or a wrapper of it
-	ledger *sql.DB
+	ledger string           // the ledger's database location
 	target steps.Target
 	items  []xfer // the source's current data, in key order
 	calls  []string
@@ -35,18 +32,27 @@ type fpBatch struct {
 	fetches []int
 }
 
+// newFPBatch makes a batch on the suite's store with the ledger in the
+// store's database, or, separate, on a SQLite store with the ledger in a
+// separate SQLite file (the PostgreSQL store cannot open a separate target
+// yet; see checkpointtest.SeparateTarget).
 func newFPBatch(t *testing.T, separate bool, n int) *fpBatch {
 	t.Helper()
-	st := checkpointtest.Open(t)
-	b := &fpBatch{t: t, st: st, store: st, ledger: st.DB(), target: steps.Target{Table: accountsTable}}
 	if separate {
-		path := filepath.Join(t.TempDir(), "ledger.db")
-		db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: path})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		b.ledger, b.target.Path = db, path
+		st, loc := checkpointtest.SeparateTarget(t)
+		return newFPBatchOn(t, st, loc, true, n)
+	}
+	st, loc := checkpointtest.OpenNew(t)
+	return newFPBatchOn(t, st, loc, false, n)
+}
+
+// newFPBatchOn makes a batch on st with the ledger at loc: st's own
+// database, or a separate one.
+func newFPBatchOn(t *testing.T, st checkpoint.Backend, loc string, separate bool, n int) *fpBatch {
+	t.Helper()
+	b := &fpBatch{t: t, st: st, store: st, ledger: loc, target: steps.Target{Table: accountsTable}}
+	if separate {
+		b.target.Path = loc
 	}
 	ledger(t, b.ledger, map[string]int64{"a": 1_000_000, "b": 0})
 	for i := range n {
@@ -265,12 +271,7 @@ func TestForEachRefusesAFinishedItemGoneFromTheSource(t *testing.T) {
 		if len(b.calls) != 18 || b.balance() != b.sumOf(30) {
 			t.Fatalf("%d calls, b = %d", len(b.calls), b.balance())
 		}
-		var status string
-		err = b.st.DB().QueryRow(`SELECT status FROM steps WHERE step_id = 'post'`).Scan(&status)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			t.Fatalf("read the step's status: %v", err)
-		}
-		if status == checkpoint.StepCompleted {
+		if s, _ := stepOf(t, b.st, "j/k", "post"); s.Status == checkpoint.StepCompleted {
 			t.Fatal("the step was recorded as completed")
 		}
 		// Put back, the rerun completes it without running anything.
@@ -350,16 +351,14 @@ func TestForEachAllItemsDoneStepUnmarked(t *testing.T) {
 					if _, err := b.settle(src(b), ""); err != nil {
 						t.Fatal(err)
 					}
-					if _, err := b.st.DB().Exec(`DELETE FROM steps WHERE step_id = 'post'`); err != nil {
-						t.Fatal(err)
-					}
+					resetStep(t, b.st, "j/k", "post")
 					c.do(b)
 					sum, err := b.settle(src(b), "")
 					if b.balance() != b.sumOf(30) || len(b.calls) != 0 {
 						t.Fatalf("b = %d, calls %v; want b = %d and nothing run again", b.balance(), b.calls, b.sumOf(30))
 					}
-					var status string
-					b.st.DB().QueryRow(`SELECT status FROM steps WHERE step_id = 'post'`).Scan(&status)
+					s, _ := stepOf(t, b.st, "j/k", "post")
+					status := s.Status
 					if c.kind == "" {
 						if err != nil || sum.Completed != 30 || sum.Executed != 0 || status != checkpoint.StepCompleted {
 							t.Fatalf("%+v, %v, step %q; want 30 completed, none executed, the step completed", sum, err, status)
@@ -417,22 +416,17 @@ func TestForEachAcceptChanged(t *testing.T) {
 	if sum.Completed != 31 || b.balance() != b.sumOf(32) || slices.Contains(b.calls, "T002") {
 		t.Fatalf("%+v, b = %d, calls %v", sum, b.balance(), b.calls)
 	}
-	rows, err := b.st.DB().Query(`SELECT operator, command, reason, details FROM audit WHERE run_id = 'j/k' ORDER BY id`)
+	audits, err := b.st.Audits(context.Background(), "j/k")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var audit []string
-	for rows.Next() {
-		var op, command, reason, details string
-		if err := rows.Scan(&op, &command, &reason, &details); err != nil {
-			t.Fatal(err)
+	for _, a := range audits {
+		if a.Operator != "ops@bank" || a.Command != "accept-changed post" || a.Reason != ops.Reason {
+			t.Errorf("audit record %q %q %q", a.Operator, a.Command, a.Reason)
 		}
-		if op != "ops@bank" || command != "accept-changed post" || reason != ops.Reason {
-			t.Errorf("audit row %q %q %q", op, command, reason)
-		}
-		audit = append(audit, details)
+		audit = append(audit, a.Details)
 	}
-	rows.Close()
 	want := []string{"post: item T002 changed", "post: item T008 is no longer yielded", "post: item T031 is beyond the declared 30"}
 	if len(audit) != len(want) {
 		t.Fatalf("audit %q; want one record per acceptance, %d", audit, len(want))
@@ -445,14 +439,20 @@ func TestForEachAcceptChanged(t *testing.T) {
 	// The decisions are durable: reopened and read again without
 	// acceptance, T002 as it is now and T008 gone both pass.
 	b.accept = nil
-	if _, err := b.st.DB().Exec(`DELETE FROM steps WHERE step_id = 'post'`); err != nil {
-		t.Fatal(err)
-	}
+	resetStep(t, b.st, "j/k", "post")
 	if sum, err := b.settle(b.paged(31), ""); err != nil || sum.Completed != 31 || len(b.calls) != 0 {
 		t.Fatalf("after the acceptances: %+v, %v, calls %v", sum, err, b.calls)
 	}
-	var accepted int
-	b.st.DB().QueryRow(`SELECT count(*) FROM item_changes WHERE status = 'accepted' AND operator = 'ops@bank'`).Scan(&accepted)
+	changes, err := b.st.ItemChanges(context.Background(), "j/k", "post")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := 0
+	for _, c := range changes {
+		if c.Status == checkpoint.ItemChangeAccepted && c.Operator == "ops@bank" {
+			accepted++
+		}
+	}
 	if accepted != 3 {
 		t.Fatalf("%d changes recorded accepted by ops@bank, want 3", accepted)
 	}
@@ -497,16 +497,13 @@ func TestForEachAcceptsOnlyWhatWasShown(t *testing.T) {
 				t.Fatalf("%+v, %v, b = %d", sum, err, b.balance())
 			}
 			var details []string
-			rows, err := b.st.DB().Query(`SELECT details FROM audit WHERE run_id = 'j/k' ORDER BY id`)
+			audits, err := b.st.Audits(context.Background(), "j/k")
 			if err != nil {
 				t.Fatal(err)
 			}
-			for rows.Next() {
-				var d string
-				rows.Scan(&d)
-				details = append(details, d)
+			for _, a := range audits {
+				details = append(details, a.Details)
 			}
-			rows.Close()
 			all := strings.Join(details, "\n")
 			if len(details) != 3 || !strings.Contains(details[0], "T001") || strings.Contains(details[0], "T003") ||
 				!strings.Contains(details[1], "T003") || !strings.Contains(details[1], "T004") || !strings.Contains(details[2], "T007") {
@@ -561,18 +558,18 @@ func TestBeginRefusesAnAcceptanceWithoutOperator(t *testing.T) {
 
 // itemReads counts the store's item reads.
 type itemReads struct {
-	*sqlite.Store
+	checkpoint.Backend
 	n int
 }
 
 func (s *itemReads) Items(ctx context.Context, q checkpoint.ItemQuery, fn func(checkpoint.Item) error) error {
 	s.n++
-	return s.Store.Items(ctx, q, fn)
+	return s.Backend.Items(ctx, q, fn)
 }
 
 func TestForEachFreshAscendingReadsNothingBack(t *testing.T) {
 	b := newFPBatch(t, false, 30)
-	reads := &itemReads{Store: b.st}
+	reads := &itemReads{Backend: b.st}
 	b.store = reads
 	if _, err := b.settle(b.paged(30), ""); err != nil {
 		t.Fatal(err)
@@ -580,8 +577,16 @@ func TestForEachFreshAscendingReadsNothingBack(t *testing.T) {
 	if reads.n != 1 {
 		t.Fatalf("%d item reads for a fresh ascending step, want 1 (is it fresh?)", reads.n)
 	}
-	var n int
-	b.st.DB().QueryRow(`SELECT count(*) FROM items WHERE length(fingerprint) = ?`, steps.FingerprintSize).Scan(&n)
+	n := 0
+	err := b.st.Items(context.Background(), checkpoint.ItemQuery{RunID: "j/k", Step: "post"}, func(it checkpoint.Item) error {
+		if len(it.Fingerprint) == steps.FingerprintSize {
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if n != 30 {
 		t.Fatalf("%d items recorded with a fingerprint, want 30", n)
 	}
@@ -594,7 +599,7 @@ func TestForEachFreshAscendingReadsNothingBack(t *testing.T) {
 func TestForEachResumedAscendingReadsBackOnlyRecordedChunks(t *testing.T) {
 	b := newFPBatch(t, false, 30)
 	b.crashed(b.paged(30))
-	reads := &itemReads{Store: b.st}
+	reads := &itemReads{Backend: b.st}
 	b.store = reads
 	if sum, err := b.settle(b.paged(30), ""); err != nil || sum.Completed != 30 {
 		t.Fatalf("%+v, %v", sum, err)
@@ -604,12 +609,46 @@ func TestForEachResumedAscendingReadsBackOnlyRecordedChunks(t *testing.T) {
 	}
 }
 
+// noFingerprint is the real store recording one item key without a
+// fingerprint, as a Stepwise from before fingerprints (schema 6) did.
+type noFingerprint struct {
+	checkpoint.Backend
+	key string
+}
+
+func (s noFingerprint) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
+	return s.Backend.InTx(ctx, l, func(tx checkpoint.Tx) error { return fn(noFingerprintTx{tx, s.key}) })
+}
+
+type noFingerprintTx struct {
+	checkpoint.Tx
+	key string
+}
+
+func (tx noFingerprintTx) PutItems(items []checkpoint.Item) error {
+	items = slices.Clone(items)
+	for i := range items {
+		if items[i].Key == tx.key {
+			items[i].Fingerprint = nil
+		}
+	}
+	return tx.Tx.PutItems(items)
+}
+
 func TestForEachDoesNotCheckItemsRecordedWithoutAFingerprint(t *testing.T) {
 	b := newFPBatch(t, false, 30)
+	// T004 recorded without a fingerprint, as by a Stepwise from before
+	// fingerprints (schema 6).
+	b.store = noFingerprint{Backend: b.st, key: "T004"}
 	b.crashed(b.slice())
-	// As recorded by a Stepwise from before fingerprints (schema 6).
-	if _, err := b.st.DB().Exec(`UPDATE items SET fingerprint = NULL WHERE item_key = 'T004'`); err != nil {
-		t.Fatal(err)
+	b.store = b.st
+	var fp []byte
+	err := b.st.Items(context.Background(), checkpoint.ItemQuery{RunID: "j/k", Step: "post", Keys: []string{"T004"}}, func(it checkpoint.Item) error {
+		fp = it.Fingerprint
+		return nil
+	})
+	if err != nil || fp != nil {
+		t.Fatalf("T004 recorded with fingerprint %x (%v); the setup wants none", fp, err)
 	}
 	b.set("T004", 77)
 	sum, err := b.settle(b.slice(), "")
@@ -625,11 +664,11 @@ func TestForEachDoesNotCheckItemsRecordedWithoutAFingerprint(t *testing.T) {
 func TestForEachStoppedRecordsItsProgress(t *testing.T) {
 	b := newFPBatch(t, false, 30)
 	b.crashed(b.paged(30))
-	var status string
-	var raw []byte
-	if err := b.st.DB().QueryRow(`SELECT status, output FROM steps WHERE step_id = 'post'`).Scan(&status, &raw); err != nil {
-		t.Fatal(err)
+	s, ok := stepOf(t, b.st, "j/k", "post")
+	if !ok {
+		t.Fatal("no checkpoint of the step")
 	}
+	status, raw := s.Status, s.Output
 	var sum steps.BatchSummary
 	if err := json.Unmarshal(raw, &sum); err != nil {
 		t.Fatal(err)

@@ -2,14 +2,12 @@ package steps_test
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,7 +17,6 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
@@ -129,8 +126,8 @@ func feSeed(t *testing.T) uint64 {
 // feSettle is the job a runner runs: claim the run (taking it over from a
 // dead runner, or again after it succeeded), settle every transfer with one
 // ForEach in chunks of feChunk and mark the run succeeded.
-func feSettle(ctx context.Context, dbPath, ledgerPath string, bk feBook, order string, progress func(steps.Progress)) error {
-	st, err := sqlite.Open(ctx, sqlite.Config{Path: dbPath})
+func feSettle(ctx context.Context, dbLoc, ledgerPath string, bk feBook, order string, progress func(steps.Progress)) error {
+	st, err := checkpointtest.OpenLocationErr(dbLoc)
 	if err != nil {
 		return err
 	}
@@ -183,31 +180,32 @@ func TestFeChild(t *testing.T) {
 // feLedger is one scenario's databases, seen from the test process.
 type feLedger struct {
 	dir        string
-	dbPath     string
+	dbLoc      string // the store's location: a file path or a postgres:// URL
 	ledgerPath string // "" for the same store
-	store      *sqlite.Store
-	target     *sql.DB // where the accounts table lives
+	targetLoc  string // where the accounts table lives: dbLoc or ledgerPath
+	store      checkpoint.Backend
 	book       feBook
 	orders     map[string]string // attempt owner -> the order it yielded items in
 	children   int
 }
 
+// feNewLedger makes a scenario's databases: the store on the suite's store
+// with the accounts in its database, or, separate, a SQLite store with the
+// accounts in a separate SQLite file (the PostgreSQL store cannot open a
+// separate target yet; see checkpointtest.SeparateTarget).
 func feNewLedger(t *testing.T, separate bool, bk feBook) *feLedger {
 	t.Helper()
 	dir := t.TempDir()
-	l := &feLedger{dir: dir, dbPath: filepath.Join(dir, "stepwise.db"), book: bk, orders: map[string]string{}}
-	l.store = checkpointtest.OpenPath(t, l.dbPath)
-	l.target = l.store.DB()
+	l := &feLedger{dir: dir, book: bk, orders: map[string]string{}}
 	if separate {
-		l.ledgerPath = filepath.Join(dir, "ledger.db")
-		db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: l.ledgerPath})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		l.target = db
+		l.dbLoc, l.ledgerPath = checkpointtest.SeparateLocations(t)
+		l.targetLoc = l.ledgerPath
+	} else {
+		l.dbLoc = checkpointtest.NewLocation(t)
+		l.targetLoc = l.dbLoc
 	}
-	ledger(t, l.target, bk.opening)
+	l.store = checkpointtest.OpenLocation(t, l.dbLoc)
+	ledger(t, l.targetLoc, bk.opening)
 	return l
 }
 
@@ -215,7 +213,7 @@ func feNewLedger(t *testing.T, separate bool, bk feBook) *feLedger {
 func (l *feLedger) start(t *testing.T, order string, env ...string) *crashtest.Child {
 	t.Helper()
 	l.children++
-	c := crashtest.Start(t, crashtest.Spec{Test: "TestFeChild", Env: append([]string{feChildEnv + "=1", feDBEnv + "=" + l.dbPath,
+	c := crashtest.Start(t, crashtest.Spec{Test: "TestFeChild", Env: append([]string{feChildEnv + "=1", feDBEnv + "=" + l.dbLoc,
 		feLedgerEnv + "=" + l.ledgerPath, feSeedEnv + "=" + strconv.FormatUint(l.book.seed, 10), feOrderEnv + "=" + order}, env...)})
 	l.orders[feOwner(c.Pid())] = order
 	return c
@@ -277,20 +275,10 @@ func (l *feLedger) read(t *testing.T) feSeen {
 	t.Helper()
 	ctx := context.Background()
 	s := feSeen{accounts: map[string][2]int64{}, items: map[string]feItem{}, owners: map[int]string{}}
-	rows, err := l.target.Query(`SELECT id, balance, version FROM accounts`)
-	if err != nil {
-		t.Fatal(err)
+	for id, v := range checkpointtest.Balances(t, l.targetLoc, accountsTable) {
+		s.accounts[id] = [2]int64{v.Value, v.Version}
 	}
-	for rows.Next() {
-		var id string
-		var v [2]int64
-		if err := rows.Scan(&id, &v[0], &v[1]); err != nil {
-			t.Fatal(err)
-		}
-		s.accounts[id] = v
-	}
-	rows.Close()
-	err = l.store.Items(ctx, checkpoint.ItemQuery{RunID: feRunID, Step: feStep}, func(it checkpoint.Item) error {
+	err := l.store.Items(ctx, checkpoint.ItemQuery{RunID: feRunID, Step: feStep}, func(it checkpoint.Item) error {
 		if _, dup := s.items[it.Key]; dup {
 			return fmt.Errorf("item %s read twice", it.Key)
 		}
@@ -456,30 +444,29 @@ func (l *feLedger) check(t *testing.T) feSeen {
 // version steps covered by exactly one applied write each.
 func (l *feLedger) checkChunkPlans(t *testing.T, s feSeen) {
 	t.Helper()
-	rows, err := l.store.DB().Query(`SELECT effect_id, status, plan FROM chunk_plans WHERE run_id = ? AND step_id = ?`, feRunID, feStep)
+	plans := map[string]feChunkPlan{}
+	err := l.store.RunChunkPlans(context.Background(), feRunID, checkpoint.Page{}, func(cp checkpoint.ChunkPlan) error {
+		if cp.Step != feStep {
+			return nil
+		}
+		if cp.Status != checkpoint.ChunkApplied {
+			t.Errorf("chunk plan %s is %q, want applied (no plan left planned; no concurrent writer, so none superseded)", cp.EffectID, cp.Status)
+			return nil
+		}
+		var p feChunkPlan
+		if err := json.Unmarshal(cp.Plan, &p); err != nil {
+			t.Fatalf("decode chunk plan %s: %v", cp.EffectID, err)
+		}
+		plans[cp.EffectID] = p
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	plans := map[string]feChunkPlan{}
-	for rows.Next() {
-		var id, status string
-		var raw []byte
-		if err := rows.Scan(&id, &status, &raw); err != nil {
-			t.Fatal(err)
-		}
-		if status != "applied" {
-			t.Errorf("chunk plan %s is %q, want applied (no plan left planned; no concurrent writer, so none superseded)", id, status)
-			continue
-		}
-		var p feChunkPlan
-		if err := json.Unmarshal(raw, &p); err != nil {
-			t.Fatalf("decode chunk plan %s: %v", id, err)
-		}
-		plans[id] = p
-	}
-	rows.Close()
 	applied := map[string]bool{}
-	rows, err = l.target.Query(`SELECT effect_id, step_id FROM stepwise_applied`)
+	// The separate target is a SQLite file (see feNewLedger); its
+	// stepwise_applied table is the target's own record.
+	rows, err := checkpointtest.SQL(t, l.ledgerPath).Query(`SELECT effect_id, step_id FROM stepwise_applied`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -560,7 +547,7 @@ func feReference(t *testing.T, separate bool, bk feBook) feSeen {
 	t.Helper()
 	l := feNewLedger(t, separate, bk)
 	l.orders[feOwner(os.Getpid())] = feForward
-	if err := feSettle(context.Background(), l.dbPath, l.ledgerPath, bk, feForward, nil); err != nil {
+	if err := feSettle(context.Background(), l.dbLoc, l.ledgerPath, bk, feForward, nil); err != nil {
 		t.Fatalf("reference run: %v", err)
 	}
 	ref := l.check(t)
@@ -712,9 +699,9 @@ func TestFeRerunInOtherOrder(t *testing.T) {
 // repeating anything, and a rerun with a correct fetch finishes the rest.
 func TestFePagedSource(t *testing.T) {
 	ctx := context.Background()
-	st := checkpointtest.Open(t)
-	db := st.DB()
-	if _, err := db.Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL)`); err != nil {
+	st, loc := checkpointtest.OpenNew(t)
+	db := checkpointtest.SQL(t, loc)
+	if _, err := db.Exec(`CREATE TABLE payments (id BIGINT PRIMARY KEY, amount BIGINT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	const rows = 1000
@@ -723,7 +710,7 @@ func TestFePagedSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 1; i <= rows; i++ {
-		if _, err := tx.Exec(`INSERT INTO payments VALUES (?, ?)`, i, i*10); err != nil {
+		if _, err := tx.Exec(`INSERT INTO payments VALUES ($1, $2)`, i, i*10); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -744,7 +731,7 @@ func TestFePagedSource(t *testing.T) {
 					return nil, err
 				}
 			}
-			rs, err := db.QueryContext(ctx, `SELECT id, amount FROM payments WHERE id > ? ORDER BY id LIMIT ?`, from, limit)
+			rs, err := db.QueryContext(ctx, `SELECT id, amount FROM payments WHERE id > $1 ORDER BY id LIMIT $2`, from, limit)
 			if err != nil {
 				return nil, err
 			}
@@ -776,13 +763,15 @@ func TestFePagedSource(t *testing.T) {
 				t.Errorf("item %s processed %d times", k, n)
 			}
 		}
-		var n, sum, ver int64
-		if err := db.QueryRow(`SELECT count(*) FROM items WHERE run_id = ? AND step_id = ? AND status = 'completed'`, runID, step).Scan(&n); err != nil {
+		var n int64
+		err := st.Items(ctx, checkpoint.ItemQuery{RunID: runID, Step: step, Status: checkpoint.StepCompleted, KeysOnly: true}, func(checkpoint.Item) error {
+			n++
+			return nil
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := db.QueryRow(`SELECT value, version FROM stepwise_state WHERE key = 'paid'`).Scan(&sum, &ver); err != nil && !errors.Is(err, sql.ErrNoRows) {
-			t.Fatal(err)
-		}
+		sum := checkpointtest.Balances(t, loc, checkpoint.StateTable)["paid"].Value
 		wantSum := int64(want) * int64(want+1) / 2 * 10
 		if n != int64(want) || sum != wantSum {
 			t.Errorf("%d items completed, paid %d; want %d items, paid %d", n, sum, want, wantSum)
@@ -864,8 +853,8 @@ func TestFePagedSource(t *testing.T) {
 // and only they, by an attempt with Config.RetrySkipped.
 func TestFeRetrySkipped(t *testing.T) {
 	ctx := context.Background()
-	st := checkpointtest.Open(t)
-	ledger(t, st.DB(), map[string]int64{"a": 1000, "b": 0})
+	st, loc := checkpointtest.OpenNew(t)
+	ledger(t, loc, map[string]int64{"a": 1000, "b": 0})
 	target := steps.Target{Table: accountsTable}
 	var items []xfer
 	for i := range 10 {
@@ -898,8 +887,15 @@ func TestFeRetrySkipped(t *testing.T) {
 	}
 	status := func(key string) string {
 		var s string
-		if err := st.DB().QueryRow(`SELECT status FROM items WHERE step_id = 'post' AND item_key = ?`, key).Scan(&s); err != nil {
+		err := st.Items(ctx, checkpoint.ItemQuery{RunID: "j/k", Step: "post", Keys: []string{key}}, func(it checkpoint.Item) error {
+			s = it.Status
+			return nil
+		})
+		if err != nil {
 			t.Fatal(err)
+		}
+		if s == "" {
+			t.Fatalf("no checkpoint of item %s", key)
 		}
 		return s
 	}
@@ -908,7 +904,7 @@ func TestFeRetrySkipped(t *testing.T) {
 	if err != nil || sum.Completed != 8 || sum.Skipped != 2 || sum.Total != 10 {
 		t.Fatalf("first attempt: %+v, %v; want 8 completed, 2 skipped", sum, err)
 	}
-	if b, _ := balance(t, st.DB(), "b"); b != 55-4-8 {
+	if b, _ := balance(t, loc, "b"); b != 55-4-8 {
 		t.Fatalf("b = %d, want %d", b, 55-4-8)
 	}
 
@@ -931,7 +927,7 @@ func TestFeRetrySkipped(t *testing.T) {
 	if !slices.Equal(calls, []string{"T03", "T07"}) || sum.Completed != 10 || sum.Skipped != 0 || sum.Executed != 2 {
 		t.Fatalf("rerun with RetrySkipped: %+v, calls %v; want T03 and T07 processed, 10 completed", sum, calls)
 	}
-	if b, _ := balance(t, st.DB(), "b"); b != 55 {
+	if b, _ := balance(t, loc, "b"); b != 55 {
 		t.Fatalf("b = %d, want 55", b)
 	}
 	if status("T03") != checkpoint.StepCompleted || status("T07") != checkpoint.StepCompleted {
@@ -947,12 +943,12 @@ func TestFeRetrySkipped(t *testing.T) {
 // feFaultStore is the real store with one fault: writing a batch step's
 // running header fails, as a full disk, a lost lease or a kill between two
 // commits would stop it.
-type feFaultStore struct{ *sqlite.Store }
+type feFaultStore struct{ checkpoint.Backend }
 
 var errFeHeader = errors.New("injected: cannot write the running header")
 
 func (s feFaultStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
-	return s.Store.InTx(ctx, l, func(tx checkpoint.Tx) error { return fn(feFaultTx{tx}) })
+	return s.Backend.InTx(ctx, l, func(tx checkpoint.Tx) error { return fn(feFaultTx{tx}) })
 }
 
 type feFaultTx struct{ checkpoint.Tx }
@@ -970,8 +966,8 @@ func (tx feFaultTx) PutStep(st checkpoint.Step) error {
 // applied a second time, whatever the rerun decides about the skipped ones.
 func TestFeRetrySkippedInterrupted(t *testing.T) {
 	ctx := context.Background()
-	st := checkpointtest.Open(t)
-	ledger(t, st.DB(), map[string]int64{"a": 1000, "b": 0})
+	st, loc := checkpointtest.OpenNew(t)
+	ledger(t, loc, map[string]int64{"a": 1000, "b": 0})
 	target := steps.Target{Table: accountsTable}
 	var items []xfer
 	for i := range 10 {
@@ -1013,28 +1009,23 @@ func TestFeRetrySkippedInterrupted(t *testing.T) {
 		t.Fatalf("plain rerun: %v", err)
 	}
 	var paid int64
-	rows, err := st.DB().Query(`SELECT item_key, status FROM items WHERE step_id = 'post'`)
+	err := st.Items(ctx, checkpoint.ItemQuery{RunID: "j/k", Step: "post"}, func(it checkpoint.Item) error {
+		if it.Status == checkpoint.StepCompleted {
+			n, _ := strconv.Atoi(strings.TrimPrefix(it.Key, "T"))
+			paid += int64(n + 1)
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for rows.Next() {
-		var key, status string
-		if err := rows.Scan(&key, &status); err != nil {
-			t.Fatal(err)
-		}
-		if status == checkpoint.StepCompleted {
-			n, _ := strconv.Atoi(strings.TrimPrefix(key, "T"))
-			paid += int64(n + 1)
-		}
-	}
-	rows.Close()
 	for _, k := range calls {
 		if k != "T03" && k != "T07" {
 			t.Errorf("the plain rerun called fn for %s, completed by the first attempt", k)
 		}
 	}
-	a, _ := balance(t, st.DB(), "a")
-	b, _ := balance(t, st.DB(), "b")
+	a, _ := balance(t, loc, "a")
+	b, _ := balance(t, loc, "b")
 	if b != paid || a+b != 1000 {
 		t.Fatalf("b = %d (a = %d), but the completed transfers pay %d: completed transfers were applied again "+
 			"(the reopened step lost its header, so the rerun took the step for fresh)", b, a, paid)

@@ -32,8 +32,8 @@ type fePlanRecord struct {
 // version to its final one, so the plans alone say what changed.
 func TestForEachRecordsSameStoreChunkPlans(t *testing.T) {
 	ctx := context.Background()
-	st := checkpointtest.Open(t)
-	ledger(t, st.DB(), map[string]int64{"a": 100, "b": 0, "c": 5})
+	st, loc := checkpointtest.OpenNew(t)
+	ledger(t, loc, map[string]int64{"a": 100, "b": 0, "c": 5})
 	items := []xfer{
 		{"T1", "a", "b", 30}, {"T2", "c", "a", 50}, // T2 overdraws c: rejected
 		{"T3", "b", "c", 10}, {"T4", "a", "c", 20},
@@ -105,7 +105,7 @@ func TestForEachRecordsSameStoreChunkPlans(t *testing.T) {
 		}
 	}
 	for k, w := range last {
-		if v, ver := balance(t, st.DB(), k); v != w.NewValue || ver != w.OldVersion+1 {
+		if v, ver := balance(t, loc, k); v != w.NewValue || ver != w.OldVersion+1 {
 			t.Errorf("%s = %d (version %d); its last recorded write says %d (version %d)", k, v, ver, w.NewValue, w.OldVersion+1)
 		}
 	}

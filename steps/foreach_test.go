@@ -2,16 +2,13 @@ package steps_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -29,29 +26,45 @@ func post(ctx context.Context, x xfer, e *steps.Effects) (int64, error) {
 	return x.Amount, nil
 }
 
-func totalBalance(t *testing.T, db *sql.DB) int64 {
+// totalBalance sums the accounts table at loc.
+func totalBalance(t *testing.T, loc string) int64 {
 	t.Helper()
 	var n int64
-	if err := db.QueryRow(`SELECT sum(balance) FROM accounts`).Scan(&n); err != nil {
-		t.Fatal(err)
+	for _, s := range checkpointtest.Balances(t, loc, accountsTable) {
+		n += s.Value
 	}
 	return n
+}
+
+// itemOf returns one item checkpoint of a batch step, through the
+// contract; its Status is "" when none is recorded.
+func itemOf(t *testing.T, st checkpoint.Store, runID, step, key string) checkpoint.Item {
+	t.Helper()
+	var out checkpoint.Item
+	err := st.Items(context.Background(), checkpoint.ItemQuery{RunID: runID, Step: step, Keys: []string{key}}, func(it checkpoint.Item) error {
+		out = it
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func TestForEachFoldsInItemOrder(t *testing.T) {
 	for _, separate := range []bool{false, true} {
 		t.Run(fmt.Sprintf("separate=%v", separate), func(t *testing.T) {
 			ctx := context.Background()
-			st := checkpointtest.Open(t)
-			db, target := st.DB(), steps.Target{Table: accountsTable}
+			// A separate target runs on a SQLite store: the PostgreSQL
+			// store cannot open one yet (see checkpointtest.SeparateTarget).
+			var st checkpoint.Backend
+			var db string
+			target := steps.Target{Table: accountsTable}
 			if separate {
-				path := filepath.Join(t.TempDir(), "ledger.db")
-				var err error
-				if db, err = sqlite.OpenTarget(ctx, sqlite.Config{Path: path}); err != nil {
-					t.Fatal(err)
-				}
-				defer db.Close()
-				target.Path = path
+				st, db = checkpointtest.SeparateTarget(t)
+				target.Path = db
+			} else {
+				st, db = checkpointtest.OpenNew(t)
 			}
 			ledger(t, db, map[string]int64{"a": 100, "b": 0, "c": 0})
 			// One account many times in one chunk: a gets 100; T1 takes 60,
@@ -74,9 +87,7 @@ func TestForEachFoldsInItemOrder(t *testing.T) {
 					t.Errorf("%s = %d, want %d", k, got, v)
 				}
 			}
-			var status string
-			st.DB().QueryRow(`SELECT status FROM items WHERE item_key = 'T2'`).Scan(&status)
-			if status != checkpoint.StepRejected {
+			if status := itemOf(t, st, "j/k", "post", "T2").Status; status != checkpoint.StepRejected {
 				t.Fatalf("T2 status = %q, want rejected", status)
 			}
 			// A rerun in reverse order applies nothing again.
@@ -100,12 +111,12 @@ func TestForEachFoldsInItemOrder(t *testing.T) {
 
 func TestForEachSkipsCompletedItemsOnResume(t *testing.T) {
 	ctx := context.Background()
-	st := checkpointtest.Open(t)
+	st, loc := checkpointtest.OpenNew(t)
 	var items []xfer
 	for i := range 25 {
 		items = append(items, xfer{ID: fmt.Sprintf("T%03d", i), From: "a", To: "b", Amount: 1})
 	}
-	ledger(t, st.DB(), map[string]int64{"a": 1000, "b": 0})
+	ledger(t, loc, map[string]int64{"a": 1000, "b": 0})
 	target := steps.Target{Table: accountsTable}
 	run := beginEffects(t, st, "j/k")
 	boom := errors.New("boom")
@@ -118,7 +129,7 @@ func TestForEachSkipsCompletedItemsOnResume(t *testing.T) {
 	if !errors.Is(err, boom) {
 		t.Fatalf("err = %v, want boom", err)
 	}
-	if b, _ := balance(t, st.DB(), "b"); b != 12 {
+	if b, _ := balance(t, loc, "b"); b != 12 {
 		t.Fatalf("b = %d after failing at item 12, want 12 (items before it committed)", b)
 	}
 	run2 := beginEffects(t, st, "j/k")
@@ -133,7 +144,7 @@ func TestForEachSkipsCompletedItemsOnResume(t *testing.T) {
 	if calls != 13 || sum.Completed != 25 || sum.Executed != 13 {
 		t.Fatalf("calls %d, summary %+v; want 13 calls, 25 completed", calls, sum)
 	}
-	if b, _ := balance(t, st.DB(), "b"); b != 25 {
+	if b, _ := balance(t, loc, "b"); b != 25 {
 		t.Fatalf("b = %d, want 25", b)
 	}
 	// Finished: a third attempt returns the recorded summary without reading the source.
@@ -163,9 +174,8 @@ func TestForEachSkipPolicy(t *testing.T) {
 	if err != nil || sum.Skipped != 2 || sum.Completed != 2 {
 		t.Fatalf("skip2: %+v, %v", sum, err)
 	}
-	var msg string
-	st.DB().QueryRow(`SELECT error FROM items WHERE step_id = 'skip2' AND item_key = 'D' AND status = 'skipped'`).Scan(&msg)
-	if msg != "bad item D" {
+	it := itemOf(t, st, "j/k", "skip2", "D")
+	if msg := it.Error; msg != "bad item D" || it.Status != checkpoint.ItemSkipped {
 		t.Fatalf("skipped item error = %q", msg)
 	}
 	// A duplicate key is loud.
@@ -178,8 +188,8 @@ func TestForEachSkipPolicy(t *testing.T) {
 
 func TestForEachReadsTheSourceWhenOnlyItsRecordIsMissing(t *testing.T) {
 	ctx := context.Background()
-	st := checkpointtest.Open(t)
-	ledger(t, st.DB(), map[string]int64{"a": 1000, "b": 0})
+	st, loc := checkpointtest.OpenNew(t)
+	ledger(t, loc, map[string]int64{"a": 1000, "b": 0})
 	target := steps.Target{Table: accountsTable}
 	var items []xfer
 	for i := range 12 {
@@ -191,9 +201,7 @@ func TestForEachReadsTheSourceWhenOnlyItsRecordIsMissing(t *testing.T) {
 	}
 	// A crash between the last chunk and the step's own record leaves
 	// every item finished and no step row.
-	if _, err := st.DB().Exec(`DELETE FROM steps WHERE step_id = 'post'`); err != nil {
-		t.Fatal(err)
-	}
+	resetStep(t, st, "j/k", "post")
 	run2 := beginEffects(t, st, "j/k")
 	read := false
 	src := steps.Seq(func(yield func(string, xfer) bool) {
@@ -213,13 +221,11 @@ func TestForEachReadsTheSourceWhenOnlyItsRecordIsMissing(t *testing.T) {
 	if err != nil || !read || sum.Completed != 12 || sum.Total != 12 || sum.Executed != 0 {
 		t.Fatalf("summary %+v, err %v, source read %v; want 12 completed, none executed, the source read", sum, err, read)
 	}
-	var status string
-	st.DB().QueryRow(`SELECT status FROM steps WHERE step_id = 'post'`).Scan(&status)
-	if status != "completed" {
-		t.Fatalf("step recorded as %q", status)
+	if s, _ := stepOf(t, st, "j/k", "post"); s.Status != "completed" {
+		t.Fatalf("step recorded as %q", s.Status)
 	}
 	// A source whose total is unknown is read, and still runs nothing again.
-	st.DB().Exec(`DELETE FROM steps WHERE step_id = 'post'`)
+	resetStep(t, st, "j/k", "post")
 	run3 := beginEffects(t, st, "j/k")
 	read = false
 	unknown := steps.Seq(func(yield func(string, xfer) bool) {
@@ -237,7 +243,7 @@ func TestForEachReadsTheSourceWhenOnlyItsRecordIsMissing(t *testing.T) {
 	if err != nil || !read || sum.Completed != 12 {
 		t.Fatalf("unknown total: %+v, %v, read %v", sum, err, read)
 	}
-	if b, _ := balance(t, st.DB(), "b"); b != 12 {
+	if b, _ := balance(t, loc, "b"); b != 12 {
 		t.Fatalf("b = %d, want 12", b)
 	}
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -26,17 +25,7 @@ func TestForEachOverflowFailsTheChunk(t *testing.T) {
 	for _, separate := range []bool{false, true} {
 		t.Run(fmt.Sprintf("separate=%v", separate), func(t *testing.T) {
 			ctx := context.Background()
-			st := checkpointtest.Open(t)
-			db, target := st.DB(), steps.Target{Table: accountsTable}
-			if separate {
-				path := filepath.Join(t.TempDir(), "ledger.db")
-				var err error
-				if db, err = sqlite.OpenTarget(ctx, sqlite.Config{Path: path}); err != nil {
-					t.Fatal(err)
-				}
-				defer db.Close()
-				target.Path = path
-			}
+			st, db, target := targetStore(t, separate)
 			ledger(t, db, map[string]int64{"a": 1000, "b": 0, "max": math.MaxInt64 - 10})
 			var items []xfer
 			for i := range 9 {
@@ -71,15 +60,13 @@ func TestForEachOverflowFailsTheChunk(t *testing.T) {
 			}
 			if separate {
 				var n int
-				if err := db.QueryRow(`SELECT count(*) FROM stepwise_applied`).Scan(&n); err != nil || n != 1 {
+				if err := checkpointtest.SQL(t, db).QueryRow(`SELECT count(*) FROM stepwise_applied`).Scan(&n); err != nil || n != 1 {
 					t.Errorf("applied chunk plans = %d, %v; want 1", n, err)
 				}
 			}
 
 			// Fixed data: the rerun posts chunks 2 and 3 once.
-			if _, err := db.Exec(`UPDATE accounts SET balance = 0, version = version + 1 WHERE id = 'max'`); err != nil {
-				t.Fatal(err)
-			}
+			execSQL(t, db, `UPDATE accounts SET balance = 0, version = version + 1 WHERE id = 'max'`)
 			run2 := beginEffects(t, st, "j/k")
 			sum, err := steps.ForEach(ctx, run2, "post", steps.Slice(items, xferKey), post, steps.WithTarget(target), steps.ChunkSize(3))
 			if err != nil || sum.Completed != 9 {
@@ -101,17 +88,7 @@ func TestApplyOverflowFails(t *testing.T) {
 	for _, separate := range []bool{false, true} {
 		t.Run(fmt.Sprintf("separate=%v", separate), func(t *testing.T) {
 			ctx := context.Background()
-			st := checkpointtest.Open(t)
-			db, target := st.DB(), steps.Target{Table: accountsTable}
-			if separate {
-				path := filepath.Join(t.TempDir(), "ledger.db")
-				var err error
-				if db, err = sqlite.OpenTarget(ctx, sqlite.Config{Path: path}); err != nil {
-					t.Fatal(err)
-				}
-				defer db.Close()
-				target.Path = path
-			}
+			st, db, target := targetStore(t, separate)
 			ledger(t, db, map[string]int64{"a": 1000, "low": math.MinInt64 + 1})
 			run := beginEffects(t, st, "j/k")
 			// Set cannot overflow; the Add after it can.
@@ -128,9 +105,7 @@ func TestApplyOverflowFails(t *testing.T) {
 				t.Errorf("a = %d v%d; the failed step applied part of its plan", v, ver)
 			}
 			// Not pinned: once the data is fixed the step runs.
-			if _, err := db.Exec(`UPDATE accounts SET balance = 0 WHERE id = 'low'`); err != nil {
-				t.Fatal(err)
-			}
+			execSQL(t, db, `UPDATE accounts SET balance = 0 WHERE id = 'low'`)
 			run2 := beginEffects(t, st, "j/k")
 			if _, err := steps.Apply(ctx, run2, "fix/1", target, func(ctx context.Context, e *steps.Effects) (int, error) {
 				e.Add("a", 5)
@@ -148,12 +123,13 @@ func TestApplyOverflowFails(t *testing.T) {
 
 // TestMissingSeparateTarget: a separate-store target whose file is missing
 // fails naming its absolute path, in a run and in a dry run, and the file
-// is not created.
+// is not created. A separate target is a SQLite file, on a SQLite store
+// whatever the suite's store (see checkpointtest.SeparateTarget).
 func TestMissingSeparateTarget(t *testing.T) {
 	for _, dry := range []bool{false, true} {
 		t.Run(fmt.Sprintf("dry=%v", dry), func(t *testing.T) {
 			ctx := context.Background()
-			st := checkpointtest.Open(t)
+			st := checkpointtest.OpenSQLite(t)
 			path := filepath.Join(t.TempDir(), "ledger.db")
 			target := steps.Target{Path: path, Table: accountsTable}
 			var run *steps.Run

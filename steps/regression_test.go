@@ -11,14 +11,13 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
 // rvHookStore runs afterPlan once, right after the first transaction that
 // recorded a chunk plan commits.
 type rvHookStore struct {
-	*sqlite.Store
+	checkpoint.Backend
 	afterPlan func()
 }
 
@@ -34,7 +33,7 @@ func (tx rvTx) PutChunkPlan(p checkpoint.ChunkPlan) error {
 
 func (s *rvHookStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
 	planned := false
-	err := s.Store.InTx(ctx, l, func(tx checkpoint.Tx) error { return fn(rvTx{Tx: tx, planned: &planned}) })
+	err := s.Backend.InTx(ctx, l, func(tx checkpoint.Tx) error { return fn(rvTx{Tx: tx, planned: &planned}) })
 	if err == nil && planned && s.afterPlan != nil {
 		f := s.afterPlan
 		s.afterPlan = nil
@@ -43,7 +42,7 @@ func (s *rvHookStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(chec
 	return err
 }
 
-func rvBegin(t *testing.T, st *sqlite.Store, store checkpoint.Store) *steps.Run {
+func rvBegin(t *testing.T, st checkpoint.Backend, store checkpoint.Store) *steps.Run {
 	t.Helper()
 	ctx := context.Background()
 	c, err := st.Claim(ctx, checkpoint.ClaimRequest{RunID: "j/k", Job: "j", RunKey: "k", Params: []byte("{}"), ParamsHash: "h",
@@ -59,15 +58,13 @@ func rvBegin(t *testing.T, st *sqlite.Store, store checkpoint.Store) *steps.Run 
 	return run
 }
 
-func rvLedger(t *testing.T) (string, *sql.DB) {
-	path := filepath.Join(t.TempDir(), "ledger.db")
-	db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	ledger(t, db, map[string]int64{"A": 1000})
-	return path, db
+// rvLedger opens a store with a separate target holding account A, from
+// checkpointtest.SeparateTarget (SQLite files whatever the suite's store,
+// until the PostgreSQL store can open a separate target).
+func rvLedger(t *testing.T) (checkpoint.Backend, string, *sql.DB) {
+	st, path := checkpointtest.SeparateTarget(t)
+	ledger(t, path, map[string]int64{"A": 1000})
+	return st, path, checkpointtest.SQL(t, path)
 }
 
 func itemStatuses(t *testing.T, run *steps.Run, name string) map[string]string {
@@ -85,7 +82,7 @@ func itemStatuses(t *testing.T, run *steps.Run, name string) map[string]string {
 // items as "skipped" and even completes the step: a plain rerun never runs
 // them, so their effects never apply.
 func TestReviewInterruptPinsItemsAsSkipped(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st, loc := checkpointtest.OpenNew(t)
 	run := beginEffects(t, st, "j/k")
 	ctx, cancel := context.WithCancel(context.Background())
 	items := []string{"a", "b", "c", "d"}
@@ -106,8 +103,7 @@ func TestReviewInterruptPinsItemsAsSkipped(t *testing.T) {
 	run2 := beginEffects(t, st, "j/k")
 	sum, err = steps.ForEach(context.Background(), run2, "post", steps.Slice(items, func(s string) string { return s }), post,
 		steps.ChunkSize(10), steps.SkipFailures(5), steps.WithTarget(steps.State))
-	var n int64
-	st.DB().QueryRow(`SELECT value FROM stepwise_state WHERE key = 'n'`).Scan(&n)
+	n := checkpointtest.Balances(t, loc, checkpoint.StateTable)["n"].Value
 	t.Logf("plain rerun: sum %+v err %v n=%d", sum, err, n)
 	if n != 4 {
 		t.Errorf("after an interrupted attempt and a plain rerun, n = %d; want 4 (every item applied once)", n)
@@ -117,9 +113,8 @@ func TestReviewInterruptPinsItemsAsSkipped(t *testing.T) {
 // 2. A separate-store chunk holding a rejected item cannot re-plan after a
 // version conflict: the re-plan rewrites the already-final rejected item.
 func TestReviewChunkReplanWithRejectedItem(t *testing.T) {
-	st := checkpointtest.Open(t)
-	path, db := rvLedger(t)
-	hook := &rvHookStore{Store: st}
+	st, path, db := rvLedger(t)
+	hook := &rvHookStore{Backend: st}
 	hook.afterPlan = func() { // another writer moves A after the plan is recorded
 		if _, err := db.Exec(`UPDATE accounts SET balance = balance + 1, version = version + 1 WHERE id = 'A'`); err != nil {
 			t.Fatal(err)
@@ -135,7 +130,7 @@ func TestReviewChunkReplanWithRejectedItem(t *testing.T) {
 			e.Add("A", 10)
 			return 1, nil
 		}, steps.WithTarget(steps.Target{Path: path, Table: accountsTable}))
-	v, ver := balance(t, db, "A")
+	v, ver := balance(t, path, "A")
 	t.Logf("sum %+v err %v; A = %d v%d", sum, err, v, ver)
 	if err != nil {
 		t.Errorf("one conflict with a rejected item in the chunk failed the step: %v", err)
@@ -145,8 +140,7 @@ func TestReviewChunkReplanWithRejectedItem(t *testing.T) {
 // 3. A stale chunk plan re-planned on resume leaves the chunk's items that
 // had no effects "planned" forever.
 func TestReviewResumedChunkLeavesNoopItemsPlanned(t *testing.T) {
-	st := checkpointtest.Open(t)
-	path, db := rvLedger(t)
+	st, path, db := rvLedger(t)
 	target := steps.Target{Path: path, Table: accountsTable}
 	items := []string{"a", "b"}
 	fn := func(ctx context.Context, it string, e *steps.Effects) (int, error) {
@@ -155,7 +149,7 @@ func TestReviewResumedChunkLeavesNoopItemsPlanned(t *testing.T) {
 		}
 		return 1, nil
 	}
-	hook := &rvHookStore{Store: st, afterPlan: func() { panic("crash after plan") }}
+	hook := &rvHookStore{Backend: st, afterPlan: func() { panic("crash after plan") }}
 	run := rvBegin(t, st, hook)
 	func() {
 		defer func() { recover() }()
@@ -170,7 +164,7 @@ func TestReviewResumedChunkLeavesNoopItemsPlanned(t *testing.T) {
 
 	run2 := rvBegin(t, st, st)
 	sum, err := steps.ForEach(context.Background(), run2, "post", steps.Slice(items, func(s string) string { return s }), fn, steps.WithTarget(target))
-	v, ver := balance(t, db, "A")
+	v, ver := balance(t, path, "A")
 	got := itemStatuses(t, run2, "post")
 	t.Logf("rerun: sum %+v err %v; A = %d v%d; items %v", sum, err, v, ver, got)
 	if got["a"] != checkpoint.StepCompleted {
@@ -178,16 +172,24 @@ func TestReviewResumedChunkLeavesNoopItemsPlanned(t *testing.T) {
 	}
 }
 
-// 4. A dry run changes the user's target database.
+// 4. A dry run changes the user's target database. The target is a SQLite
+// file (the test reads its journal mode and schema), on a SQLite store.
 func TestReviewDryRunWritesTarget(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	raw, err := sql.Open("sqlite", path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer raw.Close()
-	ledger(t, raw, map[string]int64{"A": 1000, "B": 0})
+	if _, err := raw.Exec(createAccounts); err != nil {
+		t.Fatal(err)
+	}
+	for id, b := range map[string]int64{"A": 1000, "B": 0} {
+		if _, err := raw.Exec(`INSERT INTO accounts VALUES (?, ?, 0)`, id, b); err != nil {
+			t.Fatal(err)
+		}
+	}
 	before := rvSchema(t, raw)
 	if !strings.Contains(before, "table accounts") {
 		t.Fatalf("the target's schema before the dry run = %q; want the accounts table in it", before)
@@ -232,12 +234,12 @@ func rvSchema(t *testing.T, db *sql.DB) string {
 }
 
 type rvFenceHook struct {
-	*sqlite.Store
+	checkpoint.Backend
 	after func()
 }
 
 func (s *rvFenceHook) Fence(ctx context.Context, runID string) (int64, error) {
-	f, err := s.Store.Fence(ctx, runID)
+	f, err := s.Backend.Fence(ctx, runID)
 	if s.after != nil {
 		a := s.after
 		s.after = nil
@@ -249,20 +251,19 @@ func (s *rvFenceHook) Fence(ctx context.Context, runID string) (int64, error) {
 // 5. The takeover lands between the stale runner's fence check and its
 // target transaction (what TestFxFenceCheckRaceStaysExactlyOnce meant to do).
 func TestReviewFenceWindowExactlyOnce(t *testing.T) {
-	st := checkpointtest.Open(t)
-	path, db := rvLedger(t)
+	st, path, db := rvLedger(t)
 	if _, err := db.Exec(`INSERT INTO accounts VALUES ('B', 0, 0)`); err != nil {
 		t.Fatal(err)
 	}
 	target := steps.Target{Path: path, Table: accountsTable}
-	hook := &rvFenceHook{Store: st}
+	hook := &rvFenceHook{Backend: st}
 	stale := rvBegin(t, st, hook)
 	var fresh *steps.Run
 	hook.after = func() { fresh = rvBegin(t, st, st) }
 	_, err := steps.Apply(context.Background(), stale, "post/T1", target, transfer("A", "B", 300))
 	t.Logf("stale: %v", err)
 	_, err = steps.Apply(context.Background(), fresh, "post/T1", target, transfer("A", "B", 300))
-	a, av := balance(t, db, "A")
+	a, av := balance(t, path, "A")
 	t.Logf("fresh: %v; A = %d v%d", err, a, av)
 	if a != 700 || av != 1 {
 		t.Errorf("A = %d v%d; want 700 v1", a, av)

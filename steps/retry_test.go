@@ -9,7 +9,6 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -53,7 +52,7 @@ func (f *fakeSleep) sleep(ctx context.Context, d time.Duration) error {
 	return ctx.Err()
 }
 
-func beginRetry(t *testing.T, st *sqlite.Store, p steps.RetryPolicy, fs *fakeSleep) *steps.Run {
+func beginRetry(t *testing.T, st checkpoint.Backend, p steps.RetryPolicy, fs *fakeSleep) *steps.Run {
 	t.Helper()
 	c, err := st.Claim(context.Background(), checkpoint.ClaimRequest{RunID: "j/r", Job: "j", RunKey: "r", Params: []byte("{}"),
 		ParamsHash: "h", Owner: "t:1", Now: time.Now(), LeaseFor: time.Minute, OwnerGone: func(string) bool { return true }})
@@ -67,9 +66,10 @@ func beginRetry(t *testing.T, st *sqlite.Store, p steps.RetryPolicy, fs *fakeSle
 	return run
 }
 
-func stepTries(t *testing.T, st *sqlite.Store, id string) (status string, tries int) {
+func stepTries(t *testing.T, st checkpoint.Backend, id string) (status string, tries int) {
 	t.Helper()
-	st.DB().QueryRow(`SELECT status, tries FROM steps WHERE run_id = 'j/r' AND step_id = ?`, id).Scan(&status, &tries)
+	c, _ := stepOf(t, st, "j/r", id)
+	status, tries = c.Status, c.Tries
 	return status, tries
 }
 

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -46,3 +47,7 @@ func mustClaim(t testing.TB, st *postgres.Store, req checkpoint.ClaimRequest) ch
 	}
 	return c
 }
+
+// TestMain says, without STEPWISE_TEST_PG, that the PostgreSQL pass was not
+// run, even for `go test ./...` without -v (see pgtest.Main).
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }

@@ -15,7 +15,7 @@ import (
 
 func TestItemFingerprintsAndAcceptingChanges(t *testing.T) {
 	ctx := context.Background()
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	c, err := st.Claim(ctx, claimReq("settle/2026-11-28", "host:1", claimNow))
 	if err != nil {
 		t.Fatal(err)

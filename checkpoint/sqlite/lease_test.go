@@ -23,7 +23,7 @@ func runInfo(t *testing.T, st checkpoint.Store, id string) checkpoint.RunInfo {
 }
 
 func TestClaimCreates(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	c := mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow))
 	if !c.Created || c.TookOverFrom != "" {
 		t.Errorf("first claim: Created %v TookOverFrom %q; want created, no takeover", c.Created, c.TookOverFrom)
@@ -48,7 +48,7 @@ func TestClaimCreates(t *testing.T) {
 }
 
 func TestClaimValidatesRequest(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	for name, mutate := range map[string]func(*checkpoint.ClaimRequest){
 		"no run ID":      func(r *checkpoint.ClaimRequest) { r.RunID = "" },
 		"no owner":       func(r *checkpoint.ClaimRequest) { r.Owner = "" },
@@ -68,7 +68,7 @@ func TestClaimValidatesRequest(t *testing.T) {
 }
 
 func TestClaimResumesFailedRun(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	c1 := mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow))
 	if err := st.Finish(ctx, c1.Lease, checkpoint.Ending{Status: checkpoint.RunFailed, Error: "step load: boom", At: claimNow.Add(time.Second)}); err != nil {
@@ -103,7 +103,7 @@ func TestClaimResumesFailedRun(t *testing.T) {
 }
 
 func TestClaimLiveLeaseIsHeld(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow))
 	var gotOwner string
 	req := claimReq(leaseRunID, "b:2", claimNow.Add(30*time.Second))
@@ -129,7 +129,7 @@ func TestClaimLiveLeaseIsHeld(t *testing.T) {
 }
 
 func TestClaimTakesOverExpiredLease(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow))
 	// Exactly at the lease's end it has expired.
 	c := mustClaim(t, st, claimReq(leaseRunID, "b:2", claimNow.Add(time.Minute)))
@@ -150,7 +150,7 @@ func TestClaimTakesOverExpiredLease(t *testing.T) {
 }
 
 func TestClaimOwnerGoneTakesOverAtOnce(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	mustClaim(t, st, claimReq(leaseRunID, "host:111", claimNow))
 	req := claimReq(leaseRunID, "host:222", claimNow.Add(time.Second)) // lease still live
 	req.OwnerGone = func(owner string) bool { return owner == "host:111" }
@@ -169,7 +169,7 @@ func TestClaimOwnerGoneTakesOverAtOnce(t *testing.T) {
 }
 
 func TestClaimShowsOwnerNameOnly(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	const owner = "node1:4242 boot=6f1c pidns=4026531836"
 	mustClaim(t, st, claimReq(leaseRunID, owner, claimNow))
 	_, err := st.Claim(context.Background(), claimReq(leaseRunID, "node2:1 boot=x pidns=2", claimNow.Add(time.Second)))
@@ -191,7 +191,7 @@ func TestClaimShowsOwnerNameOnly(t *testing.T) {
 }
 
 func TestClaimParamsMismatch(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow))
 	req := claimReq(leaseRunID, "a:1", claimNow.Add(time.Hour))
 	req.Params, req.ParamsHash = []byte(`{"date":"2026-11-28","orders":5}`), "other-hash"
@@ -209,7 +209,7 @@ func TestClaimParamsMismatch(t *testing.T) {
 }
 
 func TestClaimSucceededNeedsForce(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	c := mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow))
 	if err := st.Finish(context.Background(), c.Lease, checkpoint.Ending{Status: checkpoint.RunSucceeded, At: claimNow.Add(time.Second)}); err != nil {
 		t.Fatal(err)
@@ -230,7 +230,7 @@ func TestClaimSucceededNeedsForce(t *testing.T) {
 }
 
 func TestClaimAbandonedNeedsForce(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	c := mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow))
 	if err := st.Finish(context.Background(), c.Lease, checkpoint.Ending{Status: checkpoint.RunFailed, At: claimNow}); err != nil {
 		t.Fatal(err)
@@ -250,7 +250,7 @@ func TestClaimAbandonedNeedsForce(t *testing.T) {
 }
 
 func TestOldLeaseIsFenced(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	old := mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow)).Lease
 	cur := mustClaim(t, st, claimReq(leaseRunID, "b:2", claimNow.Add(2*time.Minute)))
@@ -329,7 +329,7 @@ func TestRunStale(t *testing.T) {
 
 	// The same through the store: a claimed run turns stale when its lease
 	// ends, and stops being stale once it is finished.
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	c := mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow))
 	r := runInfo(t, st, leaseRunID).Run
 	if r.Stale(claimNow.Add(59*time.Second)) || !r.Stale(claimNow.Add(61*time.Second)) {

@@ -81,7 +81,7 @@ func opCount(t *testing.T, st *sqlite.Store, query string, args ...any) int {
 }
 
 func TestRecoverFencesOutTheOldLease(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	old := mustClaim(t, st, claimReq(leaseRunID, "otherhost:1", claimNow)).Lease
 	opMustPut(t, st, old, opDone("load", `1`, claimNow))
@@ -140,7 +140,7 @@ func TestRecoverFencesOutTheOldLease(t *testing.T) {
 }
 
 func TestRecoverRefusals(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	l := mustClaim(t, st, claimReq(leaseRunID, "otherhost:1", claimNow)).Lease
 
@@ -183,7 +183,7 @@ func TestRecoverRefusals(t *testing.T) {
 }
 
 func TestAbandon(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	l := mustClaim(t, st, claimReq(leaseRunID, "otherhost:1", claimNow)).Lease
 
@@ -227,7 +227,7 @@ func TestAbandon(t *testing.T) {
 }
 
 func TestResetStepsRefusedWhileLeaseHeld(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	l := mustClaim(t, st, claimReq(leaseRunID, "otherhost:1", claimNow)).Lease
 	opMustPut(t, st, l, opDone("load", `1`, claimNow), opDone("price", `2`, claimNow))
@@ -284,7 +284,7 @@ func TestResetStepsRefusedWhileLeaseHeld(t *testing.T) {
 }
 
 func TestResetStepsReopensSucceededRun(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	l := mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow)).Lease
 	opMustPut(t, st, l, opDone("load", `1`, claimNow), opDone("price", `2`, claimNow), opDone("summary", `3`, claimNow))
@@ -316,7 +316,7 @@ func TestResetStepsReopensSucceededRun(t *testing.T) {
 }
 
 func TestPruneKeepsTombstones(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	finish := func(l checkpoint.Lease, status string, at time.Time) {
 		t.Helper()
@@ -460,7 +460,7 @@ func TestPruneKeepsTombstones(t *testing.T) {
 }
 
 func TestRecordAuditKeepsOrder(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow))
 	for i, cmd := range []string{"rerun", "backfill --reprocess all"} {
@@ -485,7 +485,7 @@ func TestRecordAuditKeepsOrder(t *testing.T) {
 // is. Its steps cannot run again (claims are refused), so clearing them
 // and reopening the run would only destroy the record.
 func TestResetStepsRefusesPrunedRun(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	l := mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow)).Lease
 	opMustPut(t, st, l, opDone("load", `1`, claimNow))
@@ -544,7 +544,7 @@ func TestOperationsTakeTheDeadOwnerCheck(t *testing.T) {
 	}
 	for _, op := range ops {
 		t.Run(op.name, func(t *testing.T) {
-			st := checkpointtest.Open(t)
+			st := checkpointtest.OpenSQLite(t)
 			l := mustClaim(t, st, claimReq(leaseRunID, owner, claimNow)).Lease
 			opMustPut(t, st, l, checkpoint.Step{ID: "pay", Status: checkpoint.StepCalling, Tries: 1, StartedAt: claimNow, FinishedAt: claimNow})
 
@@ -574,7 +574,7 @@ func TestOperationsTakeTheDeadOwnerCheck(t *testing.T) {
 	}
 
 	// Without the check (nil), a live lease is never treated as gone.
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	mustClaim(t, st, claimReq(leaseRunID, owner, claimNow))
 	var held *checkpoint.LeaseHeldError
 	if err := st.Abandon(ctx, opAudit(leaseRunID, "abandon", "r", live), live); !errors.As(err, &held) {

@@ -42,7 +42,7 @@ func scheduleState(t *testing.T, st checkpoint.ScheduleStore, name string) check
 }
 
 func TestClaimScheduleCreatesWithSettleMarkNow(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	c := mustClaimSchedule(t, st, schedReq("a:1", schedNow))
 	if !c.Created || c.TookOverFrom != "" {
 		t.Errorf("first claim: Created %v TookOverFrom %q; want created, no takeover", c.Created, c.TookOverFrom)
@@ -61,7 +61,7 @@ func TestClaimScheduleCreatesWithSettleMarkNow(t *testing.T) {
 }
 
 func TestClaimScheduleLiveLeaseIsHeld(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	mustClaimSchedule(t, st, schedReq("a:1", schedNow))
 	req := schedReq("b:2", schedNow.Add(59*time.Second))
 	var asked string
@@ -95,7 +95,7 @@ func TestClaimScheduleTakesOver(t *testing.T) {
 		{"owner gone", schedNow.Add(time.Second), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st := checkpointtest.Open(t)
+			st := checkpointtest.OpenSQLite(t)
 			mustClaimSchedule(t, st, schedReq("host:111", schedNow))
 			req := schedReq("host:222", tc.at)
 			req.OwnerGone = func(owner string) bool { return tc.ownerGone && owner == "host:111" }
@@ -113,7 +113,7 @@ func TestClaimScheduleTakesOver(t *testing.T) {
 }
 
 func TestScheduleWritesAreFenced(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	old := mustClaimSchedule(t, st, schedReq("a:1", schedNow)).Lease
 	cur := mustClaimSchedule(t, st, schedReq("b:2", schedNow.Add(2*time.Minute))).Lease
@@ -153,7 +153,7 @@ func TestScheduleWritesAreFenced(t *testing.T) {
 }
 
 func TestReleasedScheduleIsClaimedAtOnce(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	l := mustClaimSchedule(t, st, schedReq("a:1", schedNow)).Lease
 	if err := st.ReleaseSchedule(ctx, l, schedNow.Add(time.Second)); err != nil {
@@ -172,7 +172,7 @@ func TestReleasedScheduleIsClaimedAtOnce(t *testing.T) {
 }
 
 func TestClaimScheduleValidatesRequest(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	for name, mutate := range map[string]func(*checkpoint.ScheduleClaimRequest){
 		"no name":  func(r *checkpoint.ScheduleClaimRequest) { r.Name = "" },
 		"no owner": func(r *checkpoint.ScheduleClaimRequest) { r.Owner = "" },

@@ -299,7 +299,7 @@ func TestClaimLockedPastBusyTimeout(t *testing.T) {
 }
 
 func TestPutStepIdempotentAndConflict(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	c := mustClaim(t, st, claimReq("report/2026-11-28", "a:1", claimNow))
 	step := checkpoint.Step{
 		ID: "load", Status: checkpoint.StepCompleted, Output: []byte(`{"n":42}`), InputHash: "in-1",
@@ -348,7 +348,7 @@ func TestPutStepIdempotentAndConflict(t *testing.T) {
 }
 
 func TestPutStepReplacesFailedTry(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	c := mustClaim(t, st, claimReq("report/2026-11-28", "a:1", claimNow))
 	failed := checkpoint.Step{ID: "load", Status: checkpoint.StepFailed, Error: "timeout", Tries: 1, StartedAt: claimNow, FinishedAt: claimNow}
 	if err := putStep(st, c.Lease, failed); err != nil {
@@ -365,7 +365,7 @@ func TestPutStepReplacesFailedTry(t *testing.T) {
 }
 
 func TestInTxRollsBackOnError(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	c := mustClaim(t, st, claimReq("report/2026-11-28", "a:1", claimNow))
 	boom := errors.New("boom")
 	err := st.InTx(context.Background(), c.Lease, func(tx checkpoint.Tx) error {
@@ -383,7 +383,7 @@ func TestInTxRollsBackOnError(t *testing.T) {
 }
 
 func TestRunsAndRun(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	mustClaim(t, st, claimReq("report/2026-11-27", "a:1", claimNow))
 	c := mustClaim(t, st, claimReq("report/2026-11-28", "a:1", claimNow.Add(time.Hour)))

@@ -13,7 +13,7 @@ import (
 // by: the one writer connection is free again, and nothing of the
 // transaction was kept.
 func TestInTxPanicRollsBack(t *testing.T) {
-	st := checkpointtest.Open(t)
+	st := checkpointtest.OpenSQLite(t)
 	ctx := context.Background()
 	c, err := st.Claim(ctx, claimReq("job/panic", "a:1", claimNow))
 	if err != nil {
