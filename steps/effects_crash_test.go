@@ -18,7 +18,6 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/steps"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
@@ -250,7 +249,7 @@ func (l *fxLedger) read(t *testing.T) fxSeen {
 	}
 	// Applied-effect records are kept in a separate target only (a
 	// same-store effect commits with its checkpoint, which is the proof).
-	if l.ledgerPath != "" && fxHasTable(t, l.target, "stepwise_applied") {
+	if l.ledgerPath != "" && fxHasTable(t, l.targetLoc, l.target, "stepwise_applied") {
 		rows, err := l.target.Query(`SELECT effect_id, step_id FROM stepwise_applied`)
 		if err != nil {
 			t.Fatal(err)
@@ -270,12 +269,17 @@ func (l *fxLedger) read(t *testing.T) fxSeen {
 	return s
 }
 
-// fxHasTable reports whether a SQLite database (a separate target) has the
-// table name.
-func fxHasTable(t *testing.T, db *sql.DB, name string) bool {
+// fxHasTable reports whether the database at loc (a separate target: a
+// SQLite file, or a PostgreSQL schema URL), which db reaches, has the table
+// name.
+func fxHasTable(t *testing.T, loc string, db *sql.DB, name string) bool {
 	t.Helper()
+	q := `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = $1`
+	if checkpointtest.IsURL(loc) {
+		q = `SELECT (to_regclass($1) IS NOT NULL)::int`
+	}
 	var n int
-	if err := db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, name).Scan(&n); err != nil {
+	if err := db.QueryRow(q, name).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n == 1
@@ -658,7 +662,7 @@ func (l *fxLedger) dump(t *testing.T) string {
 		return b.String()
 	}
 	b.WriteString("stepwise_applied:\n")
-	if !fxHasTable(t, l.target, "stepwise_applied") {
+	if !fxHasTable(t, l.targetLoc, l.target, "stepwise_applied") {
 		return b.String()
 	}
 	rows, err := l.target.Query(`SELECT * FROM stepwise_applied ORDER BY 1, 2`)
@@ -781,11 +785,7 @@ func TestFxConcurrentWriterIsNeverOverwritten(t *testing.T) {
 	var plans atomic.Int64
 	hook := &fxHookStore{Backend: l.store, afterPlan: func(string) { plans.Add(1) }}
 	_, run := fxClaim(t, l.store, hook, "fx:runner")
-	writer, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: l.ledgerPath})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer writer.Close()
+	writer := checkpointtest.SQL(t, l.ledgerPath) // the target's own database, SQLite or PostgreSQL
 
 	// The writer has a budget: unbounded, it starves the runner's lock
 	// requests (SQLite's busy handler backs off to 100 ms sleeps) and the

@@ -27,9 +27,9 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for SQL on a PostgreSQL location
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
+	"github.com/stepwise-run/stepwise/checkpoint/stores"
 )
 
 // EnvStore is the environment variable choosing the store the suites run
@@ -125,11 +125,9 @@ func OpenLocation(t testing.TB, loc string) checkpoint.Backend {
 // test: for a child process's role, which reports errors its own way. The
 // caller closes the store.
 func OpenLocationErr(loc string) (checkpoint.Backend, error) {
-	ctx := context.Background()
-	if IsURL(loc) {
-		return postgres.Open(ctx, postgres.Config{URL: loc, CallerClock: true})
-	}
-	return sqlite.Open(ctx, sqlite.Config{Path: loc})
+	// Through stores, as the command line opens them: either backend's
+	// store can then open effect targets of the other kind.
+	return stores.Open(context.Background(), loc, stores.Settings{CallerClock: true})
 }
 
 // OpenSQLite returns a fresh SQLite store in t.TempDir(), whatever store
@@ -153,12 +151,16 @@ func OpenPath(t testing.TB, path string) *sqlite.Store {
 // SeparateLocations returns the locations of a fresh store database and
 // of a fresh, separate effect target database beside it (already there,
 // empty: a separate target must exist), for tests of separate-store
-// effects. It is the one switch for them: today both are SQLite files,
-// whatever the suite's store, since the PostgreSQL store cannot open a
-// separate target yet; when it can, the postgres pass gives a schema (the
-// store) and a pgtest.Database (the target) here.
+// effects. On SQLite both are files; on PostgreSQL both are schemas of
+// the test database: a table in another schema is another relation, so
+// the store opens it as a separate target (its own connections, its own
+// transactions: the three-commit protocol), as it would another database,
+// without the seconds a CREATE DATABASE costs.
 func SeparateLocations(t testing.TB) (storeLoc, targetLoc string) {
 	t.Helper()
+	if Store(t) == "postgres" {
+		return pgtest.Schema(t), pgtest.Schema(t)
+	}
 	dir := t.TempDir()
 	storeLoc, targetLoc = filepath.Join(dir, "stepwise.db"), filepath.Join(dir, "ledger.db")
 	db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: targetLoc})
