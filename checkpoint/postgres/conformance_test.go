@@ -16,7 +16,8 @@ import (
 func TestConformance(t *testing.T) {
 	pgtest.URL(t) // without a server, says the PostgreSQL pass was not run
 	storetest.Run(t, storetest.Harness{
-		NewDatabase: func(t *testing.T) string { return pgtest.Schema(t) },
+		NewDatabase:       func(t *testing.T) string { return pgtest.Schema(t) },
+		NewTargetDatabase: func(t *testing.T) storetest.TargetDatabase { return pgtest.TargetDatabase(t) },
 		Open: func(ctx context.Context, db string) (checkpoint.Store, error) {
 			// The suite passes every time; leases use it instead of now().
 			return postgres.Open(ctx, postgres.Config{URL: db, CallerClock: true})

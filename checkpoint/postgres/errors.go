@@ -47,6 +47,8 @@ const (
 	codeCrashShutdown         = "57P02"
 	codeCannotConnectNow      = "57P03"
 	codeInvalidSchemaName     = "3F000"
+	codeUndefinedTable        = "42P01"
+	codeUndefinedColumn       = "42703"
 )
 
 // Error is a store error the server or the network caused: what kind it
@@ -67,8 +69,16 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%v: %s (%s): %s; %s", e.Kind, e.Where, e.Op, e.Detail, e.Hint)
 }
 
-// Unwrap returns the kind and the driver's error.
-func (e *Error) Unwrap() []error { return []error{e.Kind, e.Err} }
+// Unwrap returns the kind and the driver's error. An ErrNoDatabase also
+// matches checkpoint.ErrNoDatabase, as a missing SQLite file does, so
+// callers can tell "that database does not exist" without knowing the
+// backend.
+func (e *Error) Unwrap() []error {
+	if e.Kind == ErrNoDatabase {
+		return []error{e.Kind, checkpoint.ErrNoDatabase, e.Err}
+	}
+	return []error{e.Kind, e.Err}
+}
 
 // wrapError turns a driver error into an *Error of one of the package's
 // sentinels (or checkpoint's, where one means the same), naming where (the

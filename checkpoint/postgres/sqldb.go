@@ -4,38 +4,46 @@ import (
 	"context"
 	"database/sql"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// OpenDB opens a database/sql handle on the database cfg.URL names, for
-// tools that keep their own tables there (the example ledger's seed and
-// check), with the store's connection settings (pool size, timeouts,
-// application name). It creates nothing and runs no migration. Its errors
-// are the store's: they name the server and database, never the password.
+// readerConns is how many connections a ReadDB handle opens at most, as
+// the SQLite store's read pool.
+const readerConns = 4
+
+// openReader returns read-only database/sql connections configured as
+// pc's (server, database, search_path, timeouts, application name): every
+// transaction on them is READ ONLY unless it says otherwise. Nothing
+// connects until the handle is used.
+func openReader(pc *pgxpool.Config) *sql.DB {
+	cc := pc.ConnConfig.Copy()
+	cc.RuntimeParams["default_transaction_read_only"] = "on"
+	db := stdlib.OpenDB(*cc)
+	db.SetMaxOpenConns(readerConns)
+	db.SetMaxIdleConns(readerConns)
+	return db
+}
+
+// OpenDB returns a database/sql handle on the database cfg.URL names,
+// configured as Open configures its pool (timeouts, application name,
+// UTC; at most cfg.MaxConns connections, 4 by default), for tools that
+// write their own tables, such as a ledger's seed. It connects once to
+// check the URL; its errors are Open's: ErrUnavailable, ErrAuth,
+// ErrNoDatabase (which also matches checkpoint.ErrNoDatabase),
+// ErrPermission, naming the server and database, never the password.
+// The store's schema is not touched.
 func OpenDB(ctx context.Context, cfg Config) (*sql.DB, error) {
 	pc, err := cfg.poolConfig()
 	if err != nil {
 		return nil, err
 	}
-	where := describe(pc)
-	db := stdlib.OpenDB(*pc.ConnConfig)
+	db := stdlib.OpenDB(*pc.ConnConfig.Copy())
 	db.SetMaxOpenConns(int(pc.MaxConns))
+	db.SetMaxIdleConns(int(pc.MaxConns))
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
-		return nil, wrapError(where, "connect", err)
+		return nil, wrapError(describe(pc), "connect", err)
 	}
 	return db, nil
 }
-
-// ReadDB returns a database/sql handle on the store's own pool, for job
-// code that reads its own tables in the checkpoint database (the day's
-// transfers, say) while steps commit; steps.Run.TargetDB hands it out for
-// a same-store target. It is made once and closed with the store.
-func (s *Store) ReadDB() *sql.DB {
-	s.readOnce.Do(func() { s.read = stdlib.OpenDBFromPool(s.pool) })
-	return s.read
-}
-
-// ReadDB implements the read handle steps.Run.TargetDB asks an effect
-// target for: the store's own (Store.ReadDB).
-func (e *effectTarget) ReadDB() *sql.DB { return e.s.ReadDB() }

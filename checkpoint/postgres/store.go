@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -47,6 +46,12 @@ type Config struct {
 	// Leave it false in production so clock skew between hosts cannot
 	// shorten or stretch a lease.
 	CallerClock bool
+	// Targets opens an effect target whose TargetSpec.Location this
+	// backend does not own (anything but a postgres:// or postgresql://
+	// URL, such as a SQLite file path), with settings of the caller's
+	// choosing. Nil refuses such locations with an error naming them.
+	// checkpoint/stores fills it in.
+	Targets func(ctx context.Context, spec checkpoint.TargetSpec) (checkpoint.EffectTarget, error)
 }
 
 // poolConfig validates c and builds the pgxpool configuration. Errors
@@ -108,11 +113,9 @@ func (c Config) poolConfig() (*pgxpool.Config, error) {
 // any number of runner processes.
 type Store struct {
 	pool  *pgxpool.Pool
+	rdb   *sql.DB // read-only database/sql connections, for job code (ReadDB)
 	cfg   Config
 	where string // "server HOST:PORT, database NAME": what errors name
-
-	readOnce sync.Once
-	read     *sql.DB // database/sql over pool, for job code (ReadDB)
 }
 
 // Store is a complete backend: the command line can use it as it uses
@@ -138,6 +141,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		s.pool.Close()
 		return nil, err
 	}
+	s.rdb = openReader(pc)
 	return s, nil
 }
 
@@ -159,13 +163,17 @@ func (s *Store) Where() string { return s.where }
 // and tests. Job code never needs it.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// Close releases the pool's connections.
+// ReadDB returns read-only database/sql connections to the store's
+// database (default_transaction_read_only is on), beside the store's own
+// pool so a job iterating rows never holds a connection a checkpoint
+// needs. Closed with the store.
+func (s *Store) ReadDB() *sql.DB { return s.rdb }
+
+// Close releases the pool's connections and those of ReadDB.
 func (s *Store) Close() error {
-	if s.read != nil {
-		s.read.Close()
-	}
+	err := s.rdb.Close()
 	s.pool.Close()
-	return nil
+	return err
 }
 
 func (s *Store) wrap(op string, err error) error { return wrapError(s.where, op, err) }

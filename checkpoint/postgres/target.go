@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -30,6 +32,9 @@ type pgTarget struct {
 	// fail records a failed statement: it aborts a PostgreSQL transaction.
 	fail func(error) error
 	sql  targetSQL
+	// mayLackApplied: the database may have no stepwise_applied (a
+	// separate target opened read-only created none).
+	mayLackApplied bool
 }
 
 // targetSQL holds a table's statements, built once from its validated
@@ -215,6 +220,14 @@ func (g *pgTarget) conflict(ctx context.Context, ws []checkpoint.Write, written 
 
 // IsApplied implements checkpoint.Target.
 func (g *pgTarget) IsApplied(ctx context.Context, effectID string) (bool, error) {
+	if g.mayLackApplied {
+		return g.isAppliedMaybeMissing(ctx, effectID)
+	}
+	return g.isApplied(ctx, effectID)
+}
+
+// isApplied looks effectID up in stepwise_applied.
+func (g *pgTarget) isApplied(ctx context.Context, effectID string) (bool, error) {
 	rows, err := g.q.Query(ctx, sqlIsApplied, effectID)
 	if err != nil {
 		return false, g.fail(fmt.Errorf("postgres: look up applied effect %s: %w", effectID, err))
@@ -235,38 +248,90 @@ func (g *pgTarget) MarkApplied(ctx context.Context, a checkpoint.Applied) error 
 	return nil
 }
 
-// effectTarget is a target table opened by the store: today always in
-// the store's own database (same store).
+// effectTarget is a target table in the store's own database (same
+// store).
 type effectTarget struct {
 	s     *Store
 	table checkpoint.Table
 }
 
-// OpenTarget implements checkpoint.Store. A table in the store's own
-// database is the same store: its effects commit in the checkpoint's
-// transaction (Tx.Target). Targets in another database are not supported
-// by this store yet and are refused with a clear error.
+// OpenTarget implements checkpoint.Store. An empty Location is the
+// store's own database. A postgres:// or postgresql:// Location is the
+// same store when it reaches the same database and the table resolves to
+// the same relation there (see sameStore), whatever its spelling; its
+// effects then commit in the checkpoint's transaction (Tx.Target).
+// Otherwise it is a separate target, opened with the store's settings
+// (see OpenDatabaseTarget). Any other location (a SQLite file path) is
+// opened by Config.Targets.
 func (s *Store) OpenTarget(ctx context.Context, spec checkpoint.TargetSpec) (checkpoint.EffectTarget, error) {
 	if err := spec.Table.Validate(); err != nil {
 		return nil, err
 	}
-	if spec.Location != "" {
-		return nil, fmt.Errorf("postgres: effect target %s in %q: targets outside the checkpoint database (%s) are not supported by the PostgreSQL store yet",
-			spec.Table.Name, redactURL(spec.Location), s.where)
+	if spec.Location == "" {
+		return s.openSameTarget(ctx, spec)
 	}
+	if !IsURL(spec.Location) {
+		if s.cfg.Targets == nil {
+			return nil, fmt.Errorf("postgres: effect target %s in %q: the PostgreSQL store opens postgres:// URLs only, and no opener for other locations was configured (Config.Targets)",
+				spec.Table.Name, spec.Location)
+		}
+		return s.cfg.Targets(ctx, spec)
+	}
+	cfg := s.cfg
+	cfg.URL = spec.Location
+	d, err := openDatabase(ctx, cfg, spec)
+	if err != nil {
+		return nil, err
+	}
+	same, err := s.sameStore(ctx, d, spec.Table)
+	if err != nil {
+		d.pool.Close()
+		return nil, err
+	}
+	if same {
+		d.pool.Close()
+		return s.openSameTarget(ctx, spec)
+	}
+	if err := d.prepare(ctx); err != nil {
+		d.pool.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// openSameTarget opens a table of the store's own database.
+func (s *Store) openSameTarget(ctx context.Context, spec checkpoint.TargetSpec) (checkpoint.EffectTarget, error) {
 	// The table and its columns must exist: checked now, not at the first
 	// chunk's commit.
-	sq := newTargetSQL(spec.Table)
-	rows, err := s.pool.Query(ctx, sq.read+` LIMIT 0`, []string{})
-	if err == nil {
-		rows.Close()
-		err = rows.Err()
-	}
-	if err != nil {
+	if err := checkTableExists(ctx, s.pool, spec.Table); err != nil {
 		return nil, s.wrap("open effect target "+spec.Table.String(), err)
 	}
 	return &effectTarget{s: s, table: spec.Table}, nil
 }
+
+// checkTableExists reads no row of t, which fails unless the table and
+// its columns exist.
+func checkTableExists(ctx context.Context, q querier, t checkpoint.Table) error {
+	rows, err := q.Query(ctx, newTargetSQL(t).read+` LIMIT 0`, []string{})
+	if err == nil {
+		rows.Close()
+		err = rows.Err()
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case codeUndefinedTable:
+			return fmt.Errorf("effect target table %q does not exist (under the URL's search_path); create it with columns %s: %w", t.Name, t, err)
+		case codeUndefinedColumn:
+			return fmt.Errorf("effect target table %q lacks a column (%s); want %s: %w", t.Name, pe.Message, t, err)
+		}
+	}
+	return err
+}
+
+// ReadDB returns read-only database/sql connections to the store's
+// database, for job code that reads its own tables (the store's ReadDB).
+func (e *effectTarget) ReadDB() *sql.DB { return e.s.rdb }
 
 // Same implements checkpoint.EffectTarget.
 func (e *effectTarget) Same() bool { return true }
@@ -294,6 +359,13 @@ func (e *effectTarget) View(ctx context.Context, fn func(checkpoint.Target) erro
 
 // Close implements checkpoint.EffectTarget.
 func (e *effectTarget) Close() error { return nil }
+
+// IsURL reports whether loc is a PostgreSQL URL (postgres:// or
+// postgresql://, in any case): a location this backend opens itself.
+func IsURL(loc string) bool {
+	scheme, _, ok := strings.Cut(loc, "://")
+	return ok && (strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql"))
+}
 
 // redactURL is u with any password replaced, for messages.
 func redactURL(u string) string {

@@ -23,7 +23,8 @@ import (
 // fence race commits thousands of times.
 func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Harness{
-		NewDatabase: func(t *testing.T) string { return filepath.Join(t.TempDir(), "stepwise.db") },
+		NewDatabase:       func(t *testing.T) string { return filepath.Join(t.TempDir(), "stepwise.db") },
+		NewTargetDatabase: sqliteTargetDatabase,
 		Open: func(ctx context.Context, db string) (checkpoint.Store, error) {
 			return sqlite.Open(ctx, sqlite.Config{Path: db, Synchronous: sqlite.SyncNormal})
 		},
@@ -64,6 +65,55 @@ func sqliteSchemaVersions(t *testing.T, db string) []int {
 		}
 	})
 	return out
+}
+
+// sqliteTargetDatabase is an empty SQLite file beside none of the
+// test's stores, for the separate-store effect target tests.
+func sqliteTargetDatabase(t *testing.T) storetest.TargetDatabase {
+	dir := t.TempDir()
+	loc := filepath.Join(dir, "ledger.db")
+	if err := os.WriteFile(loc, nil, 0o644); err != nil { // an empty file is an empty database
+		t.Fatal(err)
+	}
+	with := func(fn func(*sql.DB) error) error {
+		d, err := sql.Open("sqlite", "file:"+loc+"?_pragma=busy_timeout(5000)")
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		return fn(d)
+	}
+	return storetest.TargetDatabase{
+		Location: loc,
+		Missing:  filepath.Join(dir, "missing.db"),
+		Exec: func(q string, args ...any) error {
+			return with(func(d *sql.DB) error { _, err := d.Exec(q, args...); return err })
+		},
+		QueryInt: func(q string, args ...any) (int64, error) {
+			var v int64
+			err := with(func(d *sql.DB) error { return d.QueryRow(q, args...).Scan(&v) })
+			return v, err
+		},
+		Tables: func() ([]string, error) {
+			var names []string
+			err := with(func(d *sql.DB) error {
+				rows, err := d.Query(`SELECT name FROM sqlite_master WHERE type = 'table'`)
+				if err != nil {
+					return err
+				}
+				defer rows.Close()
+				for rows.Next() {
+					var n string
+					if err := rows.Scan(&n); err != nil {
+						return err
+					}
+					names = append(names, n)
+				}
+				return rows.Err()
+			})
+			return names, err
+		},
+	}
 }
 
 // withSQLite calls fn with a plain connection to the database file.
@@ -108,7 +158,8 @@ func TestNaiveStoreChild(t *testing.T) {
 		t.Skip("helper process for TestFenceRaceCatchesANaiveStore")
 	}
 	storetest.Run(t, storetest.Harness{
-		NewDatabase: func(t *testing.T) string { return filepath.Join(t.TempDir(), "stepwise.db") },
+		NewDatabase:       func(t *testing.T) string { return filepath.Join(t.TempDir(), "stepwise.db") },
+		NewTargetDatabase: sqliteTargetDatabase,
 		Open: func(ctx context.Context, db string) (checkpoint.Store, error) {
 			st, err := sqlite.Open(ctx, sqlite.Config{Path: db})
 			return naiveStore{st}, err

@@ -47,6 +47,12 @@ type Config struct {
 	// BusyTimeout is how long a write waits for another process's write
 	// transaction before failing with ErrLocked. Defaults to 5s.
 	BusyTimeout time.Duration
+	// Targets opens an effect target whose TargetSpec.Location this
+	// backend does not own (a URL, such as postgres://...; a SQLite store
+	// opens file paths), with settings of the caller's choosing. Nil
+	// refuses such locations with an error naming them. checkpoint/stores
+	// fills it in.
+	Targets func(ctx context.Context, spec checkpoint.TargetSpec) (checkpoint.EffectTarget, error)
 }
 
 func (c *Config) validate() error {

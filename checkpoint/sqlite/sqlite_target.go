@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 
@@ -357,13 +358,39 @@ var _ checkpoint.EffectTarget = (*sqliteTarget)(nil)
 // OpenTarget implements checkpoint.Store. A location names a SQLite file; it is the
 // same store when it is the checkpoint file itself (os.SameFile: a
 // relative path, a symlink or a hard link to it count), and otherwise it is
-// opened with the store's synchronous level and busy timeout.
+// opened with the store's synchronous level and busy timeout
+// (OpenFileTarget). A location that is a URL (postgres://...) is not a
+// file: Config.Targets opens it.
 func (s *Store) OpenTarget(ctx context.Context, spec checkpoint.TargetSpec) (checkpoint.EffectTarget, error) {
+	if isURL(spec.Location) {
+		if s.cfg.Targets == nil {
+			return nil, fmt.Errorf("checkpoint: effect target %s in %s: the SQLite store opens database files only, and no opener for other locations was configured (Config.Targets)",
+				spec.Table.Name, redactURL(spec.Location))
+		}
+		return s.cfg.Targets(ctx, spec)
+	}
 	if spec.Location == "" || s.isSelf(spec.Location) {
 		return s.openSameTarget(ctx, spec)
 	}
 	cfg := s.cfg
-	cfg.Path, cfg.MustExist = spec.Location, true
+	cfg.Path = spec.Location
+	return OpenFileTarget(ctx, cfg, spec)
+}
+
+// OpenFileTarget opens spec.Table in the SQLite file spec.Location (not a
+// checkpoint database of a store) as a separate effect target, with cfg's
+// synchronous level and busy timeout (cfg.Path and cfg.MustExist are
+// ignored: the file must exist, and a missing one is an error wrapping
+// checkpoint.ErrNoDatabase naming it). It checks the table and its
+// columns and creates the applied-effects table stepwise_applied beside
+// it, unless spec.ReadOnly (which writes nothing). For a backend whose own
+// location is not a SQLite file (a PostgreSQL store's Config.Targets); a
+// SQLite store decides by itself whether a path is its own file.
+func OpenFileTarget(ctx context.Context, cfg Config, spec checkpoint.TargetSpec) (checkpoint.EffectTarget, error) {
+	if err := spec.Table.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Path, cfg.MustExist, cfg.Targets = spec.Location, true, nil
 	t := &sqliteTarget{own: true}
 	var err error
 	if t.rdb, err = OpenTargetReader(ctx, cfg); err != nil {
@@ -384,6 +411,31 @@ func (s *Store) OpenTarget(ctx context.Context, spec checkpoint.TargetSpec) (che
 		t.w = t.r
 	}
 	return t, nil
+}
+
+// isURL reports whether loc is a URL with a scheme (SCHEME://...), which
+// no SQLite store location is: its files are paths (or file: URIs).
+func isURL(loc string) bool {
+	scheme, _, ok := strings.Cut(loc, "://")
+	if !ok || scheme == "" || strings.EqualFold(scheme, "file") {
+		return false
+	}
+	for i, r := range scheme {
+		letter := (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')
+		if !letter && (i == 0 || !(r >= '0' && r <= '9' || r == '+' || r == '-' || r == '.')) {
+			return false
+		}
+	}
+	return true
+}
+
+// redactURL is loc with any password hidden, for messages.
+func redactURL(loc string) string {
+	if u, err := url.Parse(loc); err == nil {
+		return u.Redacted()
+	}
+	scheme, _, _ := strings.Cut(loc, "://")
+	return scheme + "://…"
 }
 
 // isSelf reports whether path is the checkpoint database's own file.

@@ -21,6 +21,12 @@ type Harness struct {
 	// other handles but the database. The suite closes every handle it
 	// opens. Required.
 	Open func(ctx context.Context, db string) (checkpoint.Store, error)
+	// NewTargetDatabase creates a fresh database of the backend's own kind
+	// that is not the checkpoint database (another file, another
+	// database on the server), for the separate-store effect target
+	// tests, and returns how to reach it. It removes it at t's cleanup if
+	// that is needed. Required.
+	NewTargetDatabase func(t *testing.T) TargetDatabase
 	// SchemaVersion is the newest schema version the backend's migrations
 	// know. Required.
 	SchemaVersion int
@@ -57,6 +63,9 @@ func (h *Harness) validate(t *testing.T) {
 	}
 	if h.Open == nil {
 		missing = append(missing, "Open")
+	}
+	if h.NewTargetDatabase == nil {
+		missing = append(missing, "NewTargetDatabase")
 	}
 	if h.SchemaVersion <= 0 {
 		missing = append(missing, "SchemaVersion")

@@ -203,6 +203,8 @@ func testTargets(t *testing.T, h Harness) {
 			t.Errorf("acct:1 = %+v; want version 1: only the one committed application counts", s["acct:1"])
 		}
 	})
+
+	testSeparateTargets(t, h)
 }
 
 // raceSameStoreTarget is the fence race's same-store effect: a

@@ -26,6 +26,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stepwise-run/stepwise/checkpoint/storetest"
 )
 
 // EnvURL is the environment variable naming the test server and database,
@@ -180,4 +181,64 @@ func redact(s string) string {
 		return u.Redacted()
 	}
 	return "the server"
+}
+
+// TargetDatabase creates a new database (as Database does) for the
+// conformance suite's separate-store effect target tests, and says how to
+// reach and inspect it. Its Missing location names a database the server
+// does not have, with a password in the URL that no error may show.
+func TargetDatabase(t testing.TB) storetest.TargetDatabase {
+	t.Helper()
+	loc := Database(t)
+	u, err := url.Parse(loc)
+	if err != nil {
+		t.Fatalf("pgtest: %s is not a URL: %v", loc, err)
+	}
+	user := "postgres"
+	if u.User != nil {
+		user = u.User.Username()
+	}
+	u.User = url.UserPassword(user, "pgtest-secret-pw")
+	u.Path = "/" + Name(t) + "_missing"
+	return storetest.TargetDatabase{
+		Location: loc,
+		Missing:  u.String(),
+		Exec: func(sql string, args ...any) error {
+			return withConn(loc, func(c *pgx.Conn) error {
+				_, err := c.Exec(context.Background(), sql, args...)
+				return err
+			})
+		},
+		QueryInt: func(sql string, args ...any) (int64, error) {
+			var v int64
+			err := withConn(loc, func(c *pgx.Conn) error {
+				return c.QueryRow(context.Background(), sql, args...).Scan(&v)
+			})
+			return v, err
+		},
+		Tables: func() ([]string, error) {
+			var names []string
+			err := withConn(loc, func(c *pgx.Conn) error {
+				rows, err := c.Query(context.Background(), `SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema()`)
+				if err != nil {
+					return err
+				}
+				names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+				return err
+			})
+			return names, err
+		},
+	}
+}
+
+// withConn calls fn with one connection to dbURL.
+func withConn(dbURL string, fn func(*pgx.Conn) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.Background())
+	return fn(c)
 }
