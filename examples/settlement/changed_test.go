@@ -355,7 +355,7 @@ func TestChangedSourceBetweenAttempts(t *testing.T) {
 	for _, l := range layouts(t) {
 		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
-			if !supported(t, l) {
+			if !supportedByCLI(t, l) {
 				return
 			}
 			for _, cc := range changeCases() {
@@ -442,7 +442,7 @@ func TestAcceptChangedAcceptsOnlyWhatWasShown(t *testing.T) {
 	for _, l := range layouts(t) {
 		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
-			if !supported(t, l) {
+			if !supportedByCLI(t, l) {
 				return
 			}
 			s := newStore(t, l, campaignLedger)

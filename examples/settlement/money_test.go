@@ -61,9 +61,6 @@ func TestBadAmountsArePinnedRejections(t *testing.T) {
 	for _, l := range layouts(t) {
 		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
-			if !supported(t, l) {
-				return
-			}
 			clean := newStore(t, l, smallLedger)
 			bad := newStore(t, l, smallLedger)
 			neg, zero := settlement.TransferID(testDate, 100)+"a", settlement.TransferID(testDate, 400)+"z"
@@ -140,9 +137,6 @@ func TestBalanceOverflowFailsTheRun(t *testing.T) {
 	for _, l := range layouts(t) {
 		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
-			if !supported(t, l) {
-				return
-			}
 			s, id := overflowLedger(t, l)
 			opening := readAccounts(t, s.ledgerLoc())
 			res, err := s.settle(t, testDate, 100, false)
@@ -206,7 +200,7 @@ func TestBalanceOverflowFailsTheRun(t *testing.T) {
 // loudly, naming the exact total, instead of wrapping.
 func TestSummaryOverflowFailsTheRun(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, layout{"same store", sameStore}, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
+	s := newStore(t, sameStoreLayout, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
 	execLedger(t, s.ledgerLoc(),
 		`INSERT INTO transfers VALUES ('T-1', '`+testDate+`', 'A-0000001', 'A-0000002', -9223372036854775807)`,
 		`INSERT INTO transfers VALUES ('T-2', '`+testDate+`', 'A-0000001', 'A-0000002', 100)`,
@@ -226,7 +220,7 @@ func TestSummaryOverflowFailsTheRun(t *testing.T) {
 // the count step says which total it was.
 func TestDayTotalOverflowFailsTheRun(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, layout{"same store", sameStore}, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
+	s := newStore(t, sameStoreLayout, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
 	execLedger(t, s.ledgerLoc(),
 		`INSERT INTO transfers VALUES ('T-1', '`+testDate+`', 'A-0000001', 'A-0000002', 9223372036854775807)`,
 		`INSERT INTO transfers VALUES ('T-2', '`+testDate+`', 'A-0000001', 'A-0000002', 1)`)
@@ -251,7 +245,7 @@ func TestCheckTotalsOverflowLoudly(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			s := newStore(t, layout{"same store", sameStore}, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
+			s := newStore(t, sameStoreLayout, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
 			execLedger(t, s.ledgerLoc(), tc.stmt)
 			db := openLedger(t, s.ledgerLoc())
 			defer db.Close()
@@ -267,7 +261,7 @@ func TestCheckTotalsOverflowLoudly(t *testing.T) {
 // so the command line exits 2 for it.
 func TestBadInputIsErrBadInput(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, layout{"same store", sameStore}, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
+	s := newStore(t, sameStoreLayout, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
 	db := openLedger(t, s.ledgerLoc())
 	defer db.Close()
 	ctx := context.Background()
