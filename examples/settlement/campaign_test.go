@@ -63,7 +63,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
 		os.Exit(cmd.Execute(context.Background(), registry(), crashtest.ChildArgs(), os.Stdout, os.Stderr))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	removeTemplates()
+	os.Exit(code)
 }
 
 // startChild runs the settle job of s in a new process, with env added.
@@ -203,7 +205,7 @@ type campaignLayout struct {
 }
 
 // fresh makes a new store of the layout with the campaign ledger seeded
-// (the seed is reproducible: every case starts from the same ledger).
+// (reproducibly: every case starts from the same ledger).
 func (l *campaignLayout) fresh(t *testing.T) store {
 	t.Helper()
 	return newStore(t, l.layout, campaignLedger)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
@@ -245,12 +246,72 @@ func (s store) ledgerLoc() string {
 }
 
 // newStore makes a fresh store of the selected kind with the ledger
-// where l puts it, and seeds cfg into the ledger.
+// where l puts it, and seeds cfg into the ledger: a PostgreSQL ledger by
+// settlement.Seed, a SQLite file as a copy of one seeded once per test
+// binary (Seed is reproducible; modernc SQLite under -race is slow enough
+// that seeding every case's file costs much of the suite's time).
 func newStore(t testing.TB, l layout, cfg settlement.SeedConfig) store {
 	t.Helper()
 	s := emptyStore(t, l)
-	seed(t, s.ledgerLoc(), cfg)
+	if loc := s.ledgerLoc(); isURL(loc) {
+		seed(t, loc, cfg)
+	} else {
+		copyFile(t, seededFile(t, cfg), loc)
+	}
 	return s
+}
+
+// templates holds the seeded ledger files newStore copies, one per seed
+// configuration, in templateDir (removed by TestMain).
+var (
+	templateMu  sync.Mutex
+	templateDir string
+	templates   = map[settlement.SeedConfig]string{}
+)
+
+// seededFile returns a SQLite ledger file seeded with cfg, made the first
+// time cfg is asked for. Never write to it: copy it.
+func seededFile(t testing.TB, cfg settlement.SeedConfig) string {
+	t.Helper()
+	templateMu.Lock()
+	defer templateMu.Unlock()
+	if path, ok := templates[cfg]; ok {
+		return path
+	}
+	if templateDir == "" {
+		dir, err := os.MkdirTemp("", "settlement-ledgers-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		templateDir = dir
+	}
+	path := filepath.Join(templateDir, fmt.Sprintf("ledger-%d.db", len(templates)))
+	seed(t, path, cfg)
+	if _, err := os.Stat(path + "-wal"); err == nil {
+		t.Fatalf("the seeded ledger %s kept a WAL file; copying it alone would lose rows", path)
+	}
+	templates[cfg] = path
+	return path
+}
+
+// removeTemplates deletes the seeded ledger files.
+func removeTemplates() {
+	templateMu.Lock()
+	defer templateMu.Unlock()
+	if templateDir != "" {
+		os.RemoveAll(templateDir)
+	}
+}
+
+func copyFile(t testing.TB, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // emptyStore makes a fresh store of the selected kind with an empty
