@@ -35,7 +35,8 @@ import (
 //
 // With STEPWISE_TEST_STORE=postgres the checkpoints are in PostgreSQL (a
 // schema per case) and the layouts are the same store, another database
-// and a SQLite file; the random kills are split between them.
+// and a SQLite file (pending in the CLI: see pendingOnPostgres); the
+// random kills are split between the layouts that run.
 
 const (
 	// childEnv makes TestMain act as the stepwise CLI.

@@ -195,6 +195,12 @@ func schemaIn(t testing.TB, dbURL string) string {
 // no balance moved) and FAILS once the layout works, so that whoever makes
 // it work deletes its entry here and the whole campaign runs on it.
 // Nothing is skipped.
+//
+// The SQLite-file ledger waits for one line in cmd/store.go openBackend:
+// open a URL with stores.Open(e.Ctx, g.DB, stores.Settings{...}) instead
+// of postgres.Open. Tried on this branch (not committed): with it and this
+// entry deleted, the campaign, the changed-source cases and
+// STEPWISE_CAMPAIGN=100 pass on all three PostgreSQL layouts.
 var pendingOnPostgres = map[ledgerKind]string{
 	ledgerFile: "cmd opens a PostgreSQL store with postgres.Open, not checkpoint/stores.Open, " +
 		"so it has no opener for SQLite file targets (Config.Targets)",
