@@ -86,7 +86,9 @@ func (e *StepConflictError) Error() string {
 	return fmt.Sprintf("step %s of run %s is already recorded as %s with a different result", e.StepID, e.RunID, e.Status)
 }
 
-// ErrNoDatabase is returned when a database file opened with
-// Config.MustExist does not exist. The message names its absolute path;
-// nothing was created.
+// ErrNoDatabase is returned when a database that must exist does not: a
+// SQLite file opened with Config.MustExist (or as an effect target), or a
+// PostgreSQL database the server does not have. The message names it (a
+// file's absolute path, a server and database; never a password); nothing
+// was created.
 var ErrNoDatabase = errors.New("checkpoint: database file does not exist")

@@ -122,12 +122,15 @@ type Applied struct {
 
 // TargetSpec says which effect target table Store.OpenTarget opens.
 type TargetSpec struct {
-	// Location names the database holding Table, in the store's own terms
-	// (a file path for SQLite). Empty means the store's own database. A
-	// location that is the store's database under another name is the same
-	// store too: stores decide by database identity, never by comparing
-	// names. A separate database must exist (with Table in it); it is
-	// never created, and a missing one is an error wrapping ErrNoDatabase.
+	// Location names the database holding Table: a SQLite file path or a
+	// postgres:// URL. Empty means the store's own database. A location
+	// that is the store's database under another name is the same store
+	// too: stores decide by database identity, never by comparing names
+	// (SQLite: the same file; PostgreSQL: the same cluster, database and
+	// relation). A location of the other backend's kind is opened through
+	// the store's Config.Targets (checkpoint/stores fills it in). A
+	// separate database must exist (with Table in it); it is never
+	// created, and a missing one is an error wrapping ErrNoDatabase.
 	Location string
 	// Table is the table and its key, value and version columns.
 	Table Table

@@ -111,7 +111,7 @@ type dbTarget struct {
 	pool     *pgxpool.Pool
 	rdb      *sql.DB
 	table    checkpoint.Table
-	sql      targetSQL
+	sql      *targetSQL
 	readOnly bool
 	where    string // server and database, as errors name them
 	shown    string // the location's URL without the password
@@ -228,13 +228,13 @@ func (d *dbTarget) run(ctx context.Context, opts pgx.TxOptions, lock bool, op st
 	}
 	defer tx.Rollback(ctx)
 	var failed error
-	g := &pgTarget{q: tx, table: d.table, lock: lock, sql: d.sql, mayLackApplied: d.readOnly,
-		fail: func(err error) error {
-			if failed == nil {
-				failed = err
-			}
-			return err
-		}}
+	g := txTarget(ctx, tx, d.table, d.sql, lock, func(err error) error {
+		if failed == nil {
+			failed = err
+		}
+		return err
+	})
+	g.mayLackApplied = d.readOnly
 	if err := fn(g); err != nil {
 		return d.wrap(op, err)
 	}
@@ -255,21 +255,4 @@ func (d *dbTarget) Close() error {
 	err := d.rdb.Close()
 	d.pool.Close()
 	return err
-}
-
-// isAppliedMaybeMissing is IsApplied on a target that may have no stepwise_applied
-// yet (opened read-only: nothing created it), which then holds nothing.
-func (g *pgTarget) isAppliedMaybeMissing(ctx context.Context, effectID string) (bool, error) {
-	var ok bool
-	rows, err := g.q.Query(ctx, sqlHasApplied)
-	if err == nil {
-		ok, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
-	}
-	if err != nil {
-		return false, g.fail(fmt.Errorf("postgres: look for stepwise_applied: %w", err))
-	}
-	if !ok {
-		return false, nil
-	}
-	return g.isApplied(ctx, effectID)
 }

@@ -31,6 +31,19 @@
 // waits for a write in flight and then fences its runner out), the
 // listings show uses, the outbox and the schedules' fenced leases.
 //
+// Effect targets ([Store.OpenTarget]) are tables of the store's own
+// database (effects commit in the checkpoint's transaction) or of another
+// database named by a postgres:// URL: the same store when the URL
+// reaches the same cluster (pg_control_system()'s system identifier, or
+// the server's address and port when the role may not read it), the same
+// database and the same relation under its search_path, however the URL
+// is spelled; otherwise a separate target with its own pool of two
+// connections, the store's timeouts and application name, and a
+// stepwise_applied table beside the table. Locations that are not URLs
+// (SQLite files) go to [Config.Targets]. Targets and the store offer
+// ReadDB, read-only database/sql connections for job code; [OpenDB] gives
+// tools a *sql.DB.
+//
 // Keys (run, step and item IDs) are stored with COLLATE "C": they compare
 // bytewise, as on SQLite.
 package postgres

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -10,8 +11,8 @@ import (
 
 const (
 	// sqlPutItems records a chunk's items in one statement from arrays,
-	// never overwriting a finished (completed or rejected) item; it
-	// returns the keys it wrote, so a refused one is named.
+	// never overwriting a finished (completed or rejected) item; its row
+	// count says whether one was refused.
 	sqlPutItems = `INSERT INTO items (run_id, step_id, item_key, status, output, error, attempt, chunk, fingerprint)
 SELECT $1, u.step, u.key, u.status, u.output, u.error, $2, u.chunk, u.fingerprint
 FROM unnest($3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::bytea[])
@@ -19,8 +20,15 @@ FROM unnest($3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::tex
 ON CONFLICT (run_id, step_id, item_key) DO UPDATE SET
     status = excluded.status, output = excluded.output, error = excluded.error,
     attempt = excluded.attempt, chunk = excluded.chunk, fingerprint = excluded.fingerprint
-WHERE items.status NOT IN ('completed', 'rejected')
-RETURNING step_id, item_key`
+WHERE items.status NOT IN ('completed', 'rejected')`
+	// sqlRefusedItems names the items of a chunk sqlPutItems refused:
+	// those it did not write in this transaction, whose row version was
+	// made by an earlier one (xmin is not this transaction's ID).
+	sqlRefusedItems = `SELECT i.step_id, i.item_key FROM items AS i
+JOIN unnest($2::text[], $3::text[]) AS u(step, key) ON i.step_id = u.step AND i.item_key = u.key
+WHERE i.run_id = $1 AND i.status IN ('completed', 'rejected')
+  AND i.xmin::text <> (pg_current_xact_id()::text::bigint % 4294967296)::text
+ORDER BY i.step_id, i.item_key LIMIT 1`
 	// sqlAcceptItems replaces recorded items' fingerprints (whatever their
 	// status: nothing else of them moves) and returns the keys it found.
 	sqlAcceptItems = `UPDATE items SET fingerprint = u.fingerprint
@@ -85,39 +93,33 @@ func (t *pgTx) PutItems(items []checkpoint.Item) error {
 	if err != nil {
 		return err
 	}
-	written := make(map[itemID]bool, len(keys))
-	rows, err := br.Query()
-	if err == nil {
-		for rows.Next() {
-			var id itemID
-			if err = rows.Scan(&id.step, &id.key); err != nil {
-				break
-			}
-			written[id] = true
-		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
-	}
+	tag, err := br.Exec()
 	if err := t.fail(br.Close()); err != nil {
 		return err
 	}
 	if err != nil {
 		return t.fail(fmt.Errorf("postgres: record %d items of run %s: %w", len(keys), t.lease.RunID, err))
 	}
-	if len(written) == len(keys) {
+	if tag.RowsAffected() == int64(len(keys)) {
 		return nil
 	}
 	// A finished item is never written twice: refusing here rolls back
-	// the chunk's effects with it, whatever the caller believed.
-	for i := range keys {
-		if !written[itemID{steps[i], keys[i]}] {
-			return t.fail(fmt.Errorf("%w: item %s/%s of run %s is already finished; the chunk is rolled back",
-				checkpoint.ErrItemFinished, steps[i], keys[i], t.lease.RunID))
-		}
+	// the chunk's effects with it, whatever the caller believed. The
+	// refused one is looked up only now, so a chunk that records its
+	// items costs one round trip and returns no keys.
+	var step, key string
+	err = t.conn.QueryRow(t.ctx, sqlRefusedItems, t.lease.RunID, steps, keys).Scan(&step, &key)
+	switch {
+	case err == nil:
+		return t.fail(fmt.Errorf("%w: item %s/%s of run %s is already finished; the chunk is rolled back",
+			checkpoint.ErrItemFinished, step, key, t.lease.RunID))
+	case errors.Is(err, pgx.ErrNoRows):
+		// Finished earlier in this very transaction.
+		return t.fail(fmt.Errorf("%w: %d of the %d items given for run %s are already finished; the chunk is rolled back",
+			checkpoint.ErrItemFinished, int64(len(keys))-tag.RowsAffected(), len(keys), t.lease.RunID))
+	default:
+		return t.fail(fmt.Errorf("postgres: name the finished items of run %s: %w", t.lease.RunID, err))
 	}
-	return nil
 }
 
 // AcceptItemChanges implements checkpoint.Tx.

@@ -214,6 +214,19 @@ func TestItemsChunkPlansAndCounts(t *testing.T) {
 	if got := read(checkpoint.ItemQuery{Keys: []string{"T-5"}}); len(got) != 0 {
 		t.Fatalf("a refused chunk left %+v", got)
 	}
+	// Finished earlier in the same transaction: refused too.
+	err = st.InTx(ctx, c.Lease, func(tx checkpoint.Tx) error {
+		if err := tx.PutItems([]checkpoint.Item{{Step: "post", Key: "T-6", Status: checkpoint.StepCompleted}}); err != nil {
+			return err
+		}
+		return tx.PutItems([]checkpoint.Item{{Step: "post", Key: "T-6", Status: checkpoint.StepFailed}})
+	})
+	if !errors.Is(err, checkpoint.ErrItemFinished) {
+		t.Fatalf("rewriting an item finished in the same transaction: %v; want ErrItemFinished", err)
+	}
+	if got := read(checkpoint.ItemQuery{Keys: []string{"T-6"}}); len(got) != 0 {
+		t.Fatalf("a refused chunk left %+v", got)
+	}
 
 	// Accepting changed items replaces fingerprints only, with an audit row.
 	err = st.InTx(ctx, c.Lease, func(tx checkpoint.Tx) error {

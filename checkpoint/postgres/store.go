@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -115,7 +116,8 @@ type Store struct {
 	pool  *pgxpool.Pool
 	rdb   *sql.DB // read-only database/sql connections, for job code (ReadDB)
 	cfg   Config
-	where string // "server HOST:PORT, database NAME": what errors name
+	where string   // "server HOST:PORT, database NAME": what errors name
+	tsql  sync.Map // checkpoint.Table → *targetSQL, built once per table
 }
 
 // Store is a complete backend: the command line can use it as it uses

@@ -14,27 +14,40 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
-// querier is what a target view runs its statements on: the checkpoint
-// transaction's connection, or a read-only transaction of the pool.
+// querier is what a check at open runs its statements on: a pool or a
+// connection.
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// pgTarget is the set-based view of one target table: one statement per
-// call, whatever the number of keys. In a write transaction its reads lock
-// the rows they read (FOR UPDATE, in key order, so two writers touching
-// the same keys wait for each other instead of deadlocking).
+// pgTarget is the set-based view of one target table: one round trip per
+// call, whatever the number of keys (the statements of a call go in one
+// batch, and in the checkpoint's transaction BEGIN and the fence lock go
+// ahead of the first). In a write transaction its reads lock the rows
+// they read (FOR UPDATE, in key order, so two writers touching the same
+// keys wait for each other instead of deadlocking).
 type pgTarget struct {
-	q     querier
 	table checkpoint.Table
 	lock  bool
+	// batch starts a batch and send sends it: through the checkpoint
+	// transaction (pgTx.batch, pgTx.send) or a transaction of the
+	// target's own (pgx.Tx.SendBatch).
+	batch func() *pgx.Batch
+	send  func(*pgx.Batch) (pgx.BatchResults, error)
 	// fail records a failed statement: it aborts a PostgreSQL transaction.
 	fail func(error) error
-	sql  targetSQL
+	sql  *targetSQL
 	// mayLackApplied: the database may have no stepwise_applied (a
 	// separate target opened read-only created none).
 	mayLackApplied bool
+}
+
+// txTarget is a pgTarget running in tx, a transaction of the target's own.
+func txTarget(ctx context.Context, tx pgx.Tx, table checkpoint.Table, sq *targetSQL, lock bool, fail func(error) error) *pgTarget {
+	return &pgTarget{table: table, lock: lock, sql: sq, fail: fail,
+		batch: func() *pgx.Batch { return &pgx.Batch{} },
+		send:  func(b *pgx.Batch) (pgx.BatchResults, error) { return tx.SendBatch(ctx, b), nil },
+	}
 }
 
 // targetSQL holds a table's statements, built once from its validated
@@ -43,13 +56,13 @@ type targetSQL struct {
 	read, readLocked, versions, update, insert string
 }
 
-func newTargetSQL(t checkpoint.Table) targetSQL {
+func newTargetSQL(t checkpoint.Table) *targetSQL {
 	name := pgx.Identifier{t.Name}.Sanitize()
 	key := pgx.Identifier{t.Key}.Sanitize()
 	val := pgx.Identifier{t.Value}.Sanitize()
 	ver := pgx.Identifier{t.Version}.Sanitize()
 	read := `SELECT ` + key + `, ` + val + `, ` + ver + ` FROM ` + name + ` WHERE ` + key + ` = ANY($1) ORDER BY ` + key
-	return targetSQL{
+	return &targetSQL{
 		read:       read,
 		readLocked: read + ` FOR UPDATE`,
 		versions:   `SELECT ` + key + `, ` + ver + ` FROM ` + name + ` WHERE ` + key + ` = ANY($1)`,
@@ -64,6 +77,15 @@ RETURNING ` + key,
 	}
 }
 
+// targetSQL returns t's statements, built once per store.
+func (s *Store) targetSQL(t checkpoint.Table) *targetSQL {
+	if sq, ok := s.tsql.Load(t); ok {
+		return sq.(*targetSQL)
+	}
+	sq, _ := s.tsql.LoadOrStore(t, newTargetSQL(t))
+	return sq.(*targetSQL)
+}
+
 const (
 	// sqlLockKeys takes a transaction-scoped advisory lock per key of a
 	// table that creates missing keys, in key order: FOR UPDATE locks only
@@ -76,46 +98,77 @@ const (
 )
 
 // Target implements checkpoint.Tx: the table, in the checkpoint database,
-// written in this transaction.
+// written in this transaction. The transaction opens (and the fence is
+// checked) with the view's first statement, in its round trip: a fenced
+// attempt's reads and writes roll back with the transaction.
 func (t *pgTx) Target(table checkpoint.Table) (checkpoint.Target, error) {
 	if err := table.Validate(); err != nil {
 		return nil, err
 	}
-	if err := t.open(); err != nil {
-		return nil, err
+	if t.failed != nil {
+		return nil, t.failed
 	}
-	return &pgTarget{q: t.conn, table: table, lock: true, fail: t.fail, sql: newTargetSQL(table)}, nil
+	return &pgTarget{table: table, lock: true, batch: t.batch, send: t.send, fail: t.fail, sql: t.s.targetSQL(table)}, nil
 }
 
-// Read implements checkpoint.Target.
+// finish closes br and returns the first of err and br's error, recorded
+// as the transaction's failure.
+func (g *pgTarget) finish(br pgx.BatchResults, err error) error {
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return g.fail(err)
+	}
+	return nil
+}
+
+// Read implements checkpoint.Target: one round trip (the key locks and
+// the read in one batch).
 func (g *pgTarget) Read(ctx context.Context, keys []string) (map[string]checkpoint.State, error) {
 	keys = sortedUnique(keys)
+	b := g.batch()
 	q := g.sql.read
+	lockKeys := false
 	if g.lock {
 		q = g.sql.readLocked
 		if g.table.CreateMissing {
-			if _, err := g.q.Exec(ctx, sqlLockKeys, g.table.Name, keys); err != nil {
-				return nil, g.fail(fmt.Errorf("postgres: lock the keys of %s: %w", g.table.Name, err))
-			}
+			b.Queue(sqlLockKeys, g.table.Name, keys)
+			lockKeys = true
 		}
 	}
-	rows, err := g.q.Query(ctx, q, keys)
+	b.Queue(q, keys)
+	br, err := g.send(b)
 	if err != nil {
 		return nil, g.fail(fmt.Errorf("postgres: read %s: %w", g.table.Name, err))
 	}
-	out := make(map[string]checkpoint.State, len(keys))
-	for rows.Next() {
-		var k string
-		var s checkpoint.State
-		if err := rows.Scan(&k, &s.Value, &s.Version); err != nil {
-			rows.Close()
-			return nil, g.fail(fmt.Errorf("postgres: read %s: %w", g.table.Name, err))
+	if lockKeys {
+		if _, err := br.Exec(); err != nil {
+			return nil, g.finish(br, fmt.Errorf("postgres: lock the keys of %s: %w", g.table.Name, err))
 		}
-		s.Exists = true
-		out[k] = s
 	}
-	if err := rows.Err(); err != nil {
-		return nil, g.fail(fmt.Errorf("postgres: read %s: %w", g.table.Name, err))
+	out := make(map[string]checkpoint.State, len(keys))
+	rows, err := br.Query()
+	if err == nil {
+		for rows.Next() {
+			var k string
+			var s checkpoint.State
+			if err = rows.Scan(&k, &s.Value, &s.Version); err != nil {
+				break
+			}
+			s.Exists = true
+			out[k] = s
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("postgres: read %s: %w", g.table.Name, err)
+	}
+	if err := g.finish(br, err); err != nil {
+		return nil, err
 	}
 	for _, k := range keys {
 		if _, ok := out[k]; ok {
@@ -130,8 +183,8 @@ func (g *pgTarget) Read(ctx context.Context, keys []string) (map[string]checkpoi
 }
 
 // Write implements checkpoint.Target: one UPDATE for every existing key
-// and one INSERT for the new ones, each returning the keys it wrote, so a
-// key it missed (another writer moved it) is named.
+// and one INSERT for the new ones, in one round trip, each returning the
+// keys it wrote, so a key it missed (another writer moved it) is named.
 func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 	// In key order, so two writers of the same keys take their row locks
 	// in one order and wait for each other instead of deadlocking.
@@ -151,59 +204,81 @@ func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 		}
 		uk, unv, uov = append(uk, w.Key), append(unv, w.NewValue), append(uov, w.OldVersion)
 	}
+	if len(ws) == 0 {
+		return nil
+	}
+	b := g.batch()
+	queued := 0
+	if len(uk) > 0 {
+		b.Queue(g.sql.update, uk, unv, uov)
+		queued++
+	}
+	if len(ik) > 0 {
+		b.Queue(g.sql.insert, ik, inv)
+		queued++
+	}
+	br, err := g.send(b)
+	if err != nil {
+		return g.fail(fmt.Errorf("postgres: write %s: %w", g.table.Name, err))
+	}
 	written := make(map[string]bool, len(ws))
-	for _, st := range []struct {
-		q    string
-		args []any
-		n    int
-	}{{g.sql.update, []any{uk, unv, uov}, len(uk)}, {g.sql.insert, []any{ik, inv}, len(ik)}} {
-		if st.n == 0 {
-			continue
+	for range queued {
+		var keys []string
+		rows, qerr := br.Query()
+		if qerr == nil {
+			keys, qerr = pgx.CollectRows(rows, pgx.RowTo[string])
 		}
-		rows, err := g.q.Query(ctx, st.q, st.args...)
-		if err != nil {
-			return g.fail(fmt.Errorf("postgres: write %s: %w", g.table.Name, err))
-		}
-		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return g.fail(fmt.Errorf("postgres: write %s: %w", g.table.Name, err))
+		if qerr != nil {
+			err = fmt.Errorf("postgres: write %s: %w", g.table.Name, qerr)
+			break
 		}
 		for _, k := range keys {
 			written[k] = true
 		}
 	}
+	if err := g.finish(br, err); err != nil {
+		return err
+	}
 	if len(written) == len(ws) {
 		return nil
 	}
 	// What matched is written in this transaction: it must not commit.
-	return g.fail(g.conflict(ctx, ws, written))
+	return g.fail(g.conflict(ws, written))
 }
 
 // conflict names the first write, in the plan's order, that found its key
 // moved: another writer changed (or created, or deleted) it first.
-func (g *pgTarget) conflict(ctx context.Context, ws []checkpoint.Write, written map[string]bool) error {
+func (g *pgTarget) conflict(ws []checkpoint.Write, written map[string]bool) error {
 	var missed []string
 	for _, w := range ws {
 		if !written[w.Key] {
 			missed = append(missed, w.Key)
 		}
 	}
-	rows, err := g.q.Query(ctx, g.sql.versions, missed)
+	b := g.batch()
+	b.Queue(g.sql.versions, missed)
+	br, err := g.send(b)
 	if err != nil {
-		return g.fail(fmt.Errorf("postgres: read versions of %s after a missed compare-and-set: %w", g.table.Name, err))
+		return err
 	}
 	found := map[string]int64{}
-	for rows.Next() {
-		var k string
-		var v int64
-		if err := rows.Scan(&k, &v); err != nil {
-			rows.Close()
-			return g.fail(err)
+	rows, err := br.Query()
+	if err == nil {
+		for rows.Next() {
+			var k string
+			var v int64
+			if err = rows.Scan(&k, &v); err != nil {
+				break
+			}
+			found[k] = v
 		}
-		found[k] = v
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
 	}
-	if err := rows.Err(); err != nil {
-		return g.fail(err)
+	if err := g.finish(br, err); err != nil {
+		return fmt.Errorf("postgres: read versions of %s after a missed compare-and-set: %w", g.table.Name, err)
 	}
 	for _, w := range ws {
 		if written[w.Key] {
@@ -220,29 +295,47 @@ func (g *pgTarget) conflict(ctx context.Context, ws []checkpoint.Write, written 
 
 // IsApplied implements checkpoint.Target.
 func (g *pgTarget) IsApplied(ctx context.Context, effectID string) (bool, error) {
+	b := g.batch()
 	if g.mayLackApplied {
-		return g.isAppliedMaybeMissing(ctx, effectID)
+		// A read-only separate target created no stepwise_applied: a
+		// missing one holds nothing. The lookup cannot name a table that
+		// may not exist, so it waits for the answer.
+		b.Queue(sqlHasApplied)
+		ok, err := g.bool(b, "look for stepwise_applied")
+		if err != nil || !ok {
+			return false, err
+		}
+		b = g.batch()
 	}
-	return g.isApplied(ctx, effectID)
+	b.Queue(sqlIsApplied, effectID)
+	return g.bool(b, "look up applied effect "+effectID)
 }
 
-// isApplied looks effectID up in stepwise_applied.
-func (g *pgTarget) isApplied(ctx context.Context, effectID string) (bool, error) {
-	rows, err := g.q.Query(ctx, sqlIsApplied, effectID)
+// bool sends b, whose one query returns one boolean.
+func (g *pgTarget) bool(b *pgx.Batch, op string) (bool, error) {
+	br, err := g.send(b)
 	if err != nil {
-		return false, g.fail(fmt.Errorf("postgres: look up applied effect %s: %w", effectID, err))
+		return false, g.fail(fmt.Errorf("postgres: %s: %w", op, err))
 	}
-	ok, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	var ok bool
+	err = br.QueryRow().Scan(&ok)
 	if err != nil {
-		return false, g.fail(fmt.Errorf("postgres: look up applied effect %s: %w", effectID, err))
+		err = fmt.Errorf("postgres: %s: %w", op, err)
 	}
-	return ok, nil
+	return ok, g.finish(br, err)
 }
 
 // MarkApplied implements checkpoint.Target. An effect ID marked twice is
 // an error (a unique key): a plan applies once.
 func (g *pgTarget) MarkApplied(ctx context.Context, a checkpoint.Applied) error {
-	if _, err := g.q.Exec(ctx, sqlMarkApplied, a.EffectID, a.RunID, a.StepID, a.At); err != nil {
+	b := g.batch()
+	b.Queue(sqlMarkApplied, a.EffectID, a.RunID, a.StepID, a.At)
+	br, err := g.send(b)
+	if err == nil {
+		_, err = br.Exec()
+		err = g.finish(br, err)
+	}
+	if err != nil {
 		return g.fail(fmt.Errorf("postgres: record applied effect %s: %w", a.EffectID, err))
 	}
 	return nil
@@ -350,7 +443,7 @@ func (e *effectTarget) View(ctx context.Context, fn func(checkpoint.Target) erro
 		return e.s.wrap("read "+e.table.Name, err)
 	}
 	defer tx.Rollback(ctx)
-	g := &pgTarget{q: tx, table: e.table, fail: func(err error) error { return err }, sql: newTargetSQL(e.table)}
+	g := txTarget(ctx, tx, e.table, e.s.targetSQL(e.table), false, func(err error) error { return err })
 	if err := fn(g); err != nil {
 		return err
 	}

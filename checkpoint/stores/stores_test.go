@@ -138,7 +138,7 @@ func roundTrip(t *testing.T, et checkpoint.EffectTarget) {
 }
 
 func TestPostgresStoreWithSQLiteFileTarget(t *testing.T) {
-	st := open(t, pgtest.Schema(t), stores.Settings{CallerClock: true, Synchronous: sqlite.SyncNormal})
+	st := open(t, pgtest.Schema(t), stores.Settings{CallerClock: true, Synchronous: sqlite.SyncNormal, BusyTimeout: 1234 * time.Millisecond})
 	path := sqliteLedger(t)
 	et, err := st.OpenTarget(context.Background(), checkpoint.TargetSpec{Location: path, Table: ledger})
 	if err != nil {
@@ -146,6 +146,18 @@ func TestPostgresStoreWithSQLiteFileTarget(t *testing.T) {
 	}
 	defer et.Close()
 	roundTrip(t, et)
+	// The file is opened with the settings' SQLite durability and lock wait.
+	var busy, sync int
+	db := readDB(t, et)
+	if err := db.QueryRow(`PRAGMA busy_timeout`).Scan(&busy); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow(`PRAGMA synchronous`).Scan(&sync); err != nil {
+		t.Fatal(err)
+	}
+	if busy != 1234 || sync != 1 {
+		t.Errorf("the SQLite target runs with busy_timeout %d, synchronous %d; want 1234 and 1 (NORMAL)", busy, sync)
+	}
 
 	_, err = st.OpenTarget(context.Background(), checkpoint.TargetSpec{Location: filepath.Join(t.TempDir(), "nope.db"), Table: ledger})
 	if !errors.Is(err, checkpoint.ErrNoDatabase) {
@@ -154,7 +166,8 @@ func TestPostgresStoreWithSQLiteFileTarget(t *testing.T) {
 }
 
 func TestSQLiteStoreWithPostgresDatabaseTarget(t *testing.T) {
-	st := open(t, filepath.Join(t.TempDir(), "stepwise.db"), stores.Settings{Synchronous: sqlite.SyncNormal})
+	st := open(t, filepath.Join(t.TempDir(), "stepwise.db"), stores.Settings{Synchronous: sqlite.SyncNormal,
+		StatementTimeout: 2500 * time.Millisecond, ApplicationName: "sqlite-store"})
 	loc := pgLedger(t)
 	et, err := st.OpenTarget(context.Background(), checkpoint.TargetSpec{Location: loc, Table: ledger})
 	if err != nil {
@@ -162,6 +175,7 @@ func TestSQLiteStoreWithPostgresDatabaseTarget(t *testing.T) {
 	}
 	defer et.Close()
 	roundTrip(t, et)
+	sessionSettings(t, readDB(t, et), "2500ms", "sqlite-store")
 
 	u, _ := url.Parse(loc)
 	u.User = url.UserPassword("postgres", "s3cret-pw")
@@ -222,7 +236,7 @@ func TestPostgresOwnDatabaseUnderAnotherSpellingIsTheSameStore(t *testing.T) {
 
 func TestPostgresSameNamedTableInAnotherSchemaIsSeparate(t *testing.T) {
 	loc := pgtest.Schema(t)
-	st := open(t, loc, stores.Settings{CallerClock: true})
+	st := open(t, loc, stores.Settings{CallerClock: true, StatementTimeout: 4321 * time.Millisecond, ApplicationName: "store-app"})
 	// Another schema of the same database with its own stepwise_state.
 	other := pgtest.Schema(t)
 	pgtest.Exec(t, other, `CREATE TABLE stepwise_state (key text COLLATE "C" PRIMARY KEY, value bigint NOT NULL, version bigint NOT NULL)`)
@@ -254,6 +268,21 @@ func TestPostgresSameNamedTableInAnotherSchemaIsSeparate(t *testing.T) {
 	}
 	if inOther != 1 || inStore != 0 {
 		t.Errorf("rows of key k: %d in the other schema, %d in the store's; want 1 and 0", inOther, inStore)
+	}
+	sessionSettings(t, readDB(t, et), "4321ms", "store-app")
+}
+
+// sessionSettings checks db's sessions run with the store's statement
+// timeout and application name: a separate target is opened with the
+// store's settings.
+func sessionSettings(t *testing.T, db *sql.DB, timeout, app string) {
+	t.Helper()
+	var gotTimeout, gotApp string
+	if err := db.QueryRow(`SELECT current_setting('statement_timeout'), current_setting('application_name')`).Scan(&gotTimeout, &gotApp); err != nil {
+		t.Fatal(err)
+	}
+	if gotTimeout != timeout || gotApp != app {
+		t.Errorf("the target's sessions run with statement_timeout %s, application_name %s; want the store's %s, %s", gotTimeout, gotApp, timeout, app)
 	}
 }
 

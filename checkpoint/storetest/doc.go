@@ -12,17 +12,21 @@
 //
 // The common case is one test in the backend's package that gives the suite
 // a [Harness]: how to make a fresh, isolated database and how to open a
-// handle on it. Several handles on one database stand for several hosts.
+// handle on it, and how to make another database of the same kind for
+// separate-store effect targets ([TargetDatabase]: its location, and
+// plain SQL on it to create the target table and read it back). Several
+// handles on one database stand for several hosts.
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, storetest.Harness{
 //			NewDatabase: func(t *testing.T) string {
 //				return filepath.Join(t.TempDir(), "stepwise.db")
 //			},
+//			NewTargetDatabase: newLedgerFile, // returns a storetest.TargetDatabase
 //			Open: func(ctx context.Context, db string) (checkpoint.Store, error) {
-//				return checkpoint.Open(ctx, checkpoint.Config{Path: db})
+//				return sqlite.Open(ctx, sqlite.Config{Path: db})
 //			},
-//			SchemaVersion: checkpoint.SchemaVersion(),
+//			SchemaVersion: sqlite.SchemaVersion(),
 //		})
 //	}
 //

@@ -1,0 +1,103 @@
+package postgres
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
+)
+
+// roundTrips counts what a connection sends: each Query, QueryRow or
+// Exec and each batch is one round trip.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// A same-store chunk (read and lock its keys, compare-and-set them, record
+// its items, commit) costs four round trips, whatever its size: BEGIN,
+// the fence lock, the key locks and the read go in one batch, the UPDATE
+// and the INSERT in one, the items in one, then COMMIT.
+func TestSameStoreChunkRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	cfg := Config{URL: pgtest.Schema(t), CallerClock: true, MaxConns: 1}
+	pc, err := cfg.poolConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := &roundTrips{}
+	pc.ConnConfig.Tracer = rt
+	s := &Store{cfg: cfg, where: describe(pc), rdb: openReader(pc)}
+	if s.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
+	c, err := s.Claim(ctx, checkpoint.ClaimRequest{RunID: "rt/1", Job: "rt", RunKey: "1", Params: []byte(`{}`), ParamsHash: "h",
+		Owner: "test:1", Now: now, LeaseFor: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := func(n, size int) int64 {
+		t.Helper()
+		before := rt.n.Load()
+		err := s.InTx(ctx, c.Lease, func(tx checkpoint.Tx) error {
+			v, err := tx.Target(checkpoint.StateTable)
+			if err != nil {
+				return err
+			}
+			keys := make([]string, size)
+			for i := range keys {
+				keys[i] = "acct:" + strconv.Itoa(i)
+			}
+			cur, err := v.Read(ctx, keys)
+			if err != nil {
+				return err
+			}
+			var ws []checkpoint.Write
+			var items []checkpoint.Item
+			for i, k := range keys {
+				st := cur[k]
+				// Half the keys exist after the first chunk, half are new each time.
+				if i%2 == 1 {
+					k = k + "/" + strconv.Itoa(n)
+					st = checkpoint.State{}
+				}
+				ws = append(ws, checkpoint.Write{Key: k, OldVersion: st.Version, NewValue: st.Value + 1, Insert: !st.Exists})
+				items = append(items, checkpoint.Item{Step: "post", Key: k + "#" + strconv.Itoa(n), Status: checkpoint.StepCompleted, Output: []byte(`{}`), Chunk: strconv.Itoa(n)})
+			}
+			if err := v.Write(ctx, ws); err != nil {
+				return err
+			}
+			return tx.PutItems(items)
+		})
+		if err != nil {
+			t.Fatalf("chunk %d: %v", n, err)
+		}
+		return rt.n.Load() - before
+	}
+	chunk(0, 10) // the first chunk inserts the even keys
+	for n, size := range []int{10, 100, 1000} {
+		if got := chunk(n+1, size); got != 4 {
+			t.Errorf("a chunk of %d keys took %d round trips; want 4", size, got)
+		}
+	}
+}
