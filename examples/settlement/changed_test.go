@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -70,7 +69,7 @@ func (c *changeRun) settle(t *testing.T) (int, string) {
 
 func (c *changeRun) exec(t *testing.T, query string, args ...any) {
 	t.Helper()
-	db := openLedger(t, c.s.ledgerPath())
+	db := openLedger(t, c.s.ledgerLoc())
 	defer db.Close()
 	res, err := db.Exec(query, args...)
 	if err != nil {
@@ -84,7 +83,7 @@ func (c *changeRun) exec(t *testing.T, query string, args ...any) {
 // add inserts a transfer into the day (and into what the test knows).
 func (c *changeRun) add(t *testing.T, tr settlement.Transfer) string {
 	t.Helper()
-	c.exec(t, `INSERT INTO transfers (id, business_date, from_account, to_account, amount) VALUES (?, ?, ?, ?, ?)`,
+	c.exec(t, `INSERT INTO transfers (id, business_date, from_account, to_account, amount) VALUES ($1, $2, $3, $4, $5)`,
 		tr.ID, testDate, tr.From, tr.To, tr.Amount)
 	c.transfers[tr.ID] = tr
 	return tr.ID
@@ -121,7 +120,7 @@ func readTransfers(t *testing.T, path string) map[string]settlement.Transfer {
 	t.Helper()
 	db := openLedger(t, path)
 	defer db.Close()
-	rows, err := db.Query(`SELECT id, from_account, to_account, amount FROM transfers WHERE business_date = ?`, testDate)
+	rows, err := db.Query(`SELECT id, from_account, to_account, amount FROM transfers WHERE business_date = $1`, testDate)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,8 +145,8 @@ func (c *changeRun) postedOnce(t *testing.T) []string {
 	t.Helper()
 	ctx := context.Background()
 	want := map[string]int64{}
-	db := openLedger(t, c.s.ledgerPath())
-	rows, err := db.Query(`SELECT account_id, balance FROM opening_balances WHERE business_date = ?`, testDate)
+	db := openLedger(t, c.s.ledgerLoc())
+	rows, err := db.Query(`SELECT account_id, balance FROM opening_balances WHERE business_date = $1`, testDate)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,10 +160,7 @@ func (c *changeRun) postedOnce(t *testing.T) []string {
 	}
 	rows.Close()
 	db.Close()
-	st, err := sqlite.Open(ctx, sqlite.Config{Path: c.s.db})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := c.s.open(t)
 	defer st.Close()
 	err = st.Items(ctx, checkpoint.ItemQuery{RunID: c.runID, Step: "post", Status: checkpoint.StepCompleted}, func(it checkpoint.Item) error {
 		var amount int64
@@ -183,7 +179,7 @@ func (c *changeRun) postedOnce(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	var wrong []string
-	for id, bv := range readAccounts(t, c.s.ledgerPath()) {
+	for id, bv := range readAccounts(t, c.s.ledgerLoc()) {
 		if bv[0] != want[id] {
 			wrong = append(wrong, fmt.Sprintf("%s: balance %d, posted transfers make it %d", id, bv[0], want[id]))
 		}
@@ -194,10 +190,7 @@ func (c *changeRun) postedOnce(t *testing.T) []string {
 
 func (c *changeRun) audits(t *testing.T) []string {
 	t.Helper()
-	st, err := sqlite.Open(context.Background(), sqlite.Config{Path: c.s.db})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := c.s.open(t)
 	defer st.Close()
 	as, err := st.Audits(context.Background(), c.runID)
 	if err != nil {
@@ -235,9 +228,11 @@ func changeCases() []changeCase {
 	}
 	restore := func(t *testing.T, c *changeRun, id string) {
 		tr := c.transfers[id]
-		db := openLedger(t, c.s.ledgerPath())
+		db := openLedger(t, c.s.ledgerLoc())
 		defer db.Close()
-		if _, err := db.Exec(`INSERT OR REPLACE INTO transfers (id, business_date, from_account, to_account, amount) VALUES (?, ?, ?, ?, ?)`,
+		if _, err := db.Exec(`INSERT INTO transfers (id, business_date, from_account, to_account, amount) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (id) DO UPDATE SET business_date = excluded.business_date, from_account = excluded.from_account,
+to_account = excluded.to_account, amount = excluded.amount`,
 			tr.ID, testDate, tr.From, tr.To, tr.Amount); err != nil {
 			t.Fatal(err)
 		}
@@ -260,7 +255,7 @@ func changeCases() []changeCase {
 		crash: midPost,
 		change: func(t *testing.T, c *changeRun) string {
 			deleted = c.posted(t, 42)
-			c.exec(t, `DELETE FROM transfers WHERE id = ?`, deleted)
+			c.exec(t, `DELETE FROM transfers WHERE id = $1`, deleted)
 			return deleted
 		},
 		refused: "the source no longer yields it",
@@ -270,7 +265,7 @@ func changeCases() []changeCase {
 		crash: midPost,
 		change: func(t *testing.T, c *changeRun) string {
 			altered = c.posted(t, 77)
-			c.exec(t, `UPDATE transfers SET amount = amount + 100 WHERE id = ?`, altered)
+			c.exec(t, `UPDATE transfers SET amount = amount + 100 WHERE id = $1`, altered)
 			return altered
 		},
 		refused: "changed since it was processed",
@@ -280,7 +275,7 @@ func changeCases() []changeCase {
 		crash: midPost,
 		change: func(t *testing.T, c *changeRun) string {
 			id := settlement.TransferID(testDate, 250)
-			c.exec(t, `UPDATE transfers SET amount = 1 WHERE id = ?`, id)
+			c.exec(t, `UPDATE transfers SET amount = 1 WHERE id = $1`, id)
 			return id
 		},
 	}, {
@@ -299,7 +294,7 @@ func changeCases() []changeCase {
 		crash: "step:post#" + strconv.Itoa(lastChunk) + ":after-commit",
 		change: func(t *testing.T, c *changeRun) string {
 			deletedLast = c.posted(t, 142)
-			c.exec(t, `DELETE FROM transfers WHERE id = ?`, deletedLast)
+			c.exec(t, `DELETE FROM transfers WHERE id = $1`, deletedLast)
 			return deletedLast
 		},
 		refused: "the source no longer yields it",
@@ -309,7 +304,7 @@ func changeCases() []changeCase {
 		crash: "step:post#" + strconv.Itoa(lastChunk) + ":after-commit",
 		change: func(t *testing.T, c *changeRun) string {
 			deletedLastOne = c.lastPosted(t)
-			c.exec(t, `DELETE FROM transfers WHERE id = ?`, deletedLastOne)
+			c.exec(t, `DELETE FROM transfers WHERE id = $1`, deletedLastOne)
 			return deletedLastOne
 		},
 		refused: "the source no longer yields it",
@@ -319,7 +314,7 @@ func changeCases() []changeCase {
 		crash: "step:post#" + strconv.Itoa(lastChunk) + ":after-commit",
 		change: func(t *testing.T, c *changeRun) string {
 			alteredLast = c.posted(t, 142)
-			c.exec(t, `UPDATE transfers SET amount = amount + 1 WHERE id = ?`, alteredLast)
+			c.exec(t, `UPDATE transfers SET amount = amount + 1 WHERE id = $1`, alteredLast)
 			return alteredLast
 		},
 		refused: "changed since it was processed",
@@ -329,7 +324,7 @@ func changeCases() []changeCase {
 		crash: "step:post#" + strconv.Itoa(lastChunk) + ":after-commit",
 		change: func(t *testing.T, c *changeRun) string {
 			alteredLastOne = c.lastPosted(t)
-			c.exec(t, `UPDATE transfers SET amount = amount + 1 WHERE id = ?`, alteredLastOne)
+			c.exec(t, `UPDATE transfers SET amount = amount + 1 WHERE id = $1`, alteredLastOne)
 			return alteredLastOne
 		},
 		refused: "changed since it was processed",
@@ -357,15 +352,17 @@ func changeCases() []changeCase {
 
 func TestChangedSourceBetweenAttempts(t *testing.T) {
 	t.Parallel()
-	for _, separate := range []bool{false, true} {
-		layout := map[bool]string{false: "same store", true: "separate store"}[separate]
-		t.Run(layout, func(t *testing.T) {
+	for _, l := range layouts(t) {
+		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
+			if !supportedByCLI(t, l) {
+				return
+			}
 			for _, cc := range changeCases() {
 				t.Run(cc.name, func(t *testing.T) {
 					t.Parallel()
-					s := newStore(t, separate, campaignLedger)
-					c := &changeRun{s: s, runID: jobs.RunID(settlement.Job.Name(), testDate), transfers: readTransfers(t, s.ledgerPath())}
+					s := newStore(t, l, campaignLedger)
+					c := &changeRun{s: s, runID: jobs.RunID(settlement.Job.Name(), testDate), transfers: readTransfers(t, s.ledgerLoc())}
 					crashAt(t, s, cc.crash)
 					id := cc.change(t, c)
 
@@ -402,7 +399,7 @@ func TestChangedSourceBetweenAttempts(t *testing.T) {
 						t.Fatalf("balances disagree with the transfers posted:\n%s", strings.Join(wrong, "\n"))
 					}
 					items := c.s.items(t, testDate)
-					now := readTransfers(t, s.ledgerPath())
+					now := readTransfers(t, s.ledgerLoc())
 					var posted, postedAmount int64
 					for tid, tr := range now {
 						switch st := items[tid]; st {
@@ -442,16 +439,19 @@ func TestChangedSourceBetweenAttempts(t *testing.T) {
 // acceptance takes it. The audit log names each item under its acceptance.
 func TestAcceptChangedAcceptsOnlyWhatWasShown(t *testing.T) {
 	t.Parallel()
-	for _, separate := range []bool{false, true} {
-		t.Run(map[bool]string{false: "same store", true: "separate store"}[separate], func(t *testing.T) {
+	for _, l := range layouts(t) {
+		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
-			s := newStore(t, separate, campaignLedger)
-			c := &changeRun{s: s, runID: jobs.RunID(settlement.Job.Name(), testDate), transfers: readTransfers(t, s.ledgerPath())}
+			if !supportedByCLI(t, l) {
+				return
+			}
+			s := newStore(t, l, campaignLedger)
+			c := &changeRun{s: s, runID: jobs.RunID(settlement.Job.Name(), testDate), transfers: readTransfers(t, s.ledgerLoc())}
 			crashAt(t, s, midPost)
 			first, second, gone := c.posted(t, 5), c.posted(t, 30), c.posted(t, 60) // chunks #0, #0 and #1
-			c.exec(t, `UPDATE transfers SET amount = amount + 1 WHERE id = ?`, first)
-			c.exec(t, `UPDATE transfers SET amount = amount + 1 WHERE id = ?`, second)
-			c.exec(t, `DELETE FROM transfers WHERE id = ?`, gone)
+			c.exec(t, `UPDATE transfers SET amount = amount + 1 WHERE id = $1`, first)
+			c.exec(t, `UPDATE transfers SET amount = amount + 1 WHERE id = $1`, second)
+			c.exec(t, `DELETE FROM transfers WHERE id = $1`, gone)
 
 			code, out := c.settle(t)
 			if code != cmd.ExitOperator || !strings.Contains(out, first) || !strings.Contains(out, second) || strings.Contains(out, gone) {

@@ -8,13 +8,12 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
-// execLedger runs statements on the ledger file at path.
+// execLedger runs statements on the ledger at path (a file or a URL).
 func execLedger(t *testing.T, path string, stmts ...string) {
 	t.Helper()
 	db := openLedger(t, path)
@@ -40,10 +39,7 @@ func balances(t *testing.T, path string) map[string]int64 {
 func (s store) itemErrors(t *testing.T, date string) map[string]string {
 	t.Helper()
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, sqlite.Config{Path: s.db})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := s.open(t)
 	defer st.Close()
 	out := map[string]string{}
 	q := checkpoint.ItemQuery{RunID: jobs.RunID(settlement.Job.Name(), date), Step: "post", Status: checkpoint.StepRejected}
@@ -62,13 +58,13 @@ func (s store) itemErrors(t *testing.T, date string) map[string]string {
 // those transfers. The summary and ledger check count them.
 func TestBadAmountsArePinnedRejections(t *testing.T) {
 	t.Parallel()
-	for _, l := range layouts {
+	for _, l := range layouts(t) {
 		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
-			clean := newStore(t, l.separate, smallLedger)
-			bad := newStore(t, l.separate, smallLedger)
+			clean := newStore(t, l, smallLedger)
+			bad := newStore(t, l, smallLedger)
 			neg, zero := settlement.TransferID(testDate, 100)+"a", settlement.TransferID(testDate, 400)+"z"
-			execLedger(t, bad.ledgerPath(),
+			execLedger(t, bad.ledgerLoc(),
 				// A negative amount would move 500 from A-0000002 to
 				// A-0000001, past A-0000002's no-overdraft guard.
 				`INSERT INTO transfers VALUES ('`+neg+`', '`+testDate+`', 'A-0000001', 'A-0000002', -500)`,
@@ -78,7 +74,7 @@ func TestBadAmountsArePinnedRejections(t *testing.T) {
 
 			// (Versions may differ: they grow once per chunk, and the extra
 			// transfers move the chunk boundaries.)
-			if a, b := balances(t, clean.ledgerPath()), balances(t, bad.ledgerPath()); !mapsEqual(a, b) {
+			if a, b := balances(t, clean.ledgerLoc()), balances(t, bad.ledgerLoc()); !mapsEqual(a, b) {
 				t.Fatalf("bad amounts moved balances:\nwithout them %v\nwith them    %v", a, b)
 			}
 			reasons := bad.itemErrors(t, testDate)
@@ -102,12 +98,12 @@ func TestBadAmountsArePinnedRejections(t *testing.T) {
 
 			// Pinned: correcting the amount afterwards does not post it on
 			// a rerun.
-			execLedger(t, bad.ledgerPath(), `UPDATE transfers SET amount = 500 WHERE id = '`+neg+`'`)
-			before := readAccounts(t, bad.ledgerPath())
+			execLedger(t, bad.ledgerLoc(), `UPDATE transfers SET amount = 500 WHERE id = '`+neg+`'`)
+			before := readAccounts(t, bad.ledgerLoc())
 			if _, err := bad.settle(t, testDate, 100, true); err != nil {
 				t.Fatal(err)
 			}
-			if after := readAccounts(t, bad.ledgerPath()); !mapsEqual(before, after) {
+			if after := readAccounts(t, bad.ledgerLoc()); !mapsEqual(before, after) {
 				t.Errorf("a forced rerun posted a pinned rejection")
 			}
 			if st := bad.items(t, testDate)[neg]; st != checkpoint.StepRejected {
@@ -121,11 +117,11 @@ func TestBadAmountsArePinnedRejections(t *testing.T) {
 // int64 limit, A-NEG far below zero (so the opening total still fits) and
 // A-SRC, which pays A-MAX enough to overflow in transfer 150: chunk 2 of
 // 100-transfer chunks.
-func overflowLedger(t *testing.T, separate bool) (store, string) {
+func overflowLedger(t *testing.T, l layout) (store, string) {
 	t.Helper()
-	s := newStore(t, separate, smallLedger)
+	s := newStore(t, l, smallLedger)
 	id := settlement.TransferID(testDate, 150)
-	execLedger(t, s.ledgerPath(),
+	execLedger(t, s.ledgerLoc(),
 		`INSERT INTO accounts VALUES ('A-MAX', 9223372036854775797, 0), ('A-NEG', -1000000, 0), ('A-SRC', 1000, 0)`,
 		`INSERT INTO opening_balances SELECT '`+testDate+`', id, balance FROM accounts WHERE id IN ('A-MAX', 'A-NEG', 'A-SRC')`,
 		`UPDATE transfers SET from_account = 'A-SRC', to_account = 'A-MAX', amount = 11 WHERE id = '`+id+`'`)
@@ -138,11 +134,11 @@ func overflowLedger(t *testing.T, separate bool) (store, string) {
 // first chunk's postings. ledger check fails loudly on the same ledger.
 func TestBalanceOverflowFailsTheRun(t *testing.T) {
 	t.Parallel()
-	for _, l := range layouts {
+	for _, l := range layouts(t) {
 		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
-			s, id := overflowLedger(t, l.separate)
-			opening := readAccounts(t, s.ledgerPath())
+			s, id := overflowLedger(t, l)
+			opening := readAccounts(t, s.ledgerLoc())
 			res, err := s.settle(t, testDate, 100, false)
 			var ov *steps.OverflowError
 			if !errors.As(err, &ov) || ov.Key != "A-MAX" || res.Status != checkpoint.RunFailed {
@@ -165,8 +161,8 @@ func TestBalanceOverflowFailsTheRun(t *testing.T) {
 			for k, v := range opening {
 				want[k] = v[0]
 			}
-			db := openLedger(t, s.ledgerPath())
-			rows, err := db.Query(`SELECT from_account, to_account, amount FROM transfers WHERE business_date = ? ORDER BY id LIMIT 100`, testDate)
+			db := openLedger(t, s.ledgerLoc())
+			rows, err := db.Query(`SELECT from_account, to_account, amount FROM transfers WHERE business_date = $1 ORDER BY id LIMIT 100`, testDate)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -183,13 +179,13 @@ func TestBalanceOverflowFailsTheRun(t *testing.T) {
 			}
 			rows.Close()
 			db.Close()
-			for k, v := range readAccounts(t, s.ledgerPath()) {
+			for k, v := range readAccounts(t, s.ledgerLoc()) {
 				if v[0] != want[k] {
 					t.Errorf("%s = %d; the first chunk alone makes it %d", k, v[0], want[k])
 				}
 			}
 
-			ldb := openLedger(t, s.ledgerPath())
+			ldb := openLedger(t, s.ledgerLoc())
 			defer ldb.Close()
 			_, err = settlement.Check(context.Background(), ldb, testDate)
 			if !errors.Is(err, settlement.ErrOverflow) || !strings.Contains(err.Error(), "A-MAX") || !strings.Contains(err.Error(), id) {
@@ -204,8 +200,8 @@ func TestBalanceOverflowFailsTheRun(t *testing.T) {
 // loudly, naming the exact total, instead of wrapping.
 func TestSummaryOverflowFailsTheRun(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, false, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
-	execLedger(t, s.ledgerPath(),
+	s := newStore(t, sameStoreLayout, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
+	execLedger(t, s.ledgerLoc(),
 		`INSERT INTO transfers VALUES ('T-1', '`+testDate+`', 'A-0000001', 'A-0000002', -9223372036854775807)`,
 		`INSERT INTO transfers VALUES ('T-2', '`+testDate+`', 'A-0000001', 'A-0000002', 100)`,
 		`INSERT INTO transfers VALUES ('T-3', '`+testDate+`', 'A-0000001', 'A-0000002', -5)`)
@@ -220,12 +216,12 @@ func TestSummaryOverflowFailsTheRun(t *testing.T) {
 	}
 }
 
-// TestDayTotalOverflowFailsTheRun: SQLite's sum() refuses to overflow;
+// TestDayTotalOverflowFailsTheRun: the database's sum refuses to overflow;
 // the count step says which total it was.
 func TestDayTotalOverflowFailsTheRun(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, false, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
-	execLedger(t, s.ledgerPath(),
+	s := newStore(t, sameStoreLayout, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
+	execLedger(t, s.ledgerLoc(),
 		`INSERT INTO transfers VALUES ('T-1', '`+testDate+`', 'A-0000001', 'A-0000002', 9223372036854775807)`,
 		`INSERT INTO transfers VALUES ('T-2', '`+testDate+`', 'A-0000001', 'A-0000002', 1)`)
 	res, err := s.settle(t, testDate, 100, false)
@@ -249,9 +245,9 @@ func TestCheckTotalsOverflowLoudly(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			s := newStore(t, false, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
-			execLedger(t, s.ledgerPath(), tc.stmt)
-			db := openLedger(t, s.ledgerPath())
+			s := newStore(t, sameStoreLayout, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
+			execLedger(t, s.ledgerLoc(), tc.stmt)
+			db := openLedger(t, s.ledgerLoc())
 			defer db.Close()
 			_, err := settlement.Check(context.Background(), db, testDate)
 			if !errors.Is(err, settlement.ErrOverflow) || !strings.Contains(err.Error(), tc.mention) {
@@ -265,8 +261,8 @@ func TestCheckTotalsOverflowLoudly(t *testing.T) {
 // so the command line exits 2 for it.
 func TestBadInputIsErrBadInput(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, false, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
-	db := openLedger(t, s.ledgerPath())
+	s := newStore(t, sameStoreLayout, settlement.SeedConfig{Accounts: 2, Date: testDate, Seed: 1, Balance: 1000})
+	db := openLedger(t, s.ledgerLoc())
 	defer db.Close()
 	ctx := context.Background()
 	for _, date := range []string{"28/11/2026", "2026-02-30", "2026-11-29"} {
@@ -274,7 +270,7 @@ func TestBadInputIsErrBadInput(t *testing.T) {
 			t.Errorf("Check %s: err = %v; want ErrBadInput naming the date", date, err)
 		}
 	}
-	empty := openLedger(t, s.db+".empty")
+	empty := openLedger(t, newLocation(t, "empty.db"))
 	defer empty.Close()
 	if _, err := settlement.Check(ctx, empty, testDate); !errors.Is(err, settlement.ErrBadInput) || !strings.Contains(err.Error(), "not a ledger") {
 		t.Errorf("Check on a file that is not a ledger: err = %v; want ErrBadInput", err)
