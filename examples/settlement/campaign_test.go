@@ -35,8 +35,7 @@ import (
 //
 // With STEPWISE_TEST_STORE=postgres the checkpoints are in PostgreSQL (a
 // schema per case) and the layouts are the same store, another database
-// and a SQLite file (pending in the CLI: see pendingOnPostgres); the
-// random kills are split between the layouts that run.
+// and a SQLite file; the random kills are split between the layouts.
 
 const (
 	// childEnv makes TestMain act as the stepwise CLI.
@@ -299,30 +298,16 @@ func TestCrashCampaign(t *testing.T) {
 	})
 
 	// The reference runs, in the test itself (not subtests) so that -run
-	// can pick one case and still have them: one per layout the selected
-	// store runs (see pendingOnPostgres for those it does not run yet).
-	all := layouts(t)
+	// can pick one case and still have them: one per layout of the
+	// selected store.
 	var active []*campaignLayout
-	for _, lay := range all {
-		if _, pending := pendingOnPostgres[lay.kind]; pending && onPostgres(t) {
-			continue
-		}
+	for _, lay := range layouts(t) {
 		active = append(active, newLayout(t, lay))
 	}
 	// Every layout settles the same ledger to the same balances.
 	for _, l := range active[1:] {
 		if a, b := active[0].ref, l.ref; !mapsEqual(a.accounts, b.accounts) || !slices.Equal(a.rejected, b.rejected) {
 			t.Fatalf("the %s and %s reference runs disagree", active[0].name, l.name)
-		}
-	}
-	for _, lay := range all {
-		if slices.IndexFunc(active, func(l *campaignLayout) bool { return l.layout == lay }) < 0 {
-			t.Run(lay.name, func(t *testing.T) {
-				t.Parallel()
-				if supportedByCLI(t, lay) {
-					t.Fatalf("layout %q was left out as pending, yet supportedByCLI says it runs", lay.name)
-				}
-			})
 		}
 	}
 

@@ -355,9 +355,6 @@ func TestChangedSourceBetweenAttempts(t *testing.T) {
 	for _, l := range layouts(t) {
 		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
-			if !supportedByCLI(t, l) {
-				return
-			}
 			for _, cc := range changeCases() {
 				t.Run(cc.name, func(t *testing.T) {
 					t.Parallel()
@@ -442,9 +439,6 @@ func TestAcceptChangedAcceptsOnlyWhatWasShown(t *testing.T) {
 	for _, l := range layouts(t) {
 		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
-			if !supportedByCLI(t, l) {
-				return
-			}
 			s := newStore(t, l, campaignLedger)
 			c := &changeRun{s: s, runID: jobs.RunID(settlement.Job.Name(), testDate), transfers: readTransfers(t, s.ledgerLoc())}
 			crashAt(t, s, midPost)

@@ -1,7 +1,6 @@
 package settlement_test
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -20,7 +19,6 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/checkpoint/stores"
-	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
@@ -183,58 +181,6 @@ func schemaIn(t testing.TB, dbURL string) string {
 	q.Set("search_path", name)
 	u.RawQuery = q.Encode()
 	return u.String()
-}
-
-// PENDING ON POSTGRESQL, READ THIS: layouts the stepwise command line
-// cannot run on the PostgreSQL store yet, and why. The library runs them
-// (the tests that settle in this process open stores with checkpoint/stores,
-// which gives a PostgreSQL store its SQLite file targets); the tests that
-// settle through the command line (the crash campaign and the
-// changed-source cases) still go through each one: a pending layout's
-// test checks that the CLI refuses the settlement cleanly (a failing exit,
-// no balance moved) and FAILS once the layout works, so that whoever makes
-// it work deletes its entry here and the whole campaign runs on it.
-// Nothing is skipped.
-//
-// The SQLite-file ledger waits for one line in cmd/store.go openBackend:
-// open a URL with stores.Open(e.Ctx, g.DB, stores.Settings{...}) instead
-// of postgres.Open. Tried on this branch (not committed): with it and this
-// entry deleted, the campaign, the changed-source cases and
-// STEPWISE_CAMPAIGN=100 pass on all three PostgreSQL layouts.
-var pendingOnPostgres = map[ledgerKind]string{
-	ledgerFile: "cmd opens a PostgreSQL store with postgres.Open, not checkpoint/stores.Open, " +
-		"so it has no opener for SQLite file targets (Config.Targets)",
-}
-
-// supportedByCLI reports whether the command line runs layout l on the
-// selected store. For a layout still pending on it, it checks the refusal
-// instead (see pendingOnPostgres) and returns false.
-func supportedByCLI(t *testing.T, l layout) bool {
-	t.Helper()
-	why, pending := pendingOnPostgres[l.kind]
-	if !onPostgres(t) || !pending {
-		return true
-	}
-	t.Logf("PENDING on PostgreSQL: the CLI does not run layout %q yet: %s; checking that it refuses it cleanly", l.name, why)
-	s := newStore(t, l, smallLedger)
-	before := readAccounts(t, s.ledgerLoc())
-	args := []string{"--db", s.db, "--log-level", "error", "run", "settle", "--progress", "none"}
-	for k, v := range s.values(testDate, 100) {
-		args = append(args, "-p", k+"="+v)
-	}
-	var out bytes.Buffer
-	code := cmd.Execute(context.Background(), registry(), args, &out, &out)
-	if code == cmd.ExitOK {
-		t.Errorf("the CLI now settles layout %q on PostgreSQL: delete its entry from pendingOnPostgres so the campaign runs on it", l.name)
-		return false
-	}
-	if !strings.Contains(out.String(), s.ledger) {
-		t.Errorf("the refusal of layout %q (exit %d) does not name the ledger %s:\n%s", l.name, code, s.ledger, out.String())
-	}
-	if after := readAccounts(t, s.ledgerLoc()); !mapsEqual(after, before) {
-		t.Errorf("layout %q: a refused settlement moved balances", l.name)
-	}
-	return false
 }
 
 // store is where a test's run keeps its checkpoints and its ledger.
