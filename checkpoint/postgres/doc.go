@@ -20,7 +20,11 @@
 // first takes FOR KEY SHARE on the run's row and checks the lease's fence;
 // a claim takes FOR UPDATE on that row and raises the fence, so a claim
 // that commits while a writer is inside InTx waits for it, and a writer
-// whose run was claimed writes nothing ([checkpoint.ErrFenced]).
+// whose run was claimed writes nothing ([checkpoint.ErrFenced]). A
+// transaction of writes that need no result (a step's checkpoint, with
+// its outbox message) costs one round trip: the fence check and the writes
+// go in one batch outside BEGIN/COMMIT, which the server runs as one
+// implicit transaction; its outcome, a refusal included, is InTx's.
 //
 // Leases are computed on the database clock (now()), so clock skew between
 // hosts neither shortens nor stretches them; tests that drive a fake clock

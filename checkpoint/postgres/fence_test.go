@@ -19,6 +19,11 @@ import (
 // both A's commit and a claim that missed it. A plain read of the fence at
 // the start of the transaction fails this test: B's claim commits in the
 // middle and A commits anyway.
+//
+// A round is one of three: B claims before A's write (A is fenced); A's
+// transaction is open (Conn) when it writes and B claims while it is (B
+// waits); or A's step checkpoint is lone, sent in one batch when fn
+// returns, racing B's claim (either outcome).
 func TestFenceRace(t *testing.T) {
 	url := pgtest.Schema(t)
 	a := open(t, postgres.Config{URL: url, CallerClock: true, MaxConns: 2})
@@ -26,12 +31,11 @@ func TestFenceRace(t *testing.T) {
 	ctx := context.Background()
 	const iterations = 200
 	var fenced, waited int
+	lone := map[bool]int{} // lone checkpoints committed (true) and fenced
 	for i := range iterations {
 		runID := fmt.Sprintf("race/%03d", i)
 		ca := mustClaim(t, a, claimReq(runID, "host-a:1", t0))
-		// Every third iteration B claims before A's first write; otherwise
-		// B claims while A's transaction is open, after A's write.
-		early := i%3 == 0
+		early, opened := i%3 == 0, i%3 == 1
 		wrote := make(chan struct{})
 		claimed := make(chan struct{})
 		type outcome struct {
@@ -43,7 +47,12 @@ func TestFenceRace(t *testing.T) {
 		go func() {
 			if !early {
 				<-wrote
-				time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+				// Longer in lone rounds, so A's batch goes first in some.
+				d := 300
+				if !opened {
+					d = 1500
+				}
+				time.Sleep(time.Duration(rand.IntN(d)) * time.Microsecond)
 			}
 			cb, err := b.Claim(ctx, claimReq(runID, "host-b:2", t0.Add(2*time.Minute)))
 			close(claimed)
@@ -59,11 +68,16 @@ func TestFenceRace(t *testing.T) {
 			if early {
 				<-claimed
 			}
+			if opened {
+				if _, err := postgres.Conn(tx); err != nil {
+					return err
+				}
+			}
 			err := tx.PutStep(checkpoint.Step{ID: "post/T-1", Status: checkpoint.StepCompleted, Output: []byte(`{"ok":true}`),
 				StartedAt: t0, FinishedAt: t0})
 			if !early {
 				close(wrote)
-				time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
+				time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
 			}
 			return err
 		})
@@ -77,6 +91,12 @@ func TestFenceRace(t *testing.T) {
 		after := 0
 		if err := b.Steps(ctx, runID, func(checkpoint.Step) error { after++; return nil }); err != nil {
 			t.Fatal(err)
+		}
+		if opened && aErr != nil {
+			t.Fatalf("iteration %d: A's write in its open transaction: %v; want it committed (B's claim waits for it)", i, aErr)
+		}
+		if !early && !opened {
+			lone[aErr == nil]++
 		}
 		switch {
 		case aErr == nil:
@@ -93,7 +113,8 @@ func TestFenceRace(t *testing.T) {
 			t.Fatalf("iteration %d: A's write: %v; want nil or ErrFenced", i, aErr)
 		}
 	}
-	t.Logf("%d iterations: A fenced %d, B waited for A %d", iterations, fenced, waited)
+	t.Logf("%d iterations: A fenced %d, B waited for A %d; of the lone checkpoints %d committed first, %d were fenced",
+		iterations, fenced, waited, lone[true], lone[false])
 	if fenced == 0 || waited == 0 {
 		t.Fatalf("the race exercised one side only (fenced %d, waited %d)", fenced, waited)
 	}

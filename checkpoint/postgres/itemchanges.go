@@ -40,17 +40,16 @@ func (s *Store) ItemChanges(ctx context.Context, runID, step string) ([]checkpoi
 
 // RefuseItemChanges implements checkpoint.Tx.
 func (t *pgTx) RefuseItemChanges(step string, at time.Time, changes []checkpoint.ItemChange) error {
-	b := t.batch()
+	b := &pgx.Batch{}
 	b.Queue(sqlClearRefused, t.lease.RunID, step)
 	changes = slices.Clone(changes)
 	for i := range changes {
 		changes[i].Step = step // the step named, as on SQLite
 	}
 	queueChanges(b, t.lease, changes, checkpoint.ItemChangeRefused, at, "")
-	if _, err := t.exec(b); err != nil {
-		return t.fail(fmt.Errorf("postgres: record refused item changes of %s/%s: %w", t.lease.RunID, step, err))
-	}
-	return nil
+	return t.write(b, func(err error) error {
+		return fmt.Errorf("postgres: record refused item changes of %s/%s: %w", t.lease.RunID, step, err)
+	})
 }
 
 // queueChanges queues the upsert of changes with one status and operator;

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -31,6 +32,11 @@ WHERE i.run_id = $1 AND i.status IN ('completed', 'rejected')
 ORDER BY i.step_id, i.item_key LIMIT 1`
 	// sqlAcceptItems replaces recorded items' fingerprints (whatever their
 	// status: nothing else of them moves) and returns the keys it found.
+	// sqlPutItemsLone is sqlPutItems in the one-round-trip batch: a
+	// refused item raises, rolling back the batch, which InTx then makes
+	// again statement by statement to name it.
+	sqlPutItemsLone = `WITH w AS (` + sqlPutItems + `
+RETURNING 1) SELECT stepwise_expect_rows(count(*), $10, 'put items') FROM w`
 	sqlAcceptItems = `UPDATE items SET fingerprint = u.fingerprint
 FROM unnest($2::text[], $3::text[], $4::bytea[]) AS u(step, key, fingerprint)
 WHERE items.run_id = $1 AND items.step_id = u.step AND items.item_key = u.key
@@ -87,8 +93,22 @@ func (t *pgTx) PutItems(items []checkpoint.Item) error {
 		steps, keys, statuses = append(steps, it.Step), append(keys, it.Key), append(statuses, it.Status)
 		outputs, errs, chunks, fps = append(outputs, it.Output), append(errs, it.Error), append(chunks, it.Chunk), append(fps, it.Fingerprint)
 	}
-	b := t.batch()
-	b.Queue(sqlPutItems, t.lease.RunID, t.lease.Attempt, steps, keys, statuses, outputs, errs, chunks, fps)
+	args := []any{t.lease.RunID, t.lease.Attempt, steps, keys, statuses, outputs, errs, chunks, fps}
+	if !t.deferring() {
+		return t.putItems(args, steps, keys)
+	}
+	for i := range outputs {
+		outputs[i], fps[i] = bytes.Clone(outputs[i]), bytes.Clone(fps[i])
+	}
+	return t.later(func() error { return t.putItems(args, steps, keys) },
+		&pgx.QueuedQuery{SQL: sqlPutItemsLone, Arguments: append(args[:len(args):len(args)], len(keys))})
+}
+
+// putItems sends PutItems's statement through the explicit transaction
+// and names a refused item.
+func (t *pgTx) putItems(args []any, steps, keys []string) error {
+	b := &pgx.Batch{}
+	b.Queue(sqlPutItems, args...)
 	br, err := t.send(b)
 	if err != nil {
 		return err
@@ -130,7 +150,7 @@ func (t *pgTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item, ch
 	for i, it := range items {
 		steps[i], keys[i], fps[i] = it.Step, it.Key, it.Fingerprint
 	}
-	b := t.batch()
+	b := &pgx.Batch{}
 	b.Queue(sqlAcceptItems, t.lease.RunID, steps, keys, fps)
 	b.Queue(sqlAudit, a.RunID, ts(a.At), a.Operator, a.Command, a.Reason, a.Details)
 	queueChanges(b, t.lease, changes, checkpoint.ItemChangeAccepted, a.At, a.Operator)
@@ -184,7 +204,7 @@ func (t *pgTx) PutChunkPlan(p checkpoint.ChunkPlan) error {
 		return fmt.Errorf("postgres: chunk plan %s of %s has status %q; record it %q or %q",
 			p.EffectID, p.Step, p.Status, checkpoint.StepPlanned, checkpoint.ChunkApplied)
 	}
-	b := t.batch()
+	b := &pgx.Batch{}
 	b.Queue(sqlPutChunkPlan, t.lease.RunID, p.Step, p.EffectID, p.Status, p.Plan)
 	if p.Supersedes != "" {
 		// Items of the old plan without effects of their own move to the
@@ -192,17 +212,15 @@ func (t *pgTx) PutChunkPlan(p checkpoint.ChunkPlan) error {
 		b.Queue(sqlMoveChunkItems, p.EffectID, t.lease.RunID, p.Step, p.Supersedes)
 		b.Queue(sqlSupersedeChunkPlan, t.lease.RunID, p.Step, p.Supersedes)
 	}
-	_, err := t.exec(b)
-	return err
+	return t.write(b, nil)
 }
 
 // FinishChunk implements checkpoint.Tx.
 func (t *pgTx) FinishChunk(step, effectID string) error {
-	b := t.batch()
+	b := &pgx.Batch{}
 	b.Queue(sqlFinishChunk, t.lease.RunID, step, effectID)
 	b.Queue(sqlFinishChunkPlan, t.lease.RunID, step, effectID)
-	_, err := t.exec(b)
-	return err
+	return t.write(b, nil)
 }
 
 // limit turns a limit of 0 or less into PostgreSQL's "no limit" (NULL).

@@ -16,9 +16,11 @@ func opAudit(runID, command string, at time.Time) checkpoint.Audit {
 }
 
 // TestOperationWaitsForWriteInFlight: an operator's recover on another
-// host, made while a runner is inside InTx, waits for the runner's commit
-// (its step is kept) and then fences it out: the runner's next write is
-// refused.
+// host, made while a runner's transaction is open inside InTx, waits for
+// the runner's commit (its step is kept) and then fences it out: the
+// runner's next write is refused. The transaction opens with Conn, as it
+// does with any call that needs a result (a lone step checkpoint opens
+// none: TestDeferredPutStepAfterRecover).
 func TestOperationWaitsForWriteInFlight(t *testing.T) {
 	url := pgtest.Schema(t)
 	a := open(t, postgres.Config{URL: url, CallerClock: true})
@@ -33,6 +35,9 @@ func TestOperationWaitsForWriteInFlight(t *testing.T) {
 		recovered <- ops.Recover(ctx, opAudit(c.Lease.RunID, "recover", t0.Add(time.Second)), t0.Add(time.Second), true)
 	}()
 	err := a.InTx(ctx, c.Lease, func(tx checkpoint.Tx) error {
+		if _, err := postgres.Conn(tx); err != nil {
+			return err
+		}
 		if err := tx.PutStep(checkpoint.Step{ID: "load", Status: checkpoint.StepCompleted, Output: []byte(`1`), StartedAt: t0, FinishedAt: t0}); err != nil {
 			return err
 		}

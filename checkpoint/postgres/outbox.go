@@ -33,10 +33,9 @@ var _ checkpoint.OutboxStore = (*Store)(nil)
 // Enqueue implements checkpoint.Tx: the message commits or rolls back
 // with the transaction's checkpoint. Queuing a key twice keeps the first.
 func (t *pgTx) Enqueue(m checkpoint.Message) error {
-	b := t.batch()
+	b := &pgx.Batch{}
 	b.Queue(sqlEnqueue, m.Key, t.lease.RunID, m.Topic, m.Payload, ts(m.CreatedAt))
-	_, err := t.exec(b)
-	return err
+	return t.write(b, nil)
 }
 
 // messages runs a query of messageCols.

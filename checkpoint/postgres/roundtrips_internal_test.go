@@ -35,27 +35,7 @@ func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 // and the INSERT in one, the items in one, then COMMIT.
 func TestSameStoreChunkRoundTrips(t *testing.T) {
 	ctx := context.Background()
-	cfg := Config{URL: pgtest.Schema(t), CallerClock: true, MaxConns: 1}
-	pc, err := cfg.poolConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt := &roundTrips{}
-	pc.ConnConfig.Tracer = rt
-	s := &Store{cfg: cfg, where: describe(pc), rdb: openReader(pc)}
-	if s.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := s.migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	now := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
-	c, err := s.Claim(ctx, checkpoint.ClaimRequest{RunID: "rt/1", Job: "rt", RunKey: "1", Params: []byte(`{}`), ParamsHash: "h",
-		Owner: "test:1", Now: now, LeaseFor: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, rt, c := tracedStore(t)
 	chunk := func(n, size int) int64 {
 		t.Helper()
 		before := rt.n.Load()
@@ -98,6 +78,95 @@ func TestSameStoreChunkRoundTrips(t *testing.T) {
 	for n, size := range []int{10, 100, 1000} {
 		if got := chunk(n+1, size); got != 4 {
 			t.Errorf("a chunk of %d keys took %d round trips; want 4", size, got)
+		}
+	}
+}
+
+// tracedStore opens a store of one connection in a new schema, counting
+// its round trips, and claims a run.
+func tracedStore(t *testing.T) (*Store, *roundTrips, checkpoint.Claim) {
+	t.Helper()
+	ctx := context.Background()
+	cfg := Config{URL: pgtest.Schema(t), CallerClock: true, MaxConns: 1}
+	pc, err := cfg.poolConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := &roundTrips{}
+	pc.ConnConfig.Tracer = rt
+	s := &Store{cfg: cfg, where: describe(pc), rdb: openReader(pc)}
+	if s.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
+	c, err := s.Claim(ctx, checkpoint.ClaimRequest{RunID: "rt/1", Job: "rt", RunKey: "1", Params: []byte(`{}`), ParamsHash: "h",
+		Owner: "test:1", Now: now, LeaseFor: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, rt, c
+}
+
+// A transaction of writes that need no result (a lone step checkpoint,
+// a checkpoint with its outbox message, a batch step's reset and start)
+// costs one round trip: one batch outside BEGIN/COMMIT, the fence check
+// ahead of the writes. (The tracer counts batches and queries; pgx's
+// preparation of a statement new to the connection is not counted.) A write after a read goes through an explicit
+// transaction (BEGIN, the fence check and the read in one batch; the
+// write; COMMIT).
+func TestLoneWriteRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	s, rt, c := tracedStore(t)
+	now := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
+	put := func(tx checkpoint.Tx, id string) error {
+		return tx.PutStep(checkpoint.Step{ID: id, Status: checkpoint.StepCompleted, Output: []byte(`{}`), StartedAt: now, FinishedAt: now})
+	}
+	for _, tc := range []struct {
+		name string
+		want int64
+		fn   func(tx checkpoint.Tx) error
+	}{
+		{"a lone PutStep", 1, func(tx checkpoint.Tx) error { return put(tx, "do/1") }},
+		{"a PutStep and its message", 1, func(tx checkpoint.Tx) error {
+			if err := put(tx, "notify/1"); err != nil {
+				return err
+			}
+			return tx.Enqueue(checkpoint.Message{Key: "rt/1/notify/1", Topic: "t", Payload: []byte(`{}`), CreatedAt: now})
+		}},
+		{"a ResetStep and a PutStep", 1, func(tx checkpoint.Tx) error {
+			if err := tx.ResetStep("do/1"); err != nil {
+				return err
+			}
+			return put(tx, "do/1")
+		}},
+		{"a lone PutItems", 1, func(tx checkpoint.Tx) error {
+			return tx.PutItems([]checkpoint.Item{{Step: "post", Key: "k1", Status: checkpoint.StepCompleted, Output: []byte(`{}`)}})
+		}},
+		// The rare case: the batch is refused and rolled back, and the
+		// write made again in an explicit transaction (BEGIN, the fence
+		// check and the write; the recorded step read; COMMIT).
+		{"a PutStep of a step finished with the same content", 4, func(tx checkpoint.Tx) error { return put(tx, "do/1") }},
+		{"a read, then a PutStep", 3, func(tx checkpoint.Tx) error {
+			v, err := tx.Target(checkpoint.StateTable)
+			if err != nil {
+				return err
+			}
+			if _, err := v.Read(ctx, []string{"k"}); err != nil {
+				return err
+			}
+			return put(tx, "apply/1")
+		}},
+	} {
+		before := rt.n.Load()
+		if err := s.InTx(ctx, c.Lease, tc.fn); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := rt.n.Load() - before; got != tc.want {
+			t.Errorf("%s took %d round trips; want %d", tc.name, got, tc.want)
 		}
 	}
 }

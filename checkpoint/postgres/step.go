@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,8 +14,8 @@ import (
 const (
 	// sqlPutStep inserts or replaces a step checkpoint, never overwriting
 	// a finished (completed or rejected) one. It checks the fence itself
-	// (it selects from the run row only at the lease's fence), because it
-	// is pipelined behind the fence lock that opens the transaction.
+	// too (it selects from the run row only at the lease's fence), besides
+	// the fence check ahead of it.
 	sqlPutStep = `INSERT INTO steps (run_id, step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan)
 SELECT $1, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::integer, $8::integer, $9::timestamptz, $10::timestamptz, $12::bytea
 FROM runs WHERE id = $1 AND fence = $11
@@ -23,19 +24,43 @@ ON CONFLICT (run_id, step_id) DO UPDATE SET
     error = excluded.error, tries = excluded.tries, attempt = excluded.attempt,
     started_at = excluded.started_at, finished_at = excluded.finished_at, plan = excluded.plan
 WHERE steps.status NOT IN ('completed', 'rejected')`
+	// sqlPutStepLone is sqlPutStep in the one-round-trip batch: a refused
+	// write raises, rolling back the batch, which InTx then makes again
+	// statement by statement to tell our own earlier commit (accepted)
+	// from a conflict.
+	sqlPutStepLone = `WITH w AS (` + sqlPutStep + `
+RETURNING 1) SELECT stepwise_expect_rows(count(*), 1, 'put step') FROM w`
 	sqlGetStep    = `SELECT status, output, input_hash, error FROM steps WHERE run_id = $1 AND step_id = $2`
 	sqlDeleteStep = `DELETE FROM steps WHERE run_id = $1 AND step_id = $2`
 	sqlSteps      = `SELECT step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan
 FROM steps WHERE run_id = $1 ORDER BY started_at NULLS FIRST, step_id`
 )
 
-// PutStep implements checkpoint.Tx: one statement (with BEGIN and the
-// fence lock ahead of it in the same round trip when it opens the
+// PutStep implements checkpoint.Tx: one statement. Made before anything
+// else it is queued, sent when fn returns in InTx's one round trip, and a
+// refusal is InTx's error; otherwise it is sent now (with BEGIN and the
+// fence check ahead of it in the same round trip when it opens the
 // transaction).
 func (t *pgTx) PutStep(st checkpoint.Step) error {
-	b := t.batch()
-	b.Queue(sqlPutStep, t.lease.RunID, st.ID, st.Status, st.Output, st.InputHash, st.Error,
-		st.Tries, t.lease.Attempt, ts(st.StartedAt), ts(st.FinishedAt), t.lease.Fence, st.Plan)
+	if !t.deferring() {
+		return t.putStep(st)
+	}
+	st.Output, st.Plan = bytes.Clone(st.Output), bytes.Clone(st.Plan)
+	return t.later(func() error { return t.putStep(st) },
+		&pgx.QueuedQuery{SQL: sqlPutStepLone, Arguments: t.putStepArgs(st)})
+}
+
+// putStepArgs are sqlPutStep's (and sqlPutStepLone's) arguments.
+func (t *pgTx) putStepArgs(st checkpoint.Step) []any {
+	return []any{t.lease.RunID, st.ID, st.Status, st.Output, st.InputHash, st.Error,
+		st.Tries, t.lease.Attempt, ts(st.StartedAt), ts(st.FinishedAt), t.lease.Fence, st.Plan}
+}
+
+// putStep sends PutStep's statement through the explicit transaction and
+// explains a refusal.
+func (t *pgTx) putStep(st checkpoint.Step) error {
+	b := &pgx.Batch{}
+	b.Queue(sqlPutStep, t.putStepArgs(st)...)
 	tags, err := t.exec(b)
 	if err != nil {
 		return err
@@ -65,10 +90,9 @@ func (t *pgTx) explainRefusedPut(st checkpoint.Step) error {
 
 // ResetStep implements checkpoint.Tx.
 func (t *pgTx) ResetStep(id string) error {
-	b := t.batch()
+	b := &pgx.Batch{}
 	b.Queue(sqlDeleteStep, t.lease.RunID, id)
-	_, err := t.exec(b)
-	return err
+	return t.write(b, nil)
 }
 
 // Steps implements checkpoint.Store: one query, streamed.

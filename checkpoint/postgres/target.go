@@ -22,18 +22,16 @@ type querier interface {
 
 // pgTarget is the set-based view of one target table: one round trip per
 // call, whatever the number of keys (the statements of a call go in one
-// batch, and in the checkpoint's transaction BEGIN and the fence lock go
+// batch, and in the checkpoint's transaction BEGIN and the fence check go
 // ahead of the first). In a write transaction its reads lock the rows
 // they read (FOR UPDATE, in key order, so two writers touching the same
 // keys wait for each other instead of deadlocking).
 type pgTarget struct {
 	table checkpoint.Table
 	lock  bool
-	// batch starts a batch and send sends it: through the checkpoint
-	// transaction (pgTx.batch, pgTx.send) or a transaction of the
-	// target's own (pgx.Tx.SendBatch).
-	batch func() *pgx.Batch
-	send  func(*pgx.Batch) (pgx.BatchResults, error)
+	// send sends a batch: through the checkpoint transaction (pgTx.send)
+	// or a transaction of the target's own (pgx.Tx.SendBatch).
+	send func(*pgx.Batch) (pgx.BatchResults, error)
 	// fail records a failed statement: it aborts a PostgreSQL transaction.
 	fail func(error) error
 	sql  *targetSQL
@@ -45,8 +43,7 @@ type pgTarget struct {
 // txTarget is a pgTarget running in tx, a transaction of the target's own.
 func txTarget(ctx context.Context, tx pgx.Tx, table checkpoint.Table, sq *targetSQL, lock bool, fail func(error) error) *pgTarget {
 	return &pgTarget{table: table, lock: lock, sql: sq, fail: fail,
-		batch: func() *pgx.Batch { return &pgx.Batch{} },
-		send:  func(b *pgx.Batch) (pgx.BatchResults, error) { return tx.SendBatch(ctx, b), nil },
+		send: func(b *pgx.Batch) (pgx.BatchResults, error) { return tx.SendBatch(ctx, b), nil },
 	}
 }
 
@@ -99,8 +96,9 @@ const (
 
 // Target implements checkpoint.Tx: the table, in the checkpoint database,
 // written in this transaction. The transaction opens (and the fence is
-// checked) with the view's first statement, in its round trip: a fenced
-// attempt's reads and writes roll back with the transaction.
+// checked) with the view's first statement, in its round trip, after the
+// writes made before the view: a fenced attempt's reads and writes roll
+// back with the transaction.
 func (t *pgTx) Target(table checkpoint.Table) (checkpoint.Target, error) {
 	if err := table.Validate(); err != nil {
 		return nil, err
@@ -108,7 +106,7 @@ func (t *pgTx) Target(table checkpoint.Table) (checkpoint.Target, error) {
 	if t.failed != nil {
 		return nil, t.failed
 	}
-	return &pgTarget{table: table, lock: true, batch: t.batch, send: t.send, fail: t.fail, sql: t.s.targetSQL(table)}, nil
+	return &pgTarget{table: table, lock: true, send: t.send, fail: t.fail, sql: t.s.targetSQL(table)}, nil
 }
 
 // finish closes br and returns the first of err and br's error, recorded
@@ -127,7 +125,7 @@ func (g *pgTarget) finish(br pgx.BatchResults, err error) error {
 // the read in one batch).
 func (g *pgTarget) Read(ctx context.Context, keys []string) (map[string]checkpoint.State, error) {
 	keys = sortedUnique(keys)
-	b := g.batch()
+	b := &pgx.Batch{}
 	q := g.sql.read
 	lockKeys := false
 	if g.lock {
@@ -207,7 +205,7 @@ func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 	if len(ws) == 0 {
 		return nil
 	}
-	b := g.batch()
+	b := &pgx.Batch{}
 	queued := 0
 	if len(uk) > 0 {
 		b.Queue(g.sql.update, uk, unv, uov)
@@ -255,7 +253,7 @@ func (g *pgTarget) conflict(ws []checkpoint.Write, written map[string]bool) erro
 			missed = append(missed, w.Key)
 		}
 	}
-	b := g.batch()
+	b := &pgx.Batch{}
 	b.Queue(g.sql.versions, missed)
 	br, err := g.send(b)
 	if err != nil {
@@ -295,7 +293,7 @@ func (g *pgTarget) conflict(ws []checkpoint.Write, written map[string]bool) erro
 
 // IsApplied implements checkpoint.Target.
 func (g *pgTarget) IsApplied(ctx context.Context, effectID string) (bool, error) {
-	b := g.batch()
+	b := &pgx.Batch{}
 	if g.mayLackApplied {
 		// A read-only separate target created no stepwise_applied: a
 		// missing one holds nothing. The lookup cannot name a table that
@@ -305,7 +303,7 @@ func (g *pgTarget) IsApplied(ctx context.Context, effectID string) (bool, error)
 		if err != nil || !ok {
 			return false, err
 		}
-		b = g.batch()
+		b = &pgx.Batch{}
 	}
 	b.Queue(sqlIsApplied, effectID)
 	return g.bool(b, "look up applied effect "+effectID)
@@ -328,7 +326,7 @@ func (g *pgTarget) bool(b *pgx.Batch, op string) (bool, error) {
 // MarkApplied implements checkpoint.Target. An effect ID marked twice is
 // an error (a unique key): a plan applies once.
 func (g *pgTarget) MarkApplied(ctx context.Context, a checkpoint.Applied) error {
-	b := g.batch()
+	b := &pgx.Batch{}
 	b.Queue(sqlMarkApplied, a.EffectID, a.RunID, a.StepID, a.At)
 	br, err := g.send(b)
 	if err == nil {

@@ -4,40 +4,78 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
-// sqlFenceLock is every write transaction's first statement: it locks the
-// run row FOR KEY SHARE, which a claim's FOR UPDATE conflicts with, and
-// reads the fence. Under READ COMMITTED a plain read of the fence is not
+// sqlFence is every write transaction's first statement: stepwise_fence
+// (migration 0005) locks the run row FOR KEY SHARE, which a claim's FOR
+// UPDATE conflicts with, and raises codeFenced when the run is at another
+// fence than the lease's (codeNoRun when it is gone), so nothing queued
+// behind it runs. Under READ COMMITTED a plain read of the fence is not
 // enough: a claim could commit between the check and our commit. With the
 // lock held until we commit, a claim either committed before (the lock
 // waits for it, then reads its raised fence: this attempt is fenced) or
 // waits for our commit (and then reads our writes).
-const sqlFenceLock = `SELECT fence FROM runs WHERE id = $1 FOR KEY SHARE`
+const sqlFence = `SELECT stepwise_fence($1, $2)`
 
-// pgTx is the checkpoint.Tx of one InTx call. Its transaction opens
-// lazily: the first write sends BEGIN, the fence lock and the write itself
-// in one round trip, so a one-step checkpoint costs two round trips (that
-// batch and COMMIT) like an autocommit insert costs one.
+// SQLSTATE codes raised by the store's own functions (migration 0005).
+const (
+	codeFenced  = "SWF01" // the run is at another fence; DETAIL holds it
+	codeNoRun   = "SWF02" // the run does not exist
+	codeRefused = "SWR01" // a checkpoint write changed fewer rows than it must
+)
+
+// pgTx is the checkpoint.Tx of one InTx call.
+//
+// Writes that need no result to go on (PutStep, ResetStep, PutItems,
+// Enqueue, PutChunkPlan, FinishChunk, RefuseItemChanges), made before
+// anything else, are not sent but queued. If fn returns nil having made
+// only such writes, InTx sends them in ONE batch outside BEGIN/COMMIT,
+// behind the fence check: the server runs a batch (one Sync) as one
+// implicit transaction, so an error in any statement (a fenced run
+// included) rolls all of it back. A lone step checkpoint costs one round
+// trip, as an autocommit insert does.
+//
+// Any other call (a Target's statements, Conn, AcceptItemChanges) first
+// sends the queued writes through an explicit transaction, which opens
+// lazily: its first statement goes to the server in one batch with BEGIN
+// and the fence check, and InTx sends COMMIT at the end.
 type pgTx struct {
 	ctx   context.Context
 	s     *Store
 	conn  *pgx.Conn
 	lease checkpoint.Lease
 	begun bool // BEGIN was sent: the transaction must be ended
+	// queued holds the writes made before the transaction opened, in the
+	// order they were made.
+	queued []deferredWrite
 	// failed is the error that ended the transaction's usefulness (fenced,
 	// or a statement failed, aborting it on the server): every later call
 	// returns it and InTx rolls back whatever fn returns.
 	failed error
 }
 
+// deferredWrite is a write queued for the one-round-trip batch: lone are
+// its statements there, each of which raises (aborting the batch) where
+// the write would be refused; now makes the write through the explicit
+// transaction, reporting a refusal as the call would have.
+type deferredWrite struct {
+	lone []*pgx.QueuedQuery
+	now  func() error
+}
+
 // InTx implements checkpoint.Store: fn's writes commit together, and only
 // if the run is still at the lease's fence when each was made (the fence
 // lock held to the commit makes that the fence at commit).
+//
+// A write fn makes before anything else is reported from InTx, not from
+// the call (which returns nil): a refused step checkpoint is InTx's
+// *checkpoint.StepConflictError, a fenced run InTx's ErrFenced, and fn
+// cannot act on them. What such a write is given is copied, not kept.
 func (s *Store) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -48,6 +86,14 @@ func (s *Store) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint
 	ferr := fn(t)
 	if ferr == nil {
 		ferr = t.failed
+	}
+	if ferr == nil && !t.begun && len(t.queued) > 0 {
+		ferr = t.sendQueued()
+		if !t.begun {
+			return s.wrap("write run "+l.RunID, ferr)
+		}
+		// A queued statement failed: the writes were made again in an
+		// explicit transaction, open now, which ends below.
 	}
 	if !t.begun {
 		return ferr
@@ -63,11 +109,73 @@ func (s *Store) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint
 	return nil
 }
 
+// sendQueued sends the fence check and the queued writes in one batch,
+// outside a transaction block: one implicit transaction, committed at its
+// Sync when every statement succeeded, rolled back entirely when one
+// failed. When one failed other than by the fence, the writes are made
+// again through the explicit transaction, so a refused step checkpoint
+// that is our own earlier commit still succeeds, and any error reads as
+// that call's own.
+func (t *pgTx) sendQueued() error {
+	b := &pgx.Batch{}
+	b.Queue(sqlFence, t.lease.RunID, t.lease.Fence)
+	for _, w := range t.queued {
+		b.QueuedQueries = append(b.QueuedQueries, w.lone...)
+	}
+	br := t.conn.SendBatch(t.ctx, b)
+	var err error
+	for range b.QueuedQueries {
+		if _, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		t.queued = nil
+		return nil
+	}
+	err = t.fenceError(err)
+	var pe *pgconn.PgError
+	if errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, checkpoint.ErrNotFound) ||
+		!errors.As(err, &pe) || t.conn.IsClosed() || t.conn.PgConn().TxStatus() != 'I' {
+		// Fenced, gone, or not known to be rolled back (a lost
+		// connection may have committed, as a lost COMMIT may).
+		t.queued = nil
+		return err
+	}
+	// The server refused a statement: nothing of the batch was kept.
+	return t.flush()
+}
+
+// fenceError turns the fence function's errors into checkpoint's, as
+// the fence was reported before it moved to the server; others pass.
+func (t *pgTx) fenceError(err error) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	switch pe.Code {
+	case codeFenced:
+		fence, perr := strconv.ParseInt(pe.Detail, 10, 64)
+		if perr != nil {
+			return fmt.Errorf("%w: %s; this attempt (%d) writes nothing more", checkpoint.ErrFenced, pe.Message, t.lease.Attempt)
+		}
+		return fmt.Errorf("%w: run %s is at fence %d, this attempt (%d) holds fence %d; it writes nothing more",
+			checkpoint.ErrFenced, t.lease.RunID, fence, t.lease.Attempt, t.lease.Fence)
+	case codeNoRun:
+		return fmt.Errorf("%w: run %s is not in %s", checkpoint.ErrNotFound, t.lease.RunID, t.s.where)
+	}
+	return err
+}
+
 // Conn returns the connection of the transaction tx belongs to, when tx
 // is a PostgreSQL store's, for job code that adds its own SQL to the
 // checkpoint's transaction; the transaction is open (and the run's fence
-// checked) once Conn returns. It returns an error wrapping
-// checkpoint.ErrFenced when the run was claimed by another runner.
+// checked) once Conn returns, with the writes made before it. It returns
+// an error wrapping checkpoint.ErrFenced when the run was claimed by
+// another runner.
 func Conn(tx checkpoint.Tx) (*pgx.Conn, error) {
 	t, ok := tx.(*pgTx)
 	if !ok {
@@ -79,58 +187,93 @@ func Conn(tx checkpoint.Tx) (*pgx.Conn, error) {
 	return t.conn, nil
 }
 
-// batch returns a batch that opens the transaction first if it is not
-// open yet: BEGIN and the fence lock go ahead of the caller's queries.
-func (t *pgTx) batch() *pgx.Batch {
-	b := &pgx.Batch{}
-	if !t.begun {
-		b.Queue("BEGIN")
-		b.Queue(sqlFenceLock, t.lease.RunID)
-	}
-	return b
+// deferring tells whether a write that needs no result is to be queued:
+// nothing has been sent yet.
+func (t *pgTx) deferring() bool { return !t.begun && t.failed == nil }
+
+// later queues a write: lone are its statements for the one-round-trip
+// batch, now makes it through the explicit transaction.
+func (t *pgTx) later(now func() error, lone ...*pgx.QueuedQuery) error {
+	t.queued = append(t.queued, deferredWrite{lone: lone, now: now})
+	return nil
 }
 
-// send sends b and, if b opens the transaction, reads BEGIN's and the
-// fence lock's results. The caller reads its own results, then Closes.
-// Queries pipelined behind the fence lock run before the fence is known,
-// so they must either check the fence themselves or be rolled back: a
-// fenced transaction is (t.failed makes InTx roll back).
+// write makes a write of b's statements, which need no results: queued
+// while nothing has been sent, sent now otherwise. wrap, when not nil,
+// gives a failed statement's error the call's context.
+func (t *pgTx) write(b *pgx.Batch, wrap func(error) error) error {
+	now := func() error {
+		_, err := t.exec(b)
+		if err != nil && wrap != nil {
+			return t.fail(wrap(err))
+		}
+		return err
+	}
+	if !t.deferring() {
+		return now()
+	}
+	lone := make([]*pgx.QueuedQuery, len(b.QueuedQueries))
+	for i, q := range b.QueuedQueries {
+		lone[i] = &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments}
+	}
+	return t.later(now, lone...)
+}
+
+// flush makes the queued writes through the explicit transaction (the
+// first opens it), in the order they were made.
+func (t *pgTx) flush() error {
+	q := t.queued
+	t.queued = nil
+	for _, w := range q {
+		if err := w.now(); err != nil {
+			return t.fail(err)
+		}
+	}
+	return nil
+}
+
+// send sends b through the explicit transaction, after the queued writes;
+// if b opens it, BEGIN and the fence check go ahead of b's statements in
+// the same round trip, and send reads their results. The caller reads its
+// own results, then Closes. A fenced check aborts the transaction, so
+// nothing pipelined behind it runs.
 func (t *pgTx) send(b *pgx.Batch) (pgx.BatchResults, error) {
 	if t.failed != nil {
 		return nil, t.failed
 	}
-	opening := !t.begun
-	t.begun = true
-	br := t.conn.SendBatch(t.ctx, b)
-	if !opening {
-		return br, nil
+	if err := t.flush(); err != nil {
+		return nil, err
 	}
+	if t.begun {
+		return t.conn.SendBatch(t.ctx, b), nil
+	}
+	t.begun = true
+	ob := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2+len(b.QueuedQueries))}
+	ob.Queue("BEGIN")
+	ob.Queue(sqlFence, t.lease.RunID, t.lease.Fence)
+	ob.QueuedQueries = append(ob.QueuedQueries, b.QueuedQueries...)
+	br := t.conn.SendBatch(t.ctx, ob)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
 		return nil, t.fail(err)
 	}
-	var fence int64
-	err := br.QueryRow().Scan(&fence)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		err = fmt.Errorf("%w: run %s is not in %s", checkpoint.ErrNotFound, t.lease.RunID, t.s.where)
-	case err == nil && fence != t.lease.Fence:
-		err = fmt.Errorf("%w: run %s is at fence %d, this attempt (%d) holds fence %d; it writes nothing more",
-			checkpoint.ErrFenced, t.lease.RunID, fence, t.lease.Attempt, t.lease.Fence)
-	}
-	if err != nil {
+	if _, err := br.Exec(); err != nil {
 		br.Close()
-		return nil, t.fail(err)
+		return nil, t.fail(t.fenceError(err))
 	}
 	return br, nil
 }
 
-// open opens the transaction, if no write has yet.
+// open opens the transaction, if no statement has been sent yet, with the
+// queued writes.
 func (t *pgTx) open() error {
-	if t.begun {
+	if t.failed != nil {
 		return t.failed
 	}
-	br, err := t.send(t.batch())
+	if err := t.flush(); err != nil || t.begun {
+		return err
+	}
+	br, err := t.send(&pgx.Batch{})
 	if err != nil {
 		return err
 	}
@@ -141,9 +284,6 @@ func (t *pgTx) open() error {
 // round trip (opening the transaction with them if needed).
 func (t *pgTx) exec(b *pgx.Batch) ([]pgconn.CommandTag, error) {
 	n := len(b.QueuedQueries)
-	if !t.begun {
-		n -= 2
-	}
 	br, err := t.send(b)
 	if err != nil {
 		return nil, err
