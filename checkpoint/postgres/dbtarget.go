@@ -235,6 +235,7 @@ func (d *dbTarget) run(ctx context.Context, opts pgx.TxOptions, lock bool, op st
 		return err
 	})
 	g.mayLackApplied = d.readOnly
+	g.lockEffects = lock
 	if err := fn(g); err != nil {
 		return d.wrap(op, err)
 	}

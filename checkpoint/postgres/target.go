@@ -38,6 +38,16 @@ type pgTarget struct {
 	// mayLackApplied: the database may have no stepwise_applied (a
 	// separate target opened read-only created none).
 	mayLackApplied bool
+	// lockEffects: a separate target's write transaction. IsApplied and
+	// MarkApplied first take a transaction-scoped advisory lock on the
+	// effect ID, so two runners finishing one recorded plan (one that lost
+	// its lease, and the new owner) serialise: the second waits for the
+	// first's commit and then sees its mark. Without it, under READ
+	// COMMITTED the second would see the effect unapplied, then meet the
+	// first's writes as a version conflict, and the protocol would plan
+	// and apply the effect again. (In the checkpoint's own transaction the
+	// fence lock on the run row serialises them already.)
+	lockEffects bool
 }
 
 // txTarget is a pgTarget running in tx, a transaction of the target's own.
@@ -90,6 +100,9 @@ const (
 	// missing and one would find the other's insert at its commit.
 	sqlLockKeys = `SELECT pg_advisory_xact_lock(s.h) FROM (
     SELECT hashtextextended($1 || chr(31) || k, 0) AS h FROM unnest($2::text[]) AS k ORDER BY k COLLATE "C") AS s`
+	// sqlLockEffect serialises the transactions that check or mark one
+	// effect ID on a separate target, until each commits.
+	sqlLockEffect  = `SELECT pg_advisory_xact_lock(hashtextextended('stepwise effect ' || $1, 0))`
 	sqlIsApplied   = `SELECT EXISTS (SELECT 1 FROM stepwise_applied WHERE effect_id = $1)`
 	sqlMarkApplied = `INSERT INTO stepwise_applied (effect_id, run_id, step_id, applied_at) VALUES ($1, $2, $3, $4)`
 )
@@ -305,8 +318,28 @@ func (g *pgTarget) IsApplied(ctx context.Context, effectID string) (bool, error)
 		}
 		b = &pgx.Batch{}
 	}
+	if g.lockEffects {
+		// The lock, then the lookup: a statement of its own, so under
+		// READ COMMITTED it reads a snapshot taken after the lock was
+		// granted (the other runner's commit included).
+		b.Queue(sqlLockEffect, effectID)
+	}
 	b.Queue(sqlIsApplied, effectID)
-	return g.bool(b, "look up applied effect "+effectID)
+	op := "look up applied effect " + effectID
+	br, err := g.send(b)
+	if err != nil {
+		return false, g.fail(fmt.Errorf("postgres: %s: %w", op, err))
+	}
+	if g.lockEffects {
+		if _, err := br.Exec(); err != nil {
+			return false, g.finish(br, fmt.Errorf("postgres: lock effect %s: %w", effectID, err))
+		}
+	}
+	var ok bool
+	if err = br.QueryRow().Scan(&ok); err != nil {
+		err = fmt.Errorf("postgres: %s: %w", op, err)
+	}
+	return ok, g.finish(br, err)
 }
 
 // bool sends b, whose one query returns one boolean.
@@ -327,10 +360,17 @@ func (g *pgTarget) bool(b *pgx.Batch, op string) (bool, error) {
 // an error (a unique key): a plan applies once.
 func (g *pgTarget) MarkApplied(ctx context.Context, a checkpoint.Applied) error {
 	b := &pgx.Batch{}
+	if g.lockEffects {
+		b.Queue(sqlLockEffect, a.EffectID) // held already if IsApplied ran: locks stack
+	}
 	b.Queue(sqlMarkApplied, a.EffectID, a.RunID, a.StepID, a.At)
 	br, err := g.send(b)
 	if err == nil {
-		_, err = br.Exec()
+		for range b.Len() {
+			if _, err = br.Exec(); err != nil {
+				break
+			}
+		}
 		err = g.finish(br, err)
 	}
 	if err != nil {

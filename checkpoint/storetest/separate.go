@@ -8,11 +8,13 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"path"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
@@ -242,6 +244,72 @@ func testSeparateTargets(t *testing.T, h Harness) {
 		}
 		if ok, err := appliedIn(e.ctx, et, a.EffectID); err != nil || ok {
 			t.Errorf("IsApplied of the conflicting plan = %v, %v; want false", ok, err)
+		}
+	})
+
+	t.Run("SeparateConcurrentFinishOfOnePlan", func(t *testing.T) {
+		// A runner that lost its lease (A) and the new owner (B) finish
+		// the same recorded plan (one effect ID) on the separate target
+		// at once. B's applied check runs while A has applied and marked
+		// the effect but not committed. B must then either wait and see
+		// the effect applied, or fail some other way: never see it
+		// unapplied and then hit a version conflict, which the protocol
+		// takes for "nothing of ours applied" and answers by planning and
+		// applying the effect again.
+		e := newEnv(t, h)
+		sa, sb := e.open(), e.open()
+		td := newLedger(t, h)
+		ea := openSeparate(t, e.ctx, sa, td, checkpoint.TargetSpec{Table: ledger})
+		eb := openSeparate(t, e.ctx, sb, td, checkpoint.TargetSpec{Table: ledger})
+		ws := []checkpoint.Write{{Key: "acct:1", OldVersion: 1, OldValue: 100, NewValue: 90}}
+		a := checkpoint.Applied{EffectID: "sep/race/pay@1.0", RunID: "sep/race", StepID: "pay", At: t0}
+		marked, bStarted := make(chan struct{}), make(chan struct{})
+		aDone := make(chan error, 1)
+		go func() {
+			aDone <- ea.Update(e.ctx, func(v checkpoint.Target) error {
+				if ok, err := v.IsApplied(e.ctx, a.EffectID); err != nil || ok {
+					return fmt.Errorf("A: IsApplied = %v, %v; want false", ok, err)
+				}
+				if err := v.Write(e.ctx, ws); err != nil {
+					return err
+				}
+				if err := v.MarkApplied(e.ctx, a); err != nil {
+					return err
+				}
+				close(marked)
+				<-bStarted
+				time.Sleep(h.BlockFor) // B runs into A's open transaction
+				return nil
+			})
+		}()
+		<-marked
+		var bSaw bool
+		go func() {
+			time.Sleep(h.BlockFor / 2)
+			close(bStarted)
+		}()
+		errB := eb.Update(e.ctx, func(v checkpoint.Target) error {
+			var err error
+			if bSaw, err = v.IsApplied(e.ctx, a.EffectID); err != nil || bSaw {
+				return err
+			}
+			if err := v.Write(e.ctx, ws); err != nil {
+				return err
+			}
+			return v.MarkApplied(e.ctx, a)
+		})
+		if err := <-aDone; err != nil {
+			t.Fatalf("A's apply: %v", err)
+		}
+		var vc *checkpoint.VersionConflictError
+		if errors.As(errB, &vc) {
+			t.Fatalf("B saw the effect unapplied, then a version conflict (%v): a runner would plan and apply it a second time", errB)
+		}
+		if errB != nil || !bSaw {
+			t.Errorf("B's finish of the same plan: saw applied %v, err %v; want it to wait for A and see the effect applied", bSaw, errB)
+		}
+		if got := row(t, td, "acct:1"); got.Value != 90 || got.Version != 2 {
+			t.Errorf("acct:1 after both = %+v; want 90 at version 2: applied once", got)
 		}
 	})
 
