@@ -27,8 +27,9 @@ const exitCodesHelp = `Exit codes (each means one thing):
      rerun or resume it.
   2  bad usage or input: an unknown job, run or step; bad or changed parameters;
      a database file that is missing, not a database, read-only or too new; a
-     PostgreSQL server that is down or refuses the login, a missing database or
-     privilege, a statement timeout, too many connections (nothing was written).
+     PostgreSQL store that cannot be opened: a bad URL, the server down, the login
+     refused, a missing database or privilege, too many connections (nothing was
+     written; the same server errors mid-run fail the run: exit 1).
   3  interrupted (SIGINT/SIGTERM), resumable: run or resume it again.
   4  another process holds it: a live runner holds the run's lease (run, resume and
      rerun without --wait; recover, abandon, reset and resolve on a live run), this
@@ -76,7 +77,7 @@ func ExitCode(err error) int {
 		errors.Is(err, jobs.ErrUnknownJob), errors.Is(err, checkpoint.ErrNotFound),
 		errors.Is(err, checkpoint.ErrNoDirectory), errors.Is(err, checkpoint.ErrNotDatabase),
 		errors.Is(err, checkpoint.ErrReadOnly), errors.Is(err, checkpoint.ErrTooNew),
-		errors.Is(err, checkpoint.ErrNoDatabase), serverError(err):
+		errors.Is(err, checkpoint.ErrNoDatabase):
 		return ExitUsage
 	}
 	return ExitFailed

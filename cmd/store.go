@@ -3,7 +3,6 @@ package cmd
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"reflect"
 	"strings"
 
@@ -47,10 +46,7 @@ func databaseURL(loc string) (string, bool) {
 	if !ok || !(strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql")) {
 		return "", false
 	}
-	if u, err := url.Parse(loc); err == nil {
-		return u.Redacted(), true
-	}
-	return scheme + "://…", true
+	return checkpoint.RedactLocation(loc), true
 }
 
 // openBackend opens the checkpoint store named by g.DB: a PostgreSQL
@@ -62,10 +58,18 @@ func openBackend(e *Env, mustExist bool) (checkpoint.Backend, error) {
 	st, err := stores.Open(e.Ctx, g.DB, stores.Settings{
 		MustExist: mustExist, Synchronous: g.Synchronous, BusyTimeout: g.BusyTimeout,
 	})
-	if errors.Is(err, checkpoint.ErrNoDatabase) && mustExist {
+	switch {
+	case errors.Is(err, checkpoint.ErrNoDatabase) && mustExist:
 		return nil, usageError{fmt.Errorf("%w; check --db or $STEPWISE_DB (this command only reads a checkpoint database)", err)}
-	}
-	if err != nil {
+	case errors.Is(err, postgres.ErrBadURL):
+		return nil, usageError{fmt.Errorf("--db: %w", err)}
+	case serverError(err):
+		// The store could not be opened: nothing was done, and what to
+		// fix is the server, the URL or the grants (exit 2). The same
+		// errors later, mid-run, fail the attempt (exit 1): a rerun
+		// resumes it.
+		return nil, usageError{err}
+	case err != nil:
 		return nil, err
 	}
 	return st, nil
@@ -81,9 +85,10 @@ func (e *Env) storeName() string {
 }
 
 // serverError reports whether err is a database server refusing or failing
-// what was asked in a way the user fixes (exit 2): the server down or
-// unreachable, authentication refused, the database missing, a privilege
-// missing, a statement timeout, too many connections. Nothing was written.
+// what was asked in a way the user fixes: the server down or unreachable,
+// authentication refused, the database missing, a privilege missing, a
+// statement timeout, too many connections. Opening the store, it is exit
+// 2 (nothing was written).
 func serverError(err error) bool {
 	for _, kind := range []error{postgres.ErrUnavailable, postgres.ErrAuth, postgres.ErrNoDatabase,
 		postgres.ErrPermission, postgres.ErrStatementTimeout, postgres.ErrTooManyConnections} {

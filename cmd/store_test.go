@@ -2,6 +2,7 @@ package cmd
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 )
 
@@ -166,4 +168,36 @@ func tablesIn(t *testing.T, db string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestDBBadPostgresURL: a --db URL that does not parse, or that pgx
+// refuses, is bad usage (exit 2) naming --db, never the password,
+// whether it sits in the user information or in a password= parameter.
+func TestDBBadPostgresURL(t *testing.T) {
+	t.Chdir(t.TempDir())
+	for _, db := range []string{
+		"postgres://ops:s3cret%zz@db.example/stepwise",
+		"postgres://ops@db.example/stepwise?password=s3cret&sslmode=bogus",
+		"postgres://ops:s3cret@db.example/stepwise?sslmode=bogus",
+	} {
+		o := cliRun(t, []string{"--db", db, "runs"})
+		if o.code != ExitUsage || !strings.Contains(o.stderr, "--db") || !strings.Contains(o.stderr, "bad database URL") {
+			t.Errorf("--db %s: exit %d, want 2 naming --db and a bad database URL\n%s", db, o.code, o)
+		}
+		if strings.Contains(o.stdout+o.stderr, "s3cret") {
+			t.Errorf("--db %s: the password is printed\n%s", db, o)
+		}
+	}
+}
+
+// TestServerErrorsMidRunFailTheRun: a server error raised once the store
+// is open (the server lost mid-run, a statement timeout) fails the run
+// (exit 1: resume it), not bad usage; opening the store it is exit 2.
+func TestServerErrorsMidRunFailTheRun(t *testing.T) {
+	for _, kind := range []error{postgres.ErrUnavailable, postgres.ErrStatementTimeout, postgres.ErrTooManyConnections} {
+		err := fmt.Errorf("step post: %w", &postgres.Error{Kind: kind, Where: "server db:5432, database x", Op: "write run r/1", Detail: "gone"})
+		if got := ExitCode(err); got != ExitFailed {
+			t.Errorf("ExitCode(%v) = %d; want %d (the run failed; a rerun resumes it)", kind, got, ExitFailed)
+		}
+	}
 }

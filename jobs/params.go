@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
 // ErrBadParams is wrapped by every parameter decoding or validation error;
@@ -95,12 +97,14 @@ func databaseParam(p Param, s string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("parameter %q is not a valid database URL: %w; give postgres://USER@HOST:PORT/DATABASE", p.Name, redactParseError(err))
 	}
-	if _, has := u.User.Password(); has {
+	if checkpoint.HasSecret(u) {
 		return "", fmt.Errorf("parameter %q (%s) holds a password, which would be stored with the run and shown by every listing; "+
-			"remove it from the URL and set PGPASSWORD or a ~/.pgpass entry instead", p.Name, u.Redacted())
+			"remove it from the URL and set PGPASSWORD or a ~/.pgpass entry instead", p.Name, checkpoint.RedactLocation(s))
 	}
-	if u.Host == "" || strings.Trim(u.Path, "/") == "" {
-		return "", fmt.Errorf("parameter %q is %s; a database URL names a host and a database: postgres://USER@HOST:PORT/DATABASE", p.Name, u.Redacted())
+	// A host in the authority, or in a host= parameter (a Unix socket:
+	// postgres:///ledger?host=/var/run/postgresql).
+	if (u.Host == "" && u.Query().Get("host") == "") || strings.Trim(u.Path, "/") == "" {
+		return "", fmt.Errorf("parameter %q is %s; a database URL names a host and a database: postgres://USER@HOST:PORT/DATABASE", p.Name, checkpoint.RedactLocation(s))
 	}
 	return s, nil
 }

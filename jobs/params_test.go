@@ -474,3 +474,21 @@ func TestDecodeDatabaseParam(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeDatabaseParamSecretsAndSockets: a password in a query
+// parameter is refused like one in the user information; a Unix-socket
+// URL (host= parameter) is a database URL.
+func TestDecodeDatabaseParamSecretsAndSockets(t *testing.T) {
+	j := jobs.Define("report", noop[databaseParams])
+	for _, in := range []string{"postgres://app@db/ledger?password=s3cret", "postgres://app@db/ledger?sslpassword=s3cret"} {
+		_, err := j.Decode(map[string]string{"date": "2026-11-28", "ledger": in}, nil)
+		if !errors.Is(err, jobs.ErrBadParams) || !strings.Contains(err.Error(), "holds a password") || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("ledger=%s: err = %v; want refused for holding a password, without showing it", in, err)
+		}
+	}
+	const socket = "postgres:///ledger?host=/var/run/postgresql"
+	d, err := j.Decode(map[string]string{"date": "2026-11-28", "ledger": socket}, nil)
+	if err != nil || !strings.Contains(string(d.JSON), socket) {
+		t.Errorf("ledger=%s: %s, %v; want it kept as given", socket, d.JSON, err)
+	}
+}

@@ -32,6 +32,9 @@ var (
 	// ErrTooManyConnections: the server (or the role, or the database)
 	// has reached its connection limit.
 	ErrTooManyConnections = errors.New("postgres: too many connections")
+	// ErrBadURL: the database URL does not parse, or names settings pgx
+	// refuses (an unknown sslmode, say). Nothing was connected to.
+	ErrBadURL = errors.New("postgres: bad database URL")
 )
 
 // SQLSTATE codes the store maps.

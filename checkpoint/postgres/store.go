@@ -69,12 +69,11 @@ func (c Config) poolConfig() (*pgxpool.Config, error) {
 	}
 	u, err := url.Parse(c.URL)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		shown := "it"
-		if err == nil {
-			shown = u.Redacted()
+		what := "is not a postgres:// or postgresql:// URL"
+		if err != nil && IsURL(c.URL) {
+			what = "does not parse (" + urlParseReason(err) + ")"
 		}
-		return nil, fmt.Errorf("postgres: Config.URL: %s is not a postgres:// or postgresql:// URL; "+
-			"write postgres://USER@HOST:PORT/DATABASE", shown)
+		return nil, fmt.Errorf("%w: %s %s; write postgres://USER@HOST:PORT/DATABASE", ErrBadURL, checkpoint.RedactLocation(c.URL), what)
 	}
 	if c.MaxConns < 0 || c.StatementTimeout < 0 || c.ConnectTimeout < 0 {
 		return nil, fmt.Errorf("postgres: Config has a negative MaxConns (%d), StatementTimeout (%s) or ConnectTimeout (%s)",
@@ -83,11 +82,13 @@ func (c Config) poolConfig() (*pgxpool.Config, error) {
 	pc, err := pgxpool.ParseConfig(c.URL)
 	if err != nil {
 		// pgx's parse errors redact the password themselves.
-		return nil, fmt.Errorf("postgres: Config.URL %s: %w", u.Redacted(), err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrBadURL, checkpoint.RedactLocation(c.URL), err)
 	}
-	pc.MaxConns = c.MaxConns
-	if pc.MaxConns == 0 {
-		pc.MaxConns = 4
+	switch {
+	case c.MaxConns > 0:
+		pc.MaxConns = c.MaxConns
+	case u.Query().Get("pool_max_conns") == "":
+		pc.MaxConns = 4 // the URL's pool_max_conns, if any, stands
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 10 * time.Second
@@ -213,4 +214,14 @@ func ts(t time.Time) any {
 		return nil
 	}
 	return t
+}
+
+// urlParseReason is why url.Parse refused a URL, without the URL (which
+// may hold a password).
+func urlParseReason(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err.Error()
+	}
+	return "malformed"
 }

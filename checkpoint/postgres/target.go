@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"strings"
 
@@ -499,13 +498,7 @@ func IsURL(loc string) bool {
 }
 
 // redactURL is u with any password replaced, for messages.
-func redactURL(u string) string {
-	p, err := url.Parse(u)
-	if err != nil {
-		return "(an unparsable location)"
-	}
-	return p.Redacted()
-}
+func redactURL(u string) string { return checkpoint.RedactLocation(u) }
 
 // sortedUnique is keys in bytewise order without repeats.
 func sortedUnique(keys []string) []string {

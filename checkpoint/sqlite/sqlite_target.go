@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"strings"
 
@@ -430,13 +429,7 @@ func isURL(loc string) bool {
 }
 
 // redactURL is loc with any password hidden, for messages.
-func redactURL(loc string) string {
-	if u, err := url.Parse(loc); err == nil {
-		return u.Redacted()
-	}
-	scheme, _, _ := strings.Cut(loc, "://")
-	return scheme + "://…"
-}
+func redactURL(loc string) string { return checkpoint.RedactLocation(loc) }
 
 // isSelf reports whether path is the checkpoint database's own file.
 func (s *Store) isSelf(path string) bool {

@@ -13,7 +13,6 @@ package stores
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
@@ -139,16 +138,4 @@ func otherScheme(loc string) (string, bool) {
 
 // Redact returns loc for messages: a URL with its password hidden, a file
 // path as it is.
-func Redact(loc string) string {
-	scheme, _, ok := strings.Cut(loc, "://")
-	if !ok {
-		return loc
-	}
-	if _, other := otherScheme(loc); !other && !IsURL(loc) {
-		return loc
-	}
-	if u, err := url.Parse(loc); err == nil {
-		return u.Redacted()
-	}
-	return scheme + "://…"
-}
+func Redact(loc string) string { return checkpoint.RedactLocation(loc) }
