@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,7 +22,7 @@ const (
 	// over a Unix socket), and whether this role may read the cluster's
 	// system identifier.
 	sqlIdentity = `SELECT current_database(), host(inet_server_addr()), inet_server_port(),
-       to_regclass($1::text)::oid::bigint,
+       pg_postmaster_start_time(), to_regclass($1::text)::oid::bigint,
        has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE')`
 	sqlSystemID = `SELECT system_identifier FROM pg_catalog.pg_control_system()`
 	// sqlHasApplied tells whether the applied-effects table resolves
@@ -46,8 +47,9 @@ type identity struct {
 	db       string
 	addr     *string // nil over a Unix socket
 	port     *int32
-	relation *int64 // nil when the table does not resolve
-	sysid    *int64 // nil when the role may not read pg_control_system()
+	started  time.Time // the server process's start (pg_postmaster_start_time())
+	relation *int64    // nil when the table does not resolve
+	sysid    *int64    // nil when the role may not read pg_control_system()
 }
 
 // identify reads the identity of the session q runs on, for table.
@@ -57,7 +59,7 @@ func identify(ctx context.Context, q interface {
 	var id identity
 	var mayRead bool
 	name := pgx.Identifier{table.Name}.Sanitize()
-	if err := q.QueryRow(ctx, sqlIdentity, name).Scan(&id.db, &id.addr, &id.port, &id.relation, &mayRead); err != nil {
+	if err := q.QueryRow(ctx, sqlIdentity, name).Scan(&id.db, &id.addr, &id.port, &id.started, &id.relation, &mayRead); err != nil {
 		return id, err
 	}
 	if mayRead {
@@ -73,9 +75,10 @@ func identify(ctx context.Context, q interface {
 // sameStore decides whether d's database is the store's own and its
 // table the same relation: the same cluster (the system identifier of
 // pg_control_system() when both sessions may read it; otherwise the
-// server address and port as the server reports them, which takes two
-// clusters behind one proxy address for one and a Unix socket for
-// none), the same database (current_database()), and the table's name
+// server address and port as the server reports them and the moment its
+// server process started, so two clusters behind one address (a proxy,
+// NAT) are told apart, and a Unix socket is never the same), the same
+// database (current_database()), and the table's name
 // resolving to the same relation (its oid) under both sessions'
 // search_path. Names and spellings of the URL never decide.
 func (s *Store) sameStore(ctx context.Context, d *dbTarget, table checkpoint.Table) (bool, error) {
@@ -99,7 +102,8 @@ func sameIdentity(a, b identity) bool {
 		cluster = *a.sysid == *b.sysid
 	default:
 		cluster = a.addr != nil && b.addr != nil && *a.addr == *b.addr &&
-			a.port != nil && b.port != nil && *a.port == *b.port
+			a.port != nil && b.port != nil && *a.port == *b.port &&
+			!a.started.IsZero() && a.started.Equal(b.started)
 	}
 	return cluster && a.db == b.db && eq64(a.relation, b.relation)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
@@ -12,7 +13,8 @@ import (
 func ptr[T any](v T) *T { return &v }
 
 func TestSameIdentityRule(t *testing.T) {
-	base := identity{db: "ledger", addr: ptr("10.0.0.5"), port: ptr(int32(5432)), relation: ptr(int64(16400)), sysid: ptr(int64(77))}
+	base := identity{db: "ledger", addr: ptr("10.0.0.5"), port: ptr(int32(5432)), relation: ptr(int64(16400)), sysid: ptr(int64(77)),
+		started: time.Date(2026, 11, 30, 4, 0, 0, 123456000, time.UTC)}
 	with := func(f func(*identity)) identity { id := base; f(&id); return id }
 	for _, c := range []struct {
 		name string
@@ -27,6 +29,8 @@ func TestSameIdentityRule(t *testing.T) {
 		{"table missing on one side", base, with(func(i *identity) { i.relation = nil }), false},
 		{"fallback: no system identifier, same address and port", base, with(func(i *identity) { i.sysid = nil }), true},
 		{"fallback: no system identifier, another port", base, with(func(i *identity) { i.sysid, i.port = nil, ptr(int32(5433)) }), false},
+		{"fallback: two clusters behind one address (NAT), started at other times", with(func(i *identity) { i.sysid = nil }),
+			with(func(i *identity) { i.sysid, i.started = nil, i.started.Add(time.Second) }), false},
 		{"fallback: Unix sockets report no address", with(func(i *identity) { i.sysid, i.addr = nil, nil }), with(func(i *identity) { i.sysid, i.addr = nil, nil }), false},
 	} {
 		if got := sameIdentity(c.a, c.b); got != c.want {
