@@ -2,8 +2,10 @@ package settlement
 
 import (
 	"database/sql"
+	"errors"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -104,7 +106,8 @@ func (d dialect) overflowed(err error) bool {
 		return false
 	}
 	if d.postgres {
-		return strings.Contains(err.Error(), "22003") || strings.Contains(err.Error(), "out of range")
+		var pe *pgconn.PgError
+		return errors.As(err, &pe) && pe.Code == "22003" // numeric_value_out_of_range
 	}
 	return strings.Contains(err.Error(), "integer overflow")
 }
