@@ -268,7 +268,7 @@ func testSeparateTargets(t *testing.T, h Harness) {
 		go func() {
 			aDone <- ea.Update(e.ctx, func(v checkpoint.Target) error {
 				if ok, err := v.IsApplied(e.ctx, a.EffectID); err != nil || ok {
-					return fmt.Errorf("A: IsApplied = %v, %v; want false", ok, err)
+					return fmt.Errorf("runner A: IsApplied = %v, %v; want false", ok, err)
 				}
 				if err := v.Write(e.ctx, ws); err != nil {
 					return err
