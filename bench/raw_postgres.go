@@ -45,7 +45,6 @@ WHERE a.id = u.id AND a.version = u.version`
 SELECT $1, 'post', u.key, u.status, u.output, u.error, 1, '' FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[]) AS u(key, status, output, error)`
 	sqlPGRawItemKeys = `SELECT item_key, status FROM items WHERE run_id = $1 AND step_id = 'post'`
 	sqlPGRawRejected = `SELECT count(*) FROM items WHERE status = 'rejected'`
-	sqlPGBalances    = `SELECT id, balance FROM accounts ORDER BY id`
 )
 
 // postgresBackend makes and drops the benchmark's schemas.
@@ -479,19 +478,7 @@ func (rs *pgSettler) rejected(ctx context.Context) (int, error) {
 }
 
 func (rs *pgSettler) balances(ctx context.Context) (string, error) {
-	rows, err := rs.pool.Query(ctx, sqlPGBalances)
-	if err != nil {
-		return "", err
-	}
-	defer rows.Close()
-	var sb strings.Builder
-	for rows.Next() {
-		var id string
-		var bal int64
-		if err := rows.Scan(&id, &bal); err != nil {
-			return "", err
-		}
-		fmt.Fprintf(&sb, "%s=%d\n", id, bal)
-	}
-	return sb.String(), rows.Err()
+	db := stdlib.OpenDBFromPool(rs.pool) // closing it leaves the pool open
+	defer db.Close()
+	return balances(ctx, db)
 }
