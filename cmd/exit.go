@@ -33,8 +33,10 @@ const exitCodesHelp = `Exit codes (each means one thing):
   3  interrupted (SIGINT/SIGTERM), resumable: run or resume it again.
   4  another process holds it: a live runner holds the run's lease (run, resume and
      rerun without --wait; recover, abandon, reset and resolve on a live run), this
-     runner lost its lease mid-run, or the database is locked (another process held
-     SQLite's write lock longer than --busy-timeout; --wait waits for it).
+     runner lost its lease mid-run, this runner could not renew its lease in time and
+     stopped itself (self-fenced: the database unreachable or too slow for a third
+     of --lease), or the database is locked (another process held SQLite's write
+     lock longer than --busy-timeout; --wait waits for it).
   5  refused, needs an operator decision: a changed step; a batch item whose source
      changed since it was processed; an outside call of unknown outcome; an
      abandoned or pruned run; rerun of a succeeded run without --force; reset or
@@ -69,7 +71,8 @@ func ExitCode(err error) int {
 		return ExitOK
 	case runner.NeedsOperator(err), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned):
 		return ExitOperator
-	case errors.As(err, &held), errors.Is(err, checkpoint.ErrFenced), errors.Is(err, checkpoint.ErrLocked):
+	case errors.As(err, &held), errors.Is(err, checkpoint.ErrFenced), errors.Is(err, runner.ErrLeaseLost),
+		errors.Is(err, checkpoint.ErrLocked):
 		return ExitHeld
 	case errors.Is(err, runner.ErrInterrupted):
 		return ExitInterrupted
@@ -106,6 +109,9 @@ func hint(err error, name string, wait waitFlag) string {
 		return "`" + name + " jobs` lists the jobs and their parameters"
 	case errors.Is(err, checkpoint.ErrNotDatabase):
 		return "check that --db (or $STEPWISE_DB) names a Stepwise database, or move the file away"
+	case errors.Is(err, runner.ErrLeaseLost):
+		return "check that the database is reachable from this host, then run or resume it again; " +
+			"a longer --lease leaves renewals more time (a third of it)"
 	case errors.Is(err, checkpoint.ErrLocked):
 		h := "another process held the database's write lock longer than --busy-timeout: run again when it is done"
 		if wait == waitNotGiven {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -65,6 +64,15 @@ type Config struct {
 	// Deliver, if set, receives the outbox messages due after each run
 	// (those of this run and any left undelivered before).
 	Deliver Delivery
+	// SelfFenceMargin is how long before its lease would expire a runner
+	// that could not renew it stops: it heartbeats every third of Lease
+	// and retries a failed renewal (the database unreachable, say) with a
+	// jittered backoff; if none succeeded by the lease's known expiry less
+	// this margin, it cancels the attempt's context with a
+	// *LeaseLostError, so the job's steps and their outside calls stop
+	// before another runner may take the run over. Defaults to a third of
+	// Lease; at most half of it.
+	SelfFenceMargin time.Duration
 }
 
 func (c *Config) validate() error {
@@ -88,6 +96,15 @@ func (c *Config) validate() error {
 	}
 	if c.Lease == 0 {
 		c.Lease = 30 * time.Second
+	}
+	switch {
+	case c.SelfFenceMargin < 0:
+		return fmt.Errorf("runner: Config.SelfFenceMargin (%s) cannot be negative", c.SelfFenceMargin)
+	case c.SelfFenceMargin == 0:
+		c.SelfFenceMargin = c.Lease / 3
+	case c.SelfFenceMargin > c.Lease/2:
+		return fmt.Errorf("runner: Config.SelfFenceMargin is %s; use at most half of the %s lease, leaving time to retry a failed renewal",
+			c.SelfFenceMargin, c.Lease)
 	}
 	if c.WaitPoll == 0 {
 		c.WaitPoll = 500 * time.Millisecond
@@ -219,7 +236,7 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	runID := jobs.RunID(job.Name(), dec.RunKey)
 	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Logger()
 	log := jobLog.With().Str(steps.FieldRunID, runID).Logger()
-	claim, err := r.claim(ctx, checkpoint.ClaimRequest{
+	claim, claimedAt, err := r.claim(ctx, checkpoint.ClaimRequest{
 		RunID: runID, Job: job.Name(), RunKey: dec.RunKey, Params: dec.JSON, ParamsHash: dec.Hash,
 		Owner: r.cfg.Owner, LeaseFor: r.cfg.Lease, Force: req.Force, OwnerGone: OwnerGone,
 	}, log)
@@ -240,20 +257,25 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stopBeat := r.heartbeat(runCtx, lease, cancel, log)
+	stopBeat := r.heartbeat(runCtx, lease, claimedAt, cancel, log)
 
 	store := r.waitingStore(r.cfg.Store, log)
 	pastDeadline, jobErr := r.drive(runCtx, store, job, claim, dec, req, &res, jobLog)
 	stopBeat()
 
 	end := checkpoint.Ending{Status: checkpoint.RunSucceeded, At: r.cfg.Clock.Now()}
-	var outErr error
+	var (
+		outErr error
+		lost   *LeaseLostError
+	)
 	switch {
 	case jobErr == nil:
 	case errors.Is(context.Cause(runCtx), checkpoint.ErrFenced) || errors.Is(jobErr, checkpoint.ErrFenced):
 		log.Error().Err(jobErr).Msg("lease lost to another runner; this attempt stops and records nothing more")
 		res.Status = checkpoint.RunRunning
 		return res, fmt.Errorf("run %s: %w", runID, checkpoint.ErrFenced)
+	case errors.As(context.Cause(runCtx), &lost):
+		return r.endSelfFenced(ctx, store, lease, lost, jobErr, res, log)
 	case ctx.Err() != nil:
 		end.Status, end.Error = checkpoint.RunInterrupted, "interrupted: "+context.Cause(ctx).Error()
 		outErr = fmt.Errorf("run %s: %w (resumable: run or resume it again)", runID, ErrInterrupted)
@@ -312,6 +334,31 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	}
 	ev.Str("status", end.Status).Int("executed", res.Stats.Executed).Int("skipped", res.Stats.Skipped).Msg(msg)
 	return res, outErr
+}
+
+// endSelfFenced ends an attempt that fenced itself (see heartbeat). Until
+// its lease expires the run is still this attempt's, and Finish is fenced,
+// so it records the attempt interrupted if the store answers within
+// SelfFenceMargin: the next run or resume then goes on at once. Otherwise
+// (the database still unreachable) the run stays marked running until the
+// lease expires and another runner takes it over. Either way the error
+// wraps lost.
+func (r *Runner) endSelfFenced(ctx context.Context, store checkpoint.Store, lease checkpoint.Lease, lost *LeaseLostError,
+	jobErr error, res Result, log zerolog.Logger) (Result, error) {
+	log.Debug().Err(jobErr).Msg("where the self-fencing stopped the job")
+	end := checkpoint.Ending{Status: checkpoint.RunInterrupted, Error: "interrupted: " + lost.Error(), At: r.cfg.Clock.Now()}
+	fctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.SelfFenceMargin)
+	defer done()
+	if err := store.Finish(fctx, lease, end); err != nil {
+		res.Status = checkpoint.RunRunning
+		log.Warn().Err(err).Msg("could not record the self-fenced attempt's end; the run stays marked running until its lease expires")
+		return res, fmt.Errorf("%w; its end could not be recorded either (%w): the run stays marked running "+
+			"until its lease expires, then running or resuming it takes it over", lost, err)
+	}
+	res.Status = checkpoint.RunInterrupted
+	log.Warn().Str("status", end.Status).Int("executed", res.Stats.Executed).
+		Msg("self-fenced attempt recorded as interrupted; it resumes from its checkpoints when run again")
+	return res, fmt.Errorf("%w; the attempt was recorded as interrupted: running or resuming it again goes on from its checkpoints", lost)
 }
 
 // NeedsOperator reports whether a job's error is a stop for an operator's
@@ -375,19 +422,21 @@ func (r *Runner) drive(ctx context.Context, store checkpoint.Store, job jobs.Job
 	return false, err
 }
 
-// claim claims the run, waiting for a held lease when configured to.
-func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zerolog.Logger) (checkpoint.Claim, error) {
+// claim claims the run, waiting for a held lease when configured to. The
+// time it returns was read just before the claim was sent: the lease lasts
+// at least until then plus its length.
+func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zerolog.Logger) (checkpoint.Claim, time.Time, error) {
 	for {
 		req.Now = r.cfg.Clock.Now()
 		c, err := r.cfg.Store.Claim(ctx, req)
 		if err != nil && ctx.Err() != nil {
-			return c, fmt.Errorf("%w while claiming %s: %w", ErrInterrupted, req.RunID, context.Cause(ctx))
+			return c, req.Now, fmt.Errorf("%w while claiming %s: %w", ErrInterrupted, req.RunID, context.Cause(ctx))
 		}
 		var held *checkpoint.LeaseHeldError
 		wait := r.cfg.WaitPoll
 		switch {
 		case !r.cfg.Wait:
-			return c, err
+			return c, req.Now, err
 		case errors.As(err, &held):
 			wait = min(wait, max(held.Until.Sub(req.Now), time.Millisecond))
 			log.Info().Str("owner", held.Owner).Time("until", held.Until).Msg("run held by another runner; waiting")
@@ -397,45 +446,10 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 			// claim tried nothing, so waiting longer is safe.
 			log.Info().Err(err).Msg("database locked by another process; waiting")
 		default:
-			return c, err
+			return c, req.Now, err
 		}
 		if sleepOn(r.cfg.Clock, ctx, wait) != nil {
-			return c, fmt.Errorf("%w while waiting for %s: %w", ErrInterrupted, req.RunID, err)
+			return c, req.Now, fmt.Errorf("%w while waiting for %s: %w", ErrInterrupted, req.RunID, err)
 		}
-	}
-}
-
-// heartbeat extends the lease every third of its length until stopped. If
-// the lease was lost it cancels the run with checkpoint.ErrFenced. The
-// returned stop waits for the goroutine to end.
-func (r *Runner) heartbeat(ctx context.Context, l checkpoint.Lease, cancel context.CancelCauseFunc, log zerolog.Logger) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(r.cfg.Lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				now := r.cfg.Clock.Now()
-				err := r.cfg.Store.Heartbeat(context.WithoutCancel(ctx), l, now, now.Add(r.cfg.Lease))
-				if errors.Is(err, checkpoint.ErrFenced) {
-					cancel(err)
-					return
-				}
-				if err != nil {
-					log.Warn().Err(err).Msg("heartbeat failed; will retry")
-				}
-			}
-		}
-	})
-	var once sync.Once
-	return func() {
-		once.Do(func() { close(done) })
-		wg.Wait()
 	}
 }

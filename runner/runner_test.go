@@ -38,8 +38,11 @@ type harness struct {
 	mu    sync.Mutex
 }
 
-func newHarness(t *testing.T) *harness {
-	h := &harness{t: t, st: checkpointtest.Open(t), reg: &jobs.Registry{}, calls: map[string]int{}}
+func newHarness(t *testing.T) *harness { return newHarnessOn(t, checkpointtest.Open(t)) }
+
+// newHarnessOn is newHarness on a store of the test's choosing.
+func newHarnessOn(t *testing.T, st checkpoint.Backend) *harness {
+	h := &harness{t: t, st: st, reg: &jobs.Registry{}, calls: map[string]int{}}
 	h.job = jobs.Define("job", func(ctx context.Context, run *steps.Run, p jobParams) error {
 		return h.body(ctx, run, p)
 	})
@@ -502,11 +505,14 @@ func TestNewValidatesConfig(t *testing.T) {
 	st := checkpointtest.Open(t)
 	reg := &jobs.Registry{}
 	for name, cfg := range map[string]runner.Config{
-		"no store":       {Jobs: reg},
-		"no jobs":        {Store: st},
-		"negative lease": {Store: st, Jobs: reg, Lease: -time.Second},
-		"tiny lease":     {Store: st, Jobs: reg, Lease: 10 * time.Millisecond},
-		"negative poll":  {Store: st, Jobs: reg, WaitPoll: -time.Second},
+		"no store":                              {Jobs: reg},
+		"no jobs":                               {Store: st},
+		"negative lease":                        {Store: st, Jobs: reg, Lease: -time.Second},
+		"tiny lease":                            {Store: st, Jobs: reg, Lease: 10 * time.Millisecond},
+		"negative poll":                         {Store: st, Jobs: reg, WaitPoll: -time.Second},
+		"negative self-fence margin":            {Store: st, Jobs: reg, SelfFenceMargin: -time.Second},
+		"self-fence margin over half the lease": {Store: st, Jobs: reg, Lease: 30 * time.Second, SelfFenceMargin: 16 * time.Second},
+		"self-fence margin over half the default lease": {Store: st, Jobs: reg, SelfFenceMargin: 20 * time.Second},
 	} {
 		if _, err := runner.New(cfg); err == nil {
 			t.Errorf("New with %s: want an error", name)
@@ -514,6 +520,9 @@ func TestNewValidatesConfig(t *testing.T) {
 	}
 	if _, err := runner.New(runner.Config{Store: st, Jobs: reg}); err != nil {
 		t.Errorf("New with defaults: %v", err)
+	}
+	if _, err := runner.New(runner.Config{Store: st, Jobs: reg, Lease: 30 * time.Second, SelfFenceMargin: 15 * time.Second}); err != nil {
+		t.Errorf("New with a self-fence margin of half the lease: %v", err)
 	}
 }
 
