@@ -94,7 +94,7 @@ func TestThreeDispatchersDeliverEachOnce(t *testing.T) {
 	)
 	for w := range 3 {
 		d := runner.Dispatcher{Store: checkpointtest.OpenLocation(t, loc), To: runner.WebhookDelivery{URL: srv.URL}, Clock: clock,
-			Backoff: steps.RetryPolicy{Initial: time.Millisecond, Max: time.Millisecond, Jitter: steps.NoJitter},
+			Backoff:    steps.RetryPolicy{Initial: time.Millisecond, Max: time.Millisecond, Jitter: steps.NoJitter},
 			VisibleFor: time.Hour, MaxTries: maxTries, Batch: 4}
 		wg.Add(1)
 		go func() {
