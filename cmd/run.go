@@ -181,7 +181,7 @@ type DispatchCmd struct {
 	// Many dispatchers may run at once against one database: each claims
 	// messages for --visibility, hidden from the others meanwhile.
 	MaxTries   int           `name:"max-tries" default:"10" nonzero:"" help:"Failed deliveries after which a message is dead: no longer retried, listed by 'outbox --status dead' (at least 1)."`
-	Visibility time.Duration `placeholder:"DURATION" default:"2m" nonzero:"" help:"How long a claimed message stays hidden from other dispatchers (a positive duration). Deliveries start only while a tenth of it is left; a dispatcher that dies mid-batch leaves its messages to another once it ends, delivered again with the same key."`
+	Visibility time.Duration `default:"2m" nonzero:"" help:"How long a claimed message stays hidden from other dispatchers (a positive duration). Deliveries start only while a tenth of it is left; a dispatcher that dies mid-batch leaves its messages to another once it ends, delivered again with the same key."`
 }
 
 // Run implements the dispatch command.
