@@ -22,7 +22,8 @@ type CLI struct {
 	Resume   ResumeCmd   `cmd:"" help:"Resume a run by ID with its stored parameters."`
 	Runs     RunsCmd     `cmd:"" help:"List runs, newest first; stale runs (dead runner, lease expired) are marked."`
 	Show     ShowCmd     `cmd:"" help:"Show one run: its attempts and steps with status, timings and output."`
-	Dispatch DispatchCmd `cmd:"" help:"Deliver queued notifications (at least once, with stable keys), once or --every interval."`
+	Dispatch DispatchCmd `cmd:"" help:"Deliver queued notifications (at least once, with stable keys), once or --every interval; several may run at once."`
+	Outbox   OutboxCmd   `cmd:"" help:"List notifications: queued, sent or dead (failed --max-tries times), oldest first."`
 
 	Recover  RecoverCmd  `cmd:"" group:"Operating runs" help:"Mark a stale run (its runner died) failed, so it is resumable."`
 	Rerun    RerunCmd    `cmd:"" group:"Operating runs" help:"Run a run again: from the top (--force for a succeeded run) or --from-step STEP."`

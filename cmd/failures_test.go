@@ -214,9 +214,10 @@ type shown struct {
 		Details string `json:"details"`
 	} `json:"audit"`
 	Outbox []struct {
-		Key    string `json:"key"`
-		Status string `json:"status"`
-		Tries  int    `json:"tries"`
+		Key    string    `json:"key"`
+		Status string    `json:"status"`
+		Tries  int       `json:"tries"`
+		NextAt time.Time `json:"next_at"`
 	} `json:"outbox"`
 }
 
@@ -724,12 +725,20 @@ func TestOutboxAcrossProcesses(t *testing.T) {
 		}
 		hook := srv.URL + "/hook"
 
-		c = startChild(t, nil, nil, "--db", db, "dispatch", "--to", hook)
+		c = startChild(t, nil, nil, "--db", db, "dispatch", "--to", hook, "--visibility", "5s")
 		victim <- c
 		c.WantExit(c.Wait(), sigkilled)
-		if ob := show(t, db, "outbox/k4").Outbox; len(ob) != 1 || ob[0].Status != checkpoint.MessageQueued {
-			t.Fatalf("outbox after the dispatcher died = %+v, want the message still queued", ob)
+		ob := show(t, db, "outbox/k4").Outbox
+		if len(ob) != 1 || ob[0].Status != checkpoint.MessageQueued || ob[0].Tries != 0 {
+			t.Fatalf("outbox after the dispatcher died = %+v, want the message still queued, no try recorded", ob)
 		}
+		// The dead dispatcher's claim hides the message until its window
+		// ends (its next_at); then the next dispatcher takes it.
+		if c, got = runChild(t, nil, "--db", db, "dispatch", "--to", hook); !strings.Contains(c.Stderr(), "dispatched: 0 sent, 0 failed") {
+			t.Errorf("dispatch within the dead dispatcher's window: stderr %q, want nothing sent", c.Stderr())
+		}
+		c.WantExit(got, exited0)
+		time.Sleep(time.Until(ob[0].NextAt)) // a real window on the real clock of two processes
 		for pass, want := range []string{"dispatched: 1 sent, 0 failed", "dispatched: 0 sent, 0 failed"} {
 			c, got = runChild(t, nil, "--db", db, "dispatch", "--to", hook)
 			c.WantExit(got, exited0)

@@ -207,7 +207,9 @@ type pruneView struct {
 // dispatchView is one dispatch pass in `dispatch --json`.
 type dispatchView struct {
 	Sent   int    `json:"sent"`
-	Failed int    `json:"failed"` // retried on a later pass
+	Failed int    `json:"failed"`         // retried on a later pass
+	Dead   int    `json:"dead,omitempty"` // failed for the last time (--max-tries)
+	Left   int    `json:"left,omitempty"` // not delivered before the claim's window ran out
 	Error  string `json:"error,omitempty"`
 }
 

@@ -178,6 +178,10 @@ type DispatchCmd struct {
 	To    string        `required:"" placeholder:"TARGET" help:"Where to deliver: stdout, file:PATH or an http(s):// webhook URL (POST, Idempotency-Key header)."`
 	Every time.Duration `placeholder:"DURATION" nonzero:"" help:"Keep dispatching at this interval (a positive duration such as 30s) until interrupted, instead of one pass."`
 	JSON  bool          `name:"json" help:"Print each pass's counts as a line of JSON on stdout instead of text on stderr."`
+	// Many dispatchers may run at once against one database: each claims
+	// messages for --visibility, hidden from the others meanwhile.
+	MaxTries   int           `name:"max-tries" default:"10" nonzero:"" help:"Failed deliveries after which a message is dead: no longer retried, listed by 'outbox --status dead' (at least 1)."`
+	Visibility time.Duration `default:"2m" nonzero:"" help:"How long a claimed message stays hidden from other dispatchers (a positive duration). Deliveries start only while a tenth of it is left; a dispatcher that dies mid-batch leaves its messages to another once it ends, delivered again with the same key."`
 }
 
 // Run implements the dispatch command.
@@ -193,11 +197,11 @@ func (c *DispatchCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	d := runner.Dispatcher{Store: st, To: to, Logger: env.Logger()}
+	d := runner.Dispatcher{Store: st, To: to, Logger: env.Logger(), MaxTries: c.MaxTries, VisibleFor: c.Visibility}
 	for {
 		res, err := d.Pass(env.Ctx)
 		if c.JSON {
-			v := dispatchView{Sent: res.Sent, Failed: res.Failed}
+			v := dispatchView{Sent: res.Sent, Failed: res.Failed, Dead: res.Dead, Left: res.Left}
 			if err != nil {
 				v.Error = err.Error()
 			}
@@ -209,7 +213,14 @@ func (c *DispatchCmd) Run(env *Env) error {
 			return err
 		}
 		if !c.JSON {
-			fmt.Fprintf(env.Stderr, "dispatched: %d sent, %d failed (retried later)\n", res.Sent, res.Failed)
+			fmt.Fprintf(env.Stderr, "dispatched: %d sent, %d failed (retried later)", res.Sent, res.Failed)
+			if res.Left > 0 {
+				fmt.Fprintf(env.Stderr, ", %d left for the next claim (the --visibility window ran out)", res.Left)
+			}
+			if res.Dead > 0 {
+				fmt.Fprintf(env.Stderr, ", %d dead after --max-tries %d (list them: %s outbox --status dead)", res.Dead, c.MaxTries, env.Name)
+			}
+			fmt.Fprintln(env.Stderr)
 		}
 		if c.Every == 0 || env.Ctx.Err() != nil {
 			return nil

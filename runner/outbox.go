@@ -2,6 +2,7 @@ package runner
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -132,8 +133,30 @@ func ParseDelivery(s string, stdout io.Writer) (Delivery, error) {
 	return nil, fmt.Errorf("delivery target %q: use stdout, file:PATH or an http(s):// URL", s)
 }
 
+// Dispatcher defaults.
+const (
+	// DefaultVisibility is how long a dispatcher's claim hides the
+	// messages it took from other dispatchers: room for a batch of
+	// deliveries at the webhook's 10s timeout.
+	DefaultVisibility = 2 * time.Minute
+	// DefaultMaxTries is how many failed deliveries make a message dead.
+	DefaultMaxTries = 10
+	// DefaultBatch is how many messages one claim takes.
+	DefaultBatch = 10
+)
+
 // Dispatcher delivers queued outbox messages at least once, retrying failed
-// deliveries with backoff.
+// deliveries with backoff, until a message fails MaxTries times and is
+// dead.
+//
+// Any number of dispatchers, in one process or many, may share a store:
+// each claims a batch of due messages (checkpoint.OutboxStore's
+// ClaimMessages), which hides them from the others for VisibleFor. A
+// dispatcher delivers a claimed message only while its claim's window has
+// at least a tenth of VisibleFor left, and cancels a delivery at that
+// point, so while dispatchers stay alive each message is delivered once;
+// one that dies mid-batch leaves its messages to the first claim after the
+// window, and they are delivered again with the same key.
 type Dispatcher struct {
 	// Store holds the outbox. Required.
 	Store checkpoint.OutboxStore
@@ -144,20 +167,41 @@ type Dispatcher struct {
 	// Backoff spaces the retries of a failed delivery (its Multiplier,
 	// Initial, Max and Jitter are used). Defaults to 1s doubling up to 10m.
 	Backoff steps.RetryPolicy
+	// VisibleFor is the window of a claim (the visibility timeout): how
+	// long the messages one claim took stay hidden from other claims.
+	// It should exceed a batch's deliveries. Defaults to
+	// DefaultVisibility.
+	VisibleFor time.Duration
+	// MaxTries is how many failed deliveries make a message dead (a dead
+	// letter, never claimed again, logged at ERROR). Defaults to
+	// DefaultMaxTries.
+	MaxTries int
+	// Batch is how many messages one claim takes. Defaults to
+	// DefaultBatch.
+	Batch int
 	// Logger receives delivery logs. Defaults to zerolog.Nop().
 	Logger zerolog.Logger
 }
 
 // PassResult counts what one dispatcher pass did.
 type PassResult struct {
-	Sent, Failed int
+	// Sent counts deliveries, Failed failed deliveries to retry later,
+	// Dead failed deliveries that made their message dead.
+	Sent, Failed, Dead int
+	// Left counts claimed messages not delivered because their claim's
+	// window ran out (a slow batch): claimable again when it ends.
+	Left int
 }
 
-// Pass delivers every message due now, once each, and records the outcome.
+// Pass claims and delivers every message due now, once each, and records
+// the outcomes.
 func (d *Dispatcher) Pass(ctx context.Context) (PassResult, error) {
 	var res PassResult
 	if d.Store == nil || d.To == nil {
 		return res, errors.New("runner: Dispatcher needs a Store and a Delivery")
+	}
+	if d.VisibleFor < 0 || d.MaxTries < 0 || d.Batch < 0 {
+		return res, fmt.Errorf("runner: Dispatcher VisibleFor (%s), MaxTries (%d) and Batch (%d) cannot be negative", d.VisibleFor, d.MaxTries, d.Batch)
 	}
 	clock := d.Clock
 	if clock == nil {
@@ -170,17 +214,30 @@ func (d *Dispatcher) Pass(ctx context.Context) (PassResult, error) {
 	if backoff.Max == 0 {
 		backoff.Max = 10 * time.Minute
 	}
+	window := cmp.Or(d.VisibleFor, DefaultVisibility)
+	margin := window / 10
+	maxTries, batch := cmp.Or(d.MaxTries, DefaultMaxTries), cmp.Or(d.Batch, DefaultBatch)
 	for {
-		due, err := d.Store.DueMessages(ctx, clock.Now(), 100)
+		claimedAt := clock.Now()
+		due, err := d.Store.ClaimMessages(ctx, claimedAt, batch, window)
 		if err != nil || len(due) == 0 {
 			return res, err
 		}
+		stopAt := claimedAt.Add(window - margin) // on this dispatcher's clock
 		progressed := false
 		for _, m := range due {
 			if err := ctx.Err(); err != nil {
 				return res, err
 			}
-			derr := d.To.Deliver(ctx, m)
+			left := stopAt.Sub(clock.Now())
+			if left <= 0 {
+				res.Left++
+				d.Logger.Warn().Str("key", m.Key).Dur("window", window).Msg("claim's window ran out before delivery; the message is claimable again when it ends")
+				continue
+			}
+			dctx, cancel := context.WithTimeout(ctx, left)
+			derr := d.To.Deliver(dctx, m)
+			cancel()
 			now := clock.Now()
 			if derr == nil {
 				if err := d.Store.MarkSent(ctx, m.Key, now); err != nil {
@@ -191,14 +248,24 @@ func (d *Dispatcher) Pass(ctx context.Context) (PassResult, error) {
 				d.Logger.Info().Str("key", m.Key).Str("topic", m.Topic).Int("tries", m.Tries+1).Msg("message delivered")
 				continue
 			}
+			if err := ctx.Err(); err != nil {
+				return res, err // stopped, not a failed delivery
+			}
 			delay := backoff.Backoff(m.Tries+1, rand.Float64())
-			if err := d.Store.MarkFailed(ctx, m.Key, derr.Error(), now.Add(delay)); err != nil {
+			dead, err := d.Store.MarkFailed(ctx, checkpoint.DeliveryFailure{Key: m.Key, Error: derr.Error(), RetryAt: now.Add(delay), MaxTries: maxTries})
+			if err != nil {
 				return res, err
+			}
+			if dead {
+				res.Dead++
+				d.Logger.Error().Str("key", m.Key).Str(steps.FieldRunID, m.RunID).Str("topic", m.Topic).Int("tries", m.Tries+1).Int("max_tries", maxTries).Err(derr).
+					Msg("delivery failed for the last time; the message is dead and is not retried")
+				continue
 			}
 			res.Failed++
 			d.Logger.Warn().Str("key", m.Key).Err(derr).Float64(steps.FieldRetryInSeconds, delay.Seconds()).Msg("delivery failed; will retry")
 		}
-		if !progressed {
+		if !progressed || res.Left > 0 {
 			return res, nil
 		}
 	}

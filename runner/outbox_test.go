@@ -112,6 +112,12 @@ func TestOutboxWebhookAtLeastOnce(t *testing.T) {
 	if _, err := lost.Pass(ctx); err == nil {
 		t.Fatal("pass with a failing MarkSent reported success")
 	}
+	// Its claim hides the message from every dispatcher until the window
+	// ends; then another takes it.
+	if res, err := d.Pass(ctx); err != nil || res.Sent+res.Failed != 0 {
+		t.Fatalf("pass within the dead dispatcher's window: %+v, %v; want nothing delivered", res, err)
+	}
+	clock.now = clock.now.Add(runner.DefaultVisibility)
 	if res, err := d.Pass(ctx); err != nil || res.Sent != 1 {
 		t.Fatalf("redelivery: %+v, %v", res, err)
 	}

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,15 +18,33 @@ const (
 	sqlEnqueue = `INSERT INTO outbox (key, run_id, topic, payload, status, next_at, created_at)
 VALUES ($1, $2, $3, $4, 'queued', coalesce($5::timestamptz, now()), coalesce($5::timestamptz, now()))
 ON CONFLICT (key) DO NOTHING`
-	messageCols    = `key, run_id, topic, payload, status, tries, next_at, last_error, created_at, sent_at`
-	sqlDue         = `SELECT ` + messageCols + ` FROM outbox WHERE status = 'queued' AND next_at <= coalesce($1::timestamptz, now()) ORDER BY next_at, key LIMIT $2`
+	messageCols = `key, run_id, topic, payload, status, tries, next_at, last_error, created_at, sent_at`
+	// sqlClaim takes up to $2 due messages no other transaction holds
+	// (SKIP LOCKED: concurrent claimers take disjoint sets without
+	// waiting) and pushes them $3 microseconds past now, in one
+	// statement; the outer SELECT orders them as they were due.
+	sqlClaim = `WITH due AS (
+    SELECT key, next_at FROM outbox
+    WHERE status = 'queued' AND next_at <= coalesce($1::timestamptz, now())
+    ORDER BY next_at, key LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE outbox AS o SET next_at = coalesce($1::timestamptz, now()) + $3::bigint * interval '1 microsecond'
+    FROM due WHERE o.key = due.key
+    RETURNING o.key, o.run_id, o.topic, o.payload, o.status, o.tries, o.next_at, o.last_error, o.created_at, o.sent_at, due.next_at AS was_due
+)
+SELECT ` + messageCols + ` FROM claimed ORDER BY was_due, key`
 	sqlRunMessages = `SELECT ` + messageCols + ` FROM outbox WHERE run_id = $1 ORDER BY created_at, key`
-	sqlMarkSent    = `UPDATE outbox SET status = 'sent', tries = tries + 1, sent_at = coalesce($2::timestamptz, now()), last_error = ''
+	// sqlMessages lists one status ('' for all), at most $2 (NULL: all).
+	sqlMessages = `SELECT ` + messageCols + ` FROM outbox WHERE ($1 = '' OR status = $1) ORDER BY created_at, key LIMIT $2`
+	sqlMarkSent = `UPDATE outbox SET status = 'sent', tries = tries + 1, sent_at = coalesce($2::timestamptz, now()), last_error = ''
 WHERE key = $1`
 	// sqlMarkFailed counts a failed try of a message still queued (a
-	// failure reported after a delivery changes nothing).
-	sqlMarkFailed = `UPDATE outbox SET tries = tries + 1, last_error = $2, next_at = coalesce($3::timestamptz, now())
-WHERE key = $1 AND status = 'queued'`
+	// failure reported after a delivery changes nothing) and makes it dead
+	// at the limit of tries.
+	sqlMarkFailed = `UPDATE outbox SET tries = tries + 1, last_error = $2, next_at = coalesce($3::timestamptz, now()),
+status = CASE WHEN tries + 1 >= $4 THEN 'dead' ELSE 'queued' END
+WHERE key = $1 AND status = 'queued' RETURNING status`
 )
 
 var _ checkpoint.OutboxStore = (*Store)(nil)
@@ -57,11 +76,20 @@ func (s *Store) messages(ctx context.Context, op, query string, args ...any) ([]
 	return out, s.wrap(op, err)
 }
 
-// DueMessages implements checkpoint.OutboxStore: due at now on the
-// caller's clock (Config.CallerClock), otherwise at the server's now().
-// A limit of 0 or less returns every due message.
-func (s *Store) DueMessages(ctx context.Context, now time.Time, n int) ([]checkpoint.Message, error) {
-	return s.messages(ctx, "read due messages", sqlDue, s.clock(now), limit(n))
+// ClaimMessages implements checkpoint.OutboxStore with one statement
+// (FOR UPDATE SKIP LOCKED): due at now, and claimed until now+visibleFor,
+// on the caller's clock (Config.CallerClock), otherwise on the server's
+// now().
+func (s *Store) ClaimMessages(ctx context.Context, now time.Time, n int, visibleFor time.Duration) ([]checkpoint.Message, error) {
+	if err := checkpoint.CheckClaim(n, visibleFor); err != nil {
+		return nil, err
+	}
+	return s.messages(ctx, "claim messages", sqlClaim, s.clock(now), n, visibleFor.Microseconds())
+}
+
+// Messages implements checkpoint.OutboxStore.
+func (s *Store) Messages(ctx context.Context, status string, n int) ([]checkpoint.Message, error) {
+	return s.messages(ctx, "list messages", sqlMessages, status, limit(n))
 }
 
 // RunMessages implements checkpoint.OutboxStore.
@@ -76,9 +104,16 @@ func (s *Store) MarkSent(ctx context.Context, key string, at time.Time) error {
 	return s.wrap("mark message "+key+" sent", err)
 }
 
-// MarkFailed implements checkpoint.OutboxStore: next is the retry time the
-// dispatcher chose.
-func (s *Store) MarkFailed(ctx context.Context, key, errText string, next time.Time) error {
-	_, err := s.pool.Exec(ctx, sqlMarkFailed, key, errText, ts(next))
-	return s.wrap("mark message "+key+" failed", err)
+// MarkFailed implements checkpoint.OutboxStore: f.RetryAt is the retry
+// time the dispatcher chose.
+func (s *Store) MarkFailed(ctx context.Context, f checkpoint.DeliveryFailure) (bool, error) {
+	if err := f.Validate(); err != nil {
+		return false, err
+	}
+	var status string
+	err := s.pool.QueryRow(ctx, sqlMarkFailed, f.Key, f.Error, ts(f.RetryAt), f.MaxTries).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil // no longer queued: sent or dead already
+	}
+	return status == checkpoint.MessageDead, s.wrap("mark message "+f.Key+" failed", err)
 }

@@ -61,11 +61,11 @@ func testErrorsAndClock(t *testing.T, h Harness) {
 					if err != nil || len(ms) != 1 || !sameTime(ms[0].CreatedAt, now.Add(4*time.Second)) {
 						t.Errorf("messages = %+v, %v; want one created at %s", ms, err, now.Add(4*time.Second))
 					}
-					if due, _ := ob.DueMessages(e.ctx, now.Add(4*time.Second-time.Microsecond), 10); len(due) != 0 {
-						t.Errorf("a message is due before the time it was queued for: %+v", due)
+					if due, _ := ob.ClaimMessages(e.ctx, now.Add(4*time.Second-time.Microsecond), 10, time.Minute); len(due) != 0 {
+						t.Errorf("a message is claimed before the time it was queued for: %+v", due)
 					}
-					if due, _ := ob.DueMessages(e.ctx, now.Add(4*time.Second), 10); len(due) != 1 {
-						t.Errorf("due at the time it was queued for = %+v; want the message", due)
+					if due, _ := ob.ClaimMessages(e.ctx, now.Add(4*time.Second), 10, time.Minute); len(due) != 1 || !sameTime(due[0].NextAt, now.Add(4*time.Second+time.Minute)) {
+						t.Errorf("claim at the time it was queued for = %+v; want the message, claimed for a minute of the request's clock", due)
 					}
 				}
 				if sc, ok := st.(schedules); ok {
