@@ -94,11 +94,20 @@ func (t *pgTx) PutItems(items []checkpoint.Item) error {
 		outputs, errs, chunks, fps = append(outputs, it.Output), append(errs, it.Error), append(chunks, it.Chunk), append(fps, it.Fingerprint)
 	}
 	args := []any{t.lease.RunID, t.lease.Attempt, steps, keys, statuses, outputs, errs, chunks, fps}
-	if !t.deferring() {
+	if !t.deferring() && !t.pipelining() {
 		return t.putItems(args, steps, keys)
 	}
 	for i := range outputs {
 		outputs[i], fps[i] = bytes.Clone(outputs[i]), bytes.Clone(fps[i])
+	}
+	if t.pipelining() {
+		t.pend(&pgx.QueuedQuery{SQL: sqlPutItemsLone, Arguments: append(args[:len(args):len(args)], len(keys))}, func(err error) error {
+			if !isRefusal(err) {
+				return fmt.Errorf("postgres: record %d items of run %s: %w", len(keys), t.lease.RunID, err)
+			}
+			return t.explainRefusedItems(steps, keys)
+		})
+		return nil
 	}
 	return t.later(func() error { return t.putItems(args, steps, keys) },
 		&pgx.QueuedQuery{SQL: sqlPutItemsLone, Arguments: append(args[:len(args):len(args)], len(keys))})
@@ -139,6 +148,24 @@ func (t *pgTx) putItems(args []any, steps, keys []string) error {
 			checkpoint.ErrItemFinished, int64(len(keys))-tag.RowsAffected(), len(keys), t.lease.RunID))
 	default:
 		return t.fail(fmt.Errorf("postgres: name the finished items of run %s: %w", t.lease.RunID, err))
+	}
+}
+
+// explainRefusedItems names an item of a refused PutItems, after its
+// transaction rolled back: one recorded finished.
+func (t *pgTx) explainRefusedItems(steps, keys []string) error {
+	var step, key string
+	err := t.conn.QueryRow(t.ctx, sqlRefusedItems, t.lease.RunID, steps, keys).Scan(&step, &key)
+	switch {
+	case err == nil:
+		return fmt.Errorf("%w: item %s/%s of run %s is already finished; the chunk is rolled back",
+			checkpoint.ErrItemFinished, step, key, t.lease.RunID)
+	case errors.Is(err, pgx.ErrNoRows):
+		// Finished earlier in the rolled-back transaction.
+		return fmt.Errorf("%w: some of the %d items given for run %s were finished earlier in the transaction; the chunk is rolled back",
+			checkpoint.ErrItemFinished, len(keys), t.lease.RunID)
+	default:
+		return fmt.Errorf("postgres: name the finished items of run %s: %w", t.lease.RunID, err)
 	}
 }
 
