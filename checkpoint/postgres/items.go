@@ -32,11 +32,22 @@ WHERE i.run_id = $1 AND i.status IN ('completed', 'rejected')
 ORDER BY i.step_id, i.item_key LIMIT 1`
 	// sqlAcceptItems replaces recorded items' fingerprints (whatever their
 	// status: nothing else of them moves) and returns the keys it found.
-	// sqlPutItemsLone is sqlPutItems in the one-round-trip batch: a
-	// refused item raises, rolling back the batch, which InTx then makes
-	// again statement by statement to name it.
-	sqlPutItemsLone = `WITH w AS (` + sqlPutItems + `
-RETURNING 1) SELECT stepwise_expect_rows(count(*), $10, 'put items') FROM w`
+	// sqlPutItemsLone is sqlPutItems for a batch sent without waiting
+	// for its result (InTx's one round trip, or with COMMIT): a finished
+	// item raises codeRefused where sqlPutItems would skip it, aborting
+	// the batch, whose caller then says which. Raising in the conflict
+	// arm, not counting rows, keeps it a plain INSERT (no RETURNING, no
+	// CTE): new items, the usual case, never reach that arm.
+	sqlPutItemsLone = `INSERT INTO items (run_id, step_id, item_key, status, output, error, attempt, chunk, fingerprint)
+SELECT $1, u.step, u.key, u.status, u.output, u.error, $2, u.chunk, u.fingerprint
+FROM unnest($3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::bytea[])
+    AS u(step, key, status, output, error, chunk, fingerprint)
+ON CONFLICT (run_id, step_id, item_key) DO UPDATE SET
+    status = CASE WHEN items.status IN ('completed', 'rejected')
+        THEN stepwise_expect_rows(0, 1, 'put items: item ' || items.step_id || '/' || items.item_key || ' is finished')::text
+        ELSE excluded.status END,
+    output = excluded.output, error = excluded.error,
+    attempt = excluded.attempt, chunk = excluded.chunk, fingerprint = excluded.fingerprint`
 	sqlAcceptItems = `UPDATE items SET fingerprint = u.fingerprint
 FROM unnest($2::text[], $3::text[], $4::bytea[]) AS u(step, key, fingerprint)
 WHERE items.run_id = $1 AND items.step_id = u.step AND items.item_key = u.key
@@ -101,7 +112,7 @@ func (t *pgTx) PutItems(items []checkpoint.Item) error {
 		outputs[i], fps[i] = bytes.Clone(outputs[i]), bytes.Clone(fps[i])
 	}
 	if t.pipelining() {
-		t.pend(&pgx.QueuedQuery{SQL: sqlPutItemsLone, Arguments: append(args[:len(args):len(args)], len(keys))}, func(err error) error {
+		t.pend(&pgx.QueuedQuery{SQL: sqlPutItemsLone, Arguments: args}, func(err error) error {
 			if !isRefusal(err) {
 				return fmt.Errorf("postgres: record %d items of run %s: %w", len(keys), t.lease.RunID, err)
 			}
@@ -110,7 +121,7 @@ func (t *pgTx) PutItems(items []checkpoint.Item) error {
 		return nil
 	}
 	return t.later(func() error { return t.putItems(args, steps, keys) },
-		&pgx.QueuedQuery{SQL: sqlPutItemsLone, Arguments: append(args[:len(args):len(args)], len(keys))})
+		&pgx.QueuedQuery{SQL: sqlPutItemsLone, Arguments: args})
 }
 
 // putItems sends PutItems's statement through the explicit transaction
