@@ -229,6 +229,9 @@ func (g *pgTarget) Read(ctx context.Context, keys []string) (map[string]checkpoi
 // Write implements checkpoint.Target: one UPDATE for every existing key
 // and one INSERT for the new ones, in one round trip, each returning the
 // keys it wrote, so a key it missed (another writer moved it) is named.
+// In the checkpoint's transaction once it is open, it is instead one
+// statement sent with the next round trip (targetSQL.cas), and Write
+// returns nil: a conflict is that next call's, or InTx's, error.
 func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 	// In key order, so two writers of the same keys take their row locks
 	// in one order and wait for each other instead of deadlocking.

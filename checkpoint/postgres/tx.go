@@ -44,6 +44,13 @@ const (
 // sends the queued writes through an explicit transaction, which opens
 // lazily: its first statement goes to the server in one batch with BEGIN
 // and the fence check, and InTx sends COMMIT at the end.
+//
+// Once it is open, writes that need no result (those above and a
+// Target's Write) are pending: they go ahead of the next statement that
+// needs results, in its batch, or with COMMIT in one batch. Each raises
+// (codeRefused) where the call would have been refused; the server then
+// skips the rest of the batch, COMMIT included, and the store rolls back
+// and reports the refusal as that call's error.
 type pgTx struct {
 	ctx   context.Context
 	s     *Store
