@@ -25,6 +25,14 @@
 // its outbox message) costs one round trip: the fence check and the writes
 // go in one batch outside BEGIN/COMMIT, which the server runs as one
 // implicit transaction; its outcome, a refusal included, is InTx's.
+// Writes made after the transaction opened (a target's compare-and-set,
+// checkpoints, items, chunk plans, messages) wait for the next statement
+// that needs results, or go with COMMIT: an effect step (read, write,
+// checkpoint) and a same-store chunk cost two round trips. Such a write
+// returns nil; a refusal (a *[checkpoint.VersionConflictError], a
+// *[checkpoint.StepConflictError], [checkpoint.ErrItemFinished]) aborts
+// the transaction, COMMIT included, and is returned by that next call or
+// by InTx.
 //
 // Leases are computed on the database clock (now()), so clock skew between
 // hosts neither shortens nor stretches them; tests that drive a fake clock

@@ -32,11 +32,22 @@ WHERE i.run_id = $1 AND i.status IN ('completed', 'rejected')
 ORDER BY i.step_id, i.item_key LIMIT 1`
 	// sqlAcceptItems replaces recorded items' fingerprints (whatever their
 	// status: nothing else of them moves) and returns the keys it found.
-	// sqlPutItemsLone is sqlPutItems in the one-round-trip batch: a
-	// refused item raises, rolling back the batch, which InTx then makes
-	// again statement by statement to name it.
-	sqlPutItemsLone = `WITH w AS (` + sqlPutItems + `
-RETURNING 1) SELECT stepwise_expect_rows(count(*), $10, 'put items') FROM w`
+	// sqlPutItemsLone is sqlPutItems for a batch sent without waiting
+	// for its result (InTx's one round trip, or with COMMIT): a finished
+	// item raises codeRefused where sqlPutItems would skip it, aborting
+	// the batch, whose caller then says which. Raising in the conflict
+	// arm, not counting rows, keeps it a plain INSERT (no RETURNING, no
+	// CTE): new items, the usual case, never reach that arm.
+	sqlPutItemsLone = `INSERT INTO items (run_id, step_id, item_key, status, output, error, attempt, chunk, fingerprint)
+SELECT $1, u.step, u.key, u.status, u.output, u.error, $2, u.chunk, u.fingerprint
+FROM unnest($3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::bytea[])
+    AS u(step, key, status, output, error, chunk, fingerprint)
+ON CONFLICT (run_id, step_id, item_key) DO UPDATE SET
+    status = CASE WHEN items.status IN ('completed', 'rejected')
+        THEN stepwise_expect_rows(0, 1, 'put items: item ' || items.step_id || '/' || items.item_key || ' is finished')::text
+        ELSE excluded.status END,
+    output = excluded.output, error = excluded.error,
+    attempt = excluded.attempt, chunk = excluded.chunk, fingerprint = excluded.fingerprint`
 	sqlAcceptItems = `UPDATE items SET fingerprint = u.fingerprint
 FROM unnest($2::text[], $3::text[], $4::bytea[]) AS u(step, key, fingerprint)
 WHERE items.run_id = $1 AND items.step_id = u.step AND items.item_key = u.key
@@ -94,14 +105,23 @@ func (t *pgTx) PutItems(items []checkpoint.Item) error {
 		outputs, errs, chunks, fps = append(outputs, it.Output), append(errs, it.Error), append(chunks, it.Chunk), append(fps, it.Fingerprint)
 	}
 	args := []any{t.lease.RunID, t.lease.Attempt, steps, keys, statuses, outputs, errs, chunks, fps}
-	if !t.deferring() {
+	if !t.deferring() && !t.pipelining() {
 		return t.putItems(args, steps, keys)
 	}
 	for i := range outputs {
 		outputs[i], fps[i] = bytes.Clone(outputs[i]), bytes.Clone(fps[i])
 	}
+	if t.pipelining() {
+		t.pend(&pgx.QueuedQuery{SQL: sqlPutItemsLone, Arguments: args}, func(err error) error {
+			if !isRefusal(err) {
+				return fmt.Errorf("postgres: record %d items of run %s: %w", len(keys), t.lease.RunID, err)
+			}
+			return t.explainRefusedItems(steps, keys)
+		})
+		return nil
+	}
 	return t.later(func() error { return t.putItems(args, steps, keys) },
-		&pgx.QueuedQuery{SQL: sqlPutItemsLone, Arguments: append(args[:len(args):len(args)], len(keys))})
+		&pgx.QueuedQuery{SQL: sqlPutItemsLone, Arguments: args})
 }
 
 // putItems sends PutItems's statement through the explicit transaction
@@ -139,6 +159,24 @@ func (t *pgTx) putItems(args []any, steps, keys []string) error {
 			checkpoint.ErrItemFinished, int64(len(keys))-tag.RowsAffected(), len(keys), t.lease.RunID))
 	default:
 		return t.fail(fmt.Errorf("postgres: name the finished items of run %s: %w", t.lease.RunID, err))
+	}
+}
+
+// explainRefusedItems names an item of a refused PutItems, after its
+// transaction rolled back: one recorded finished.
+func (t *pgTx) explainRefusedItems(steps, keys []string) error {
+	var step, key string
+	err := t.conn.QueryRow(t.ctx, sqlRefusedItems, t.lease.RunID, steps, keys).Scan(&step, &key)
+	switch {
+	case err == nil:
+		return fmt.Errorf("%w: item %s/%s of run %s is already finished; the chunk is rolled back",
+			checkpoint.ErrItemFinished, step, key, t.lease.RunID)
+	case errors.Is(err, pgx.ErrNoRows):
+		// Finished earlier in the rolled-back transaction.
+		return fmt.Errorf("%w: some of the %d items given for run %s were finished earlier in the transaction; the chunk is rolled back",
+			checkpoint.ErrItemFinished, len(keys), t.lease.RunID)
+	default:
+		return fmt.Errorf("postgres: name the finished items of run %s: %w", t.lease.RunID, err)
 	}
 }
 

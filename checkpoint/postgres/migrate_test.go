@@ -117,3 +117,33 @@ func TestKeysCompareBytewise(t *testing.T) {
 		t.Fatalf("range B..a_1 = %q, want %q", strings.Join(got, " "), want)
 	}
 }
+
+// Chunk plans are compressed with lz4 where the server has it (migration
+// 0006): a plan recorded through a transaction is stored so.
+func TestChunkPlansUseLZ4(t *testing.T) {
+	st, _ := openFresh(t)
+	ctx := context.Background()
+	var lz4 bool
+	if err := st.Pool().QueryRow(ctx, `SELECT current_setting('server_version_num')::int >= 140000 AND EXISTS (
+    SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY (enumvals))`).Scan(&lz4); err != nil {
+		t.Fatal(err)
+	}
+	c := mustClaim(t, st, claimReq("lz4/1", "host-a:1", t0))
+	plan := []byte(`[` + strings.Repeat(`{"key":"acct:1","old_value":1,"new_value":2},`, 2000) + `{}]`)
+	if err := st.InTx(ctx, c.Lease, func(tx checkpoint.Tx) error {
+		return tx.PutChunkPlan(checkpoint.ChunkPlan{Step: "post", EffectID: "e1", Status: checkpoint.ChunkApplied, Plan: plan})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var method string
+	if err := st.Pool().QueryRow(ctx, `SELECT coalesce(pg_column_compression(plan), 'none') FROM chunk_plans WHERE effect_id = 'e1'`).Scan(&method); err != nil {
+		t.Fatal(err)
+	}
+	want := "pglz"
+	if lz4 {
+		want = "lz4"
+	}
+	if method != want {
+		t.Errorf("the chunk plan is compressed with %s; want %s", method, want)
+	}
+}

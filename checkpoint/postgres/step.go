@@ -30,6 +30,15 @@ WHERE steps.status NOT IN ('completed', 'rejected')`
 	// from a conflict.
 	sqlPutStepLone = `WITH w AS (` + sqlPutStep + `
 RETURNING 1) SELECT stepwise_expect_rows(count(*), 1, 'put step') FROM w`
+	// sqlPutStepPiped is sqlPutStep in the open transaction, sent with
+	// the next round trip: a refused write raises, aborting the
+	// transaction, unless the step is recorded finished with the content
+	// given (our own earlier commit whose acknowledgement was lost).
+	sqlPutStepPiped = `WITH w AS (` + sqlPutStep + `
+RETURNING 1) SELECT CASE WHEN (SELECT count(*) FROM w) = 1 OR EXISTS (
+    SELECT 1 FROM steps AS s WHERE s.run_id = $1 AND s.step_id = $2 AND s.status = $3
+    AND s.input_hash = $5 AND s.error = $6 AND coalesce(s.output, ''::bytea) = coalesce($4, ''::bytea))
+THEN 1 ELSE stepwise_expect_rows(0, 1, 'put step') END`
 	sqlGetStep    = `SELECT status, output, input_hash, error FROM steps WHERE run_id = $1 AND step_id = $2`
 	sqlDeleteStep = `DELETE FROM steps WHERE run_id = $1 AND step_id = $2`
 	sqlSteps      = `SELECT step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan
@@ -42,10 +51,24 @@ FROM steps WHERE run_id = $1 ORDER BY started_at NULLS FIRST, step_id`
 // fence check ahead of it in the same round trip when it opens the
 // transaction).
 func (t *pgTx) PutStep(st checkpoint.Step) error {
-	if !t.deferring() {
+	if !t.deferring() && !t.pipelining() {
 		return t.putStep(st)
 	}
 	st.Output, st.Plan = bytes.Clone(st.Output), bytes.Clone(st.Plan)
+	if t.pipelining() {
+		t.pend(&pgx.QueuedQuery{SQL: sqlPutStepPiped, Arguments: t.putStepArgs(st)}, func(err error) error {
+			if !isRefusal(err) {
+				return err
+			}
+			// Rolled back: the recorded step says why.
+			if err := t.explainRefusedPut(st); err != nil {
+				return err
+			}
+			// It was not when refused: another writer is racing us.
+			return &checkpoint.StepConflictError{RunID: t.lease.RunID, StepID: st.ID, Status: st.Status}
+		})
+		return nil
+	}
 	return t.later(func() error { return t.putStep(st) },
 		&pgx.QueuedQuery{SQL: sqlPutStepLone, Arguments: t.putStepArgs(st)})
 }

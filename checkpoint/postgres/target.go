@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -34,6 +35,11 @@ type pgTarget struct {
 	// fail records a failed statement: it aborts a PostgreSQL transaction.
 	fail func(error) error
 	sql  *targetSQL
+	// pend, when not nil, queues a statement in the checkpoint
+	// transaction, to be sent ahead of the next one that needs results or
+	// with COMMIT (pgTx.pend); it returns false when the transaction is
+	// not open, and the statement is to be sent now.
+	pend func(q *pgx.QueuedQuery, explain func(error) error) bool
 	// mayLackApplied: the database may have no stepwise_applied (a
 	// separate target opened read-only created none).
 	mayLackApplied bool
@@ -60,6 +66,11 @@ func txTarget(ctx context.Context, tx pgx.Tx, table checkpoint.Table, sq *target
 // (and quoted) identifiers; values are always parameters.
 type targetSQL struct {
 	read, readLocked, versions, update, insert string
+	// cas is update and insert in one statement that raises codeRefused
+	// when a key was missed, naming in its message (see parseCASRefusal)
+	// the first missed key in bytewise order, its expected version and
+	// the version found (-1: missing).
+	cas string
 }
 
 func newTargetSQL(t checkpoint.Table) *targetSQL {
@@ -80,6 +91,22 @@ RETURNING t.` + key,
 SELECT u.k, u.nv, 1 FROM unnest($1::text[], $2::bigint[]) AS u(k, nv)
 ON CONFLICT (` + key + `) DO NOTHING
 RETURNING ` + key,
+		cas: `WITH up AS (UPDATE ` + name + ` AS t SET ` + val + ` = u.nv, ` + ver + ` = u.ov + 1
+    FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(k, nv, ov)
+    WHERE t.` + key + ` = u.k AND t.` + ver + ` = u.ov
+    RETURNING t.` + key + ` AS k),
+ins AS (INSERT INTO ` + name + ` (` + key + `, ` + val + `, ` + ver + `)
+    SELECT u.k, u.nv, 1 FROM unnest($4::text[], $5::bigint[]) AS u(k, nv)
+    ON CONFLICT (` + key + `) DO NOTHING
+    RETURNING ` + key + ` AS k),
+n AS (SELECT (SELECT count(*) FROM up) + (SELECT count(*) FROM ins) AS got)
+SELECT CASE WHEN n.got = $7 THEN n.got ELSE stepwise_expect_rows(n.got, $7, (
+    SELECT json_build_array(m.k, m.ov, coalesce((SELECT t.` + ver + ` FROM ` + name + ` AS t WHERE t.` + key + ` = m.k), -1))::text
+    FROM (SELECT a.k, a.ov FROM unnest($1::text[], $3::bigint[]) AS a(k, ov) WHERE a.k NOT IN (SELECT k FROM up)
+        UNION ALL
+        SELECT b.k, b.ov FROM unnest($4::text[], $6::bigint[]) AS b(k, ov) WHERE b.k NOT IN (SELECT k FROM ins)) AS m
+    ORDER BY m.k COLLATE "C" LIMIT 1)) END
+FROM n`,
 	}
 }
 
@@ -118,7 +145,14 @@ func (t *pgTx) Target(table checkpoint.Table) (checkpoint.Target, error) {
 	if t.failed != nil {
 		return nil, t.failed
 	}
-	return &pgTarget{table: table, lock: true, send: t.send, fail: t.fail, sql: t.s.targetSQL(table)}, nil
+	pend := func(q *pgx.QueuedQuery, explain func(error) error) bool {
+		if !t.pipelining() {
+			return false
+		}
+		t.pend(q, explain)
+		return true
+	}
+	return &pgTarget{table: table, lock: true, send: t.send, fail: t.fail, pend: pend, sql: t.s.targetSQL(table)}, nil
 }
 
 // finish closes br and returns the first of err and br's error, recorded
@@ -195,6 +229,9 @@ func (g *pgTarget) Read(ctx context.Context, keys []string) (map[string]checkpoi
 // Write implements checkpoint.Target: one UPDATE for every existing key
 // and one INSERT for the new ones, in one round trip, each returning the
 // keys it wrote, so a key it missed (another writer moved it) is named.
+// In the checkpoint's transaction once it is open, it is instead one
+// statement sent with the next round trip (targetSQL.cas), and Write
+// returns nil: a conflict is that next call's, or InTx's, error.
 func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 	// In key order, so two writers of the same keys take their row locks
 	// in one order and wait for each other instead of deadlocking.
@@ -206,16 +243,24 @@ func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 		}
 	}
 	var uk, ik []string
-	var unv, uov, inv []int64
+	var unv, uov, inv, iov []int64
 	for _, w := range ws {
 		if w.Insert {
-			ik, inv = append(ik, w.Key), append(inv, w.NewValue)
+			ik, inv, iov = append(ik, w.Key), append(inv, w.NewValue), append(iov, w.OldVersion)
 			continue
 		}
 		uk, unv, uov = append(uk, w.Key), append(unv, w.NewValue), append(uov, w.OldVersion)
 	}
 	if len(ws) == 0 {
 		return nil
+	}
+	if g.pend != nil {
+		// In the open checkpoint transaction: one statement, sent with
+		// the next round trip; a missed key aborts the transaction.
+		q := &pgx.QueuedQuery{SQL: g.sql.cas, Arguments: []any{uk, unv, uov, ik, inv, iov, len(ws)}}
+		if g.pend(q, g.explainCAS) {
+			return nil
+		}
 	}
 	b := &pgx.Batch{}
 	queued := 0
@@ -254,6 +299,37 @@ func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 	}
 	// What matched is written in this transaction: it must not commit.
 	return g.fail(g.conflict(ws, written))
+}
+
+// explainCAS turns the error of targetSQL.cas into Write's: a refusal
+// into the *checkpoint.VersionConflictError its message names.
+func (g *pgTarget) explainCAS(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == codeRefused {
+		if vc, ok := parseCASRefusal(g.table.Name, pe.Message); ok {
+			return vc
+		}
+	}
+	return fmt.Errorf("postgres: write %s: %w", g.table.Name, err)
+}
+
+// parseCASRefusal reads the conflict in the message stepwise_expect_rows
+// raised for targetSQL.cas: `[key, expected, found]: wrote n of m rows`.
+func parseCASRefusal(table, msg string) (*checkpoint.VersionConflictError, bool) {
+	i := strings.LastIndex(msg, ": wrote ")
+	if i < 0 {
+		return nil, false
+	}
+	var parts []json.RawMessage
+	if err := json.Unmarshal([]byte(msg[:i]), &parts); err != nil || len(parts) != 3 {
+		return nil, false
+	}
+	vc := &checkpoint.VersionConflictError{Table: table}
+	if json.Unmarshal(parts[0], &vc.Key) != nil || json.Unmarshal(parts[1], &vc.Expected) != nil ||
+		json.Unmarshal(parts[2], &vc.Found) != nil {
+		return nil, false
+	}
+	return vc, true
 }
 
 // conflict names the first write, in the plan's order, that found its key

@@ -44,6 +44,13 @@ const (
 // sends the queued writes through an explicit transaction, which opens
 // lazily: its first statement goes to the server in one batch with BEGIN
 // and the fence check, and InTx sends COMMIT at the end.
+//
+// Once it is open, writes that need no result (those above and a
+// Target's Write) are pending: they go ahead of the next statement that
+// needs results, in its batch, or with COMMIT in one batch. Each raises
+// (codeRefused) where the call would have been refused; the server then
+// skips the rest of the batch, COMMIT included, and the store rolls back
+// and reports the refusal as that call's error.
 type pgTx struct {
 	ctx   context.Context
 	s     *Store
@@ -53,6 +60,12 @@ type pgTx struct {
 	// queued holds the writes made before the transaction opened, in the
 	// order they were made.
 	queued []deferredWrite
+	// pending holds the writes made after the transaction opened, not yet
+	// sent: they go ahead of the next statement that needs results, or
+	// with COMMIT in InTx's last round trip. Each raises where the write
+	// would be refused, aborting the transaction (the server skips the
+	// rest of the pipeline, COMMIT included).
+	pending []pendingWrite
 	// failed is the error that ended the transaction's usefulness (fenced,
 	// or a statement failed, aborting it on the server): every later call
 	// returns it and InTx rolls back whatever fn returns.
@@ -66,6 +79,14 @@ type pgTx struct {
 type deferredWrite struct {
 	lone []*pgx.QueuedQuery
 	now  func() error
+}
+
+// pendingWrite is a statement queued in the open transaction: explain,
+// when not nil, turns its error into the call's, run after the
+// transaction was rolled back (on the idle connection).
+type pendingWrite struct {
+	q       *pgx.QueuedQuery
+	explain func(error) error
 }
 
 // InTx implements checkpoint.Store: fn's writes commit together, and only
@@ -102,11 +123,78 @@ func (s *Store) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint
 		rollback(ctx, t.conn)
 		return s.wrap("write run "+l.RunID, ferr)
 	}
+	if len(t.pending) > 0 {
+		return t.commitPending()
+	}
 	if err := commit(ctx, t.conn); err != nil {
 		rollback(ctx, t.conn)
 		return s.wrap("commit writes of run "+l.RunID, err)
 	}
 	return nil
+}
+
+// commitPending sends the pending writes and COMMIT in one batch. If one
+// is refused (or fails), the server skips the rest of the batch, COMMIT
+// included, and the transaction, aborted, is rolled back.
+func (t *pgTx) commitPending() error {
+	b := &pgx.Batch{}
+	for _, w := range t.pending {
+		b.QueuedQueries = append(b.QueuedQueries, w.q)
+	}
+	b.Queue("COMMIT")
+	br := t.conn.SendBatch(t.ctx, b)
+	if err := t.readPending(br); err != nil {
+		return t.s.wrap("write run "+t.lease.RunID, err)
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && tag.String() != "COMMIT" {
+		err = fmt.Errorf("postgres: transaction rolled back at commit (%s)", tag.String())
+	}
+	if err != nil {
+		rollback(t.ctx, t.conn)
+		return t.s.wrap("commit writes of run "+t.lease.RunID, err)
+	}
+	return nil
+}
+
+// readPending reads the results of the pending writes, sent at the head
+// of br. On an error it closes br, rolls the transaction back, and
+// returns (and records) the failed write's own error.
+func (t *pgTx) readPending(br pgx.BatchResults) error {
+	p := t.pending
+	t.pending = nil
+	for _, w := range p {
+		_, err := br.Exec()
+		if err == nil {
+			continue
+		}
+		br.Close()
+		rollback(t.ctx, t.conn)
+		if w.explain != nil {
+			err = w.explain(err)
+		}
+		return t.fail(err)
+	}
+	return nil
+}
+
+// isRefusal tells whether err is a checkpoint write's refusal
+// (stepwise_expect_rows).
+func isRefusal(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == codeRefused
+}
+
+// pipelining tells whether a write that needs no result is to wait for
+// the next round trip: the transaction is open and healthy.
+func (t *pgTx) pipelining() bool { return t.begun && t.failed == nil }
+
+// pend queues a statement in the open transaction.
+func (t *pgTx) pend(q *pgx.QueuedQuery, explain func(error) error) {
+	t.pending = append(t.pending, pendingWrite{q: q, explain: explain})
 }
 
 // sendQueued sends the fence check and the queued writes in one batch,
@@ -209,6 +297,12 @@ func (t *pgTx) write(b *pgx.Batch, wrap func(error) error) error {
 		}
 		return err
 	}
+	if t.pipelining() {
+		for _, q := range b.QueuedQueries {
+			t.pend(&pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments}, wrap)
+		}
+		return nil
+	}
 	if !t.deferring() {
 		return now()
 	}
@@ -245,7 +339,19 @@ func (t *pgTx) send(b *pgx.Batch) (pgx.BatchResults, error) {
 		return nil, err
 	}
 	if t.begun {
-		return t.conn.SendBatch(t.ctx, b), nil
+		if len(t.pending) == 0 {
+			return t.conn.SendBatch(t.ctx, b), nil
+		}
+		ob := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(t.pending)+len(b.QueuedQueries))}
+		for _, w := range t.pending {
+			ob.QueuedQueries = append(ob.QueuedQueries, w.q)
+		}
+		ob.QueuedQueries = append(ob.QueuedQueries, b.QueuedQueries...)
+		br := t.conn.SendBatch(t.ctx, ob)
+		if err := t.readPending(br); err != nil {
+			return nil, err
+		}
+		return br, nil
 	}
 	t.begun = true
 	ob := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2+len(b.QueuedQueries))}
@@ -270,7 +376,7 @@ func (t *pgTx) open() error {
 	if t.failed != nil {
 		return t.failed
 	}
-	if err := t.flush(); err != nil || t.begun {
+	if err := t.flush(); err != nil || (t.begun && len(t.pending) == 0) {
 		return err
 	}
 	br, err := t.send(&pgx.Batch{})
