@@ -237,6 +237,7 @@ func (d *Dispatcher) Pass(ctx context.Context) (PassResult, error) {
 			}
 			dctx, cancel := context.WithTimeout(ctx, left)
 			derr := d.To.Deliver(dctx, m)
+			cut := derr != nil && errors.Is(dctx.Err(), context.DeadlineExceeded)
 			cancel()
 			now := clock.Now()
 			if derr == nil {
@@ -250,6 +251,15 @@ func (d *Dispatcher) Pass(ctx context.Context) (PassResult, error) {
 			}
 			if err := ctx.Err(); err != nil {
 				return res, err // stopped, not a failed delivery
+			}
+			if cut {
+				// Our own window ran out, not the receiver's answer: no
+				// try is counted (it could make the message dead), and it
+				// is claimable again when the window ends.
+				res.Left++
+				d.Logger.Warn().Str("key", m.Key).Dur("window", window).Err(derr).
+					Msg("delivery stopped when the claim's window ran out; not counted as a try, claimable again when the window ends")
+				continue
 			}
 			delay := backoff.Backoff(m.Tries+1, rand.Float64())
 			dead, err := d.Store.MarkFailed(ctx, checkpoint.DeliveryFailure{Key: m.Key, Error: derr.Error(), RetryAt: now.Add(delay), MaxTries: maxTries})

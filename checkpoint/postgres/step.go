@@ -60,8 +60,10 @@ func (t *pgTx) PutStep(st checkpoint.Step) error {
 			if !isRefusal(err) {
 				return err
 			}
-			// Rolled back: the recorded step says why.
-			if err := t.explainRefusedPut(st); err != nil {
+			// Rolled back: the recorded step says why. None recorded: the
+			// step was finished earlier in this (rolled-back) transaction
+			// with other content, a conflict all the same.
+			if err := t.explainRefusedPut(st); err != nil && !errors.Is(err, checkpoint.ErrNotFound) {
 				return err
 			}
 			// It was not when refused: another writer is racing us.

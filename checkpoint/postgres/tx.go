@@ -66,6 +66,10 @@ type pgTx struct {
 	// would be refused, aborting the transaction (the server skips the
 	// rest of the pipeline, COMMIT included).
 	pending []pendingWrite
+	// direct: Conn handed the connection to job code, whose own SQL must
+	// see every write made before it: from then on writes are sent as they
+	// are made, never held.
+	direct bool
 	// failed is the error that ended the transaction's usefulness (fenced,
 	// or a statement failed, aborting it on the server): every later call
 	// returns it and InTx rolls back whatever fn returns.
@@ -190,7 +194,7 @@ func isRefusal(err error) bool {
 
 // pipelining tells whether a write that needs no result is to wait for
 // the next round trip: the transaction is open and healthy.
-func (t *pgTx) pipelining() bool { return t.begun && t.failed == nil }
+func (t *pgTx) pipelining() bool { return t.begun && t.failed == nil && !t.direct }
 
 // pend queues a statement in the open transaction.
 func (t *pgTx) pend(q *pgx.QueuedQuery, explain func(error) error) {
@@ -261,7 +265,9 @@ func (t *pgTx) fenceError(err error) error {
 // Conn returns the connection of the transaction tx belongs to, when tx
 // is a PostgreSQL store's, for job code that adds its own SQL to the
 // checkpoint's transaction; the transaction is open (and the run's fence
-// checked) once Conn returns, with the writes made before it. It returns
+// checked) once Conn returns, with the writes made before it; from then
+// on the transaction's writes are sent as they are made, so the job's own
+// SQL on the connection sees each of them. It returns
 // an error wrapping checkpoint.ErrFenced when the run was claimed by
 // another runner.
 func Conn(tx checkpoint.Tx) (*pgx.Conn, error) {
@@ -272,6 +278,7 @@ func Conn(tx checkpoint.Tx) (*pgx.Conn, error) {
 	if err := t.open(); err != nil {
 		return nil, err
 	}
+	t.direct = true
 	return t.conn, nil
 }
 
