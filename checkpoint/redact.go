@@ -24,6 +24,15 @@ func HasSecret(u *url.URL) bool {
 	return false
 }
 
+// IsPostgresURL reports whether loc names a PostgreSQL database: a
+// postgres:// or postgresql:// URL, the scheme in any case. Anything else
+// is a SQLite file path (or, with another scheme, no location a backend
+// opens). Every layer that tells the two kinds apart asks this.
+func IsPostgresURL(loc string) bool {
+	scheme, _, ok := strings.Cut(loc, "://")
+	return ok && (strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql"))
+}
+
 // RedactLocation returns a store or target location fit for a message: a
 // URL with every password replaced by xxxxx (in its user information and
 // in password= or sslpassword= parameters); anything that is not a URL

@@ -40,3 +40,20 @@ func TestRedactLocation(t *testing.T) {
 		}
 	}
 }
+
+func TestIsPostgresURL(t *testing.T) {
+	for in, want := range map[string]bool{
+		"postgres://app@db/x":          true,
+		"postgresql://app@db/x":        true,
+		"POSTGRES://app@db/x":          true,
+		"/var/lib/stepwise.db":         false,
+		"stepwise.db":                  false,
+		"mysql://app@db/x":             false,
+		"file:postgres://not-one.db":   false,
+		"postgres:/missing-slashes.db": false,
+	} {
+		if got := checkpoint.IsPostgresURL(in); got != want {
+			t.Errorf("IsPostgresURL(%q) = %v; want %v", in, got, want)
+		}
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
+	"github.com/stepwise-run/stepwise/checkpoint/stores"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
@@ -483,7 +484,7 @@ func dialStore(t testing.TB, loc string) checkpoint.Backend {
 	ctx := context.Background()
 	var st checkpoint.Backend
 	var err error
-	if _, ok := databaseURL(loc); ok {
+	if stores.IsURL(loc) {
 		st, err = postgres.Open(ctx, postgres.Config{URL: loc, CallerClock: true})
 	} else {
 		st, err = sqlite.Open(ctx, sqlite.Config{Path: loc})

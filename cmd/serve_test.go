@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/stores"
 	"github.com/stepwise-run/stepwise/runner"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
@@ -293,7 +294,7 @@ func TestSchedulesCommand(t *testing.T) {
 
 	text := run("--from", "2026-03-06T12:00:00-05:00", "--next", "3")
 	// schedules only reads: a missing SQLite file is not created.
-	if _, isURL := databaseURL(db); isURL {
+	if stores.IsURL(db) {
 		// A PostgreSQL database is never created; its schema was made.
 	} else if _, err := os.Stat(db); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("schedules created the missing database %s (stat: %v)", db, err)

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strings"
 
 	"github.com/alecthomas/kong"
 
@@ -27,26 +26,11 @@ func (dbMapper) Decode(ctx *kong.DecodeContext, target reflect.Value) error {
 	if err := ctx.Scan.PopValueInto("database", &s); err != nil {
 		return err
 	}
-	if _, ok := databaseURL(s); !ok && s != "" {
+	if !stores.IsURL(s) && s != "" {
 		s = kong.ExpandPath(s)
 	}
 	target.SetString(s)
 	return nil
-}
-
-// DatabaseURL reports whether loc is a server database's URL (postgres://
-// or postgresql://), and gives it with any password hidden, for messages:
-// commands of other binaries (the example ledger's) that take a database
-// decide with it as --db does.
-func DatabaseURL(loc string) (string, bool) { return databaseURL(loc) }
-
-// databaseURL is DatabaseURL.
-func databaseURL(loc string) (string, bool) {
-	scheme, _, ok := strings.Cut(loc, "://")
-	if !ok || !(strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql")) {
-		return "", false
-	}
-	return checkpoint.RedactLocation(loc), true
 }
 
 // openBackend opens the checkpoint store named by g.DB: a PostgreSQL
@@ -78,10 +62,7 @@ func openBackend(e *Env, mustExist bool) (checkpoint.Backend, error) {
 // storeName names the checkpoint store in messages: its file, or its URL
 // without the password.
 func (e *Env) storeName() string {
-	if shown, ok := databaseURL(e.Globals.DB); ok {
-		return shown
-	}
-	return e.Globals.DB
+	return stores.Redact(e.Globals.DB)
 }
 
 // serverError reports whether err is a database server refusing or failing

@@ -89,8 +89,7 @@ const (
 // databaseParam checks the FormatDatabase parameter p's value s: a URL
 // without a password is kept; anything else is an existing file's path.
 func databaseParam(p Param, s string) (string, error) {
-	scheme, _, ok := strings.Cut(s, "://")
-	if !ok || !(strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql")) {
+	if !checkpoint.IsPostgresURL(s) {
 		return absPath(Param{Name: p.Name, Format: FormatExistingFile}, s)
 	}
 	u, err := url.Parse(s)

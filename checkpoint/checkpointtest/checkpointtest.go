@@ -20,7 +20,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"testing"
 
@@ -87,9 +86,7 @@ func NewLocation(t testing.TB) string {
 
 // IsURL reports whether loc is a PostgreSQL location (a postgres:// or
 // postgresql:// URL) rather than a SQLite file path.
-func IsURL(loc string) bool {
-	return strings.HasPrefix(loc, "postgres://") || strings.HasPrefix(loc, "postgresql://")
-}
+func IsURL(loc string) bool { return checkpoint.IsPostgresURL(loc) }
 
 // Open returns a store on a fresh database of the suite's store, closed at
 // cleanup.

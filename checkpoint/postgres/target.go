@@ -568,10 +568,7 @@ func (e *effectTarget) Close() error { return nil }
 
 // IsURL reports whether loc is a PostgreSQL URL (postgres:// or
 // postgresql://, in any case): a location this backend opens itself.
-func IsURL(loc string) bool {
-	scheme, _, ok := strings.Cut(loc, "://")
-	return ok && (strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql"))
-}
+func IsURL(loc string) bool { return checkpoint.IsPostgresURL(loc) }
 
 // redactURL is u with any password replaced, for messages.
 func redactURL(u string) string { return checkpoint.RedactLocation(u) }

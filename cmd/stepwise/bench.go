@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/stepwise-run/stepwise/bench"
+	"github.com/stepwise-run/stepwise/checkpoint/stores"
 	"github.com/stepwise-run/stepwise/cmd"
 )
 
@@ -30,7 +31,7 @@ func (c *benchCmd) Run(env *cmd.Env) error {
 	}
 	cfg := bench.Config{Dir: c.Dir, Synchronous: env.Globals.Synchronous, Items: c.Items, Steps: c.Steps,
 		Accounts: c.Accounts, Log: env.Stderr}
-	if _, ok := cmd.DatabaseURL(env.Globals.DB); ok {
+	if stores.IsURL(env.Globals.DB) {
 		cfg.DB = env.Globals.DB
 	}
 	rep, err := bench.Run(env.Ctx, cfg)

@@ -10,6 +10,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
+	"github.com/stepwise-run/stepwise/checkpoint/stores"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/runner"
@@ -31,9 +32,9 @@ func openLedger(ctx context.Context, env *cmd.Env, loc string, mustExist bool) (
 	if loc == "" {
 		loc, flag = env.Globals.DB, "--db"
 	}
-	if shown, ok := cmd.DatabaseURL(loc); ok {
+	if stores.IsURL(loc) {
 		db, err := postgres.OpenDB(ctx, postgres.Config{URL: loc})
-		return db, shown, err
+		return db, stores.Redact(loc), err
 	}
 	path := loc
 	db, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: path, BusyTimeout: env.Globals.BusyTimeout, MustExist: mustExist})

@@ -13,6 +13,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
+	"github.com/stepwise-run/stepwise/checkpoint/stores"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 )
@@ -98,7 +99,7 @@ func openTestLedger(t *testing.T, loc string) *sql.DB {
 	t.Helper()
 	var db *sql.DB
 	var err error
-	if _, ok := cmd.DatabaseURL(loc); ok {
+	if stores.IsURL(loc) {
 		db, err = postgres.OpenDB(context.Background(), postgres.Config{URL: loc})
 	} else {
 		db, err = sqlite.OpenTarget(context.Background(), sqlite.Config{Path: loc})
