@@ -532,9 +532,7 @@ func (b *batch[I, O]) samePlan(writes []checkpoint.Write) (checkpoint.ChunkPlan,
 	}
 	pr := chunkPlanRecord{Target: b.target.name, Writes: writes,
 		EffectID: fmt.Sprintf("%s/%s@%d.s%d", b.r.lease.RunID, b.name, b.r.lease.Fence, b.chunk)}
-	for _, it := range b.planItems() {
-		pr.Items = append(pr.Items, itemPlan{Key: it.Key})
-	}
+	pr.Items = b.planItems(false)
 	raw, err := json.Marshal(pr)
 	if err != nil {
 		return checkpoint.ChunkPlan{}, fmt.Errorf("steps: encode plan of chunk %d of %s: %w", b.chunk, b.name, err)
@@ -608,7 +606,7 @@ func (u *chunkUnit[I, O]) record(tx checkpoint.Tx, effectID string, writes []che
 		}
 		return tx.PutChunkPlan(plan)
 	}
-	pr := chunkPlanRecord{Target: b.target.name, Writes: writes, EffectID: effectID, Items: b.planItems()}
+	pr := chunkPlanRecord{Target: b.target.name, Writes: writes, EffectID: effectID, Items: b.planItems(true)}
 	plan, err := json.Marshal(pr)
 	if err != nil {
 		return err
@@ -640,14 +638,20 @@ func (u *chunkUnit[I, O]) finish(tx checkpoint.Tx, effectID string) error {
 	return tx.FinishChunk(u.b.name, effectID)
 }
 
-// planItems lists the operations of the chunk's items that are planned
-// (not rejected by a guard), in item order.
-func (b *batch[I, O]) planItems() []itemPlan {
+// planItems lists the chunk's items that are planned (not rejected by a
+// guard), in item order, with their operations when withOps (a
+// separate-store plan, which may be made again from them).
+func (b *batch[I, O]) planItems(withOps bool) []itemPlan {
 	var items []itemPlan
 	for gi, ops := range b.groups {
-		if ops != nil { // nil: rejected by a guard, nothing of it applied
-			items = append(items, itemPlan{Key: b.recs[b.owners[gi]].Key, Ops: ops})
+		if ops == nil { // rejected by a guard, nothing of it applied
+			continue
 		}
+		it := itemPlan{Key: b.recs[b.owners[gi]].Key}
+		if withOps {
+			it.Ops = ops
+		}
+		items = append(items, it)
 	}
 	return items
 }

@@ -387,41 +387,35 @@ func (g *pgTarget) IsApplied(ctx context.Context, effectID string) (bool, error)
 		// missing one holds nothing. The lookup cannot name a table that
 		// may not exist, so it waits for the answer.
 		b.Queue(sqlHasApplied)
-		ok, err := g.bool(b, "look for stepwise_applied")
+		ok, err := g.bool(b, "look for stepwise_applied", 0)
 		if err != nil || !ok {
 			return false, err
 		}
 		b = &pgx.Batch{}
 	}
+	skip := 0
 	if g.lockEffects {
 		// The lock, then the lookup: a statement of its own, so under
 		// READ COMMITTED it reads a snapshot taken after the lock was
 		// granted (the other runner's commit included).
 		b.Queue(sqlLockEffect, effectID)
+		skip = 1
 	}
 	b.Queue(sqlIsApplied, effectID)
-	op := "look up applied effect " + effectID
-	br, err := g.send(b)
-	if err != nil {
-		return false, g.fail(fmt.Errorf("postgres: %s: %w", op, err))
-	}
-	if g.lockEffects {
-		if _, err := br.Exec(); err != nil {
-			return false, g.finish(br, fmt.Errorf("postgres: lock effect %s: %w", effectID, err))
-		}
-	}
-	var ok bool
-	if err = br.QueryRow().Scan(&ok); err != nil {
-		err = fmt.Errorf("postgres: %s: %w", op, err)
-	}
-	return ok, g.finish(br, err)
+	return g.bool(b, "look up applied effect "+effectID, skip)
 }
 
-// bool sends b, whose one query returns one boolean.
-func (g *pgTarget) bool(b *pgx.Batch, op string) (bool, error) {
+// bool sends b, whose last query returns one boolean after skip
+// statements whose results are not read.
+func (g *pgTarget) bool(b *pgx.Batch, op string, skip int) (bool, error) {
 	br, err := g.send(b)
 	if err != nil {
 		return false, g.fail(fmt.Errorf("postgres: %s: %w", op, err))
+	}
+	for range skip {
+		if _, err := br.Exec(); err != nil {
+			return false, g.finish(br, fmt.Errorf("postgres: %s: %w", op, err))
+		}
 	}
 	var ok bool
 	err = br.QueryRow().Scan(&ok)
