@@ -90,3 +90,13 @@ type ScheduleHeldError struct {
 func (e *ScheduleHeldError) Error() string {
 	return fmt.Sprintf("schedule %s is fired by %s until %s", e.Name, OwnerName(e.Owner), e.Until.UTC().Format(time.RFC3339))
 }
+
+// Validate checks a schedule claim request as every store does before
+// touching the database: a name, an owner, the time and a positive lease.
+func (r ScheduleClaimRequest) Validate() error {
+	if r.Name == "" || r.Owner == "" || r.Now.IsZero() || r.LeaseFor <= 0 {
+		return fmt.Errorf("checkpoint: a schedule claim needs a Name, an Owner, Now and a positive LeaseFor (got %q, %q, %v, %s)",
+			r.Name, r.Owner, r.Now, r.LeaseFor)
+	}
+	return nil
+}

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -261,4 +262,15 @@ type Step struct {
 	FinishedAt time.Time
 	// Plan is the step's effect plan (JSON), if it has effects.
 	Plan []byte
+}
+
+// Validate checks a claim request as every store does before touching the
+// database: a run ID, an owner and a positive lease, and Now unless the
+// store judges leases by its own clock (needNow false: a server's now()).
+func (r ClaimRequest) Validate(needNow bool) error {
+	if r.RunID == "" || r.Owner == "" || r.LeaseFor <= 0 || (needNow && r.Now.IsZero()) {
+		return fmt.Errorf("checkpoint: a claim needs a RunID, an Owner, a positive LeaseFor and, on the caller's clock, Now (got %q, %q, %s, %v)",
+			r.RunID, r.Owner, r.LeaseFor, r.Now)
+	}
+	return nil
 }

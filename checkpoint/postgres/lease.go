@@ -75,9 +75,8 @@ SELECT count(*) FROM r`
 // and the FOR UPDATE read go in one round trip; a run that exists is then
 // taken over by one more statement (fence raised, attempt recorded).
 func (s *Store) Claim(ctx context.Context, req checkpoint.ClaimRequest) (checkpoint.Claim, error) {
-	if req.RunID == "" || req.Owner == "" || req.LeaseFor <= 0 || (s.cfg.CallerClock && req.Now.IsZero()) {
-		return checkpoint.Claim{}, fmt.Errorf("postgres: claim needs RunID, Owner, a positive LeaseFor and, on the caller's clock, Now (got %q, %q, %s, %v)",
-			req.RunID, req.Owner, req.LeaseFor, req.Now)
+	if err := req.Validate(s.cfg.CallerClock); err != nil {
+		return checkpoint.Claim{}, err
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {

@@ -69,9 +69,8 @@ func scanSchedule(row pgx.Row, extra ...any) (checkpoint.ScheduleState, error) {
 // insert and the locked read go in one round trip; a schedule that
 // existed is then taken by one more statement (fence raised).
 func (s *Store) ClaimSchedule(ctx context.Context, req checkpoint.ScheduleClaimRequest) (checkpoint.ScheduleClaim, error) {
-	if req.Name == "" || req.Owner == "" || req.Now.IsZero() || req.LeaseFor <= 0 {
-		return checkpoint.ScheduleClaim{}, fmt.Errorf("postgres: schedule claim needs Name, Owner, Now and a positive LeaseFor (got %q, %q, %v, %s)",
-			req.Name, req.Owner, req.Now, req.LeaseFor)
+	if err := req.Validate(); err != nil {
+		return checkpoint.ScheduleClaim{}, err
 	}
 	var c checkpoint.ScheduleClaim
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {

@@ -58,9 +58,8 @@ func scanRun(row rowScanner) (checkpoint.Run, error) {
 
 // Claim implements checkpoint.Store.
 func (s *Store) Claim(ctx context.Context, req checkpoint.ClaimRequest) (checkpoint.Claim, error) {
-	if req.RunID == "" || req.Owner == "" || req.Now.IsZero() || req.LeaseFor <= 0 {
-		return checkpoint.Claim{}, fmt.Errorf("checkpoint: claim needs RunID, Owner, Now and a positive LeaseFor (got %q, %q, %v, %s)",
-			req.RunID, req.Owner, req.Now, req.LeaseFor)
+	if err := req.Validate(true); err != nil {
+		return checkpoint.Claim{}, err
 	}
 	var c checkpoint.Claim
 	err := s.tx(ctx, "claim run "+req.RunID, func(tx *sql.Tx) error {

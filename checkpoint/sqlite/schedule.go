@@ -46,9 +46,8 @@ func scanSchedule(row rowScanner) (checkpoint.ScheduleState, error) {
 
 // ClaimSchedule implements checkpoint.ScheduleStore.
 func (s *Store) ClaimSchedule(ctx context.Context, req checkpoint.ScheduleClaimRequest) (checkpoint.ScheduleClaim, error) {
-	if req.Name == "" || req.Owner == "" || req.Now.IsZero() || req.LeaseFor <= 0 {
-		return checkpoint.ScheduleClaim{}, fmt.Errorf("checkpoint: schedule claim needs Name, Owner, Now and a positive LeaseFor (got %q, %q, %v, %s)",
-			req.Name, req.Owner, req.Now, req.LeaseFor)
+	if err := req.Validate(); err != nil {
+		return checkpoint.ScheduleClaim{}, err
 	}
 	var c checkpoint.ScheduleClaim
 	err := s.tx(ctx, "claim schedule "+req.Name, func(tx *sql.Tx) error {
