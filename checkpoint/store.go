@@ -245,7 +245,16 @@ type RunInfo struct {
 type RunFilter struct {
 	Job    string
 	Status string
-	Limit  int // 0 means 100
+	Limit  int // 0 (or less) means 100
+}
+
+// PageLimit is how many runs f asks for: Limit, or 100 when it is not
+// positive.
+func (f RunFilter) PageLimit() int {
+	if f.Limit <= 0 {
+		return 100
+	}
+	return f.Limit
 }
 
 // Step is one step checkpoint.

@@ -55,10 +55,7 @@ func tm(t pgtype.Timestamptz) time.Time {
 
 // Runs implements checkpoint.Store.
 func (s *Store) Runs(ctx context.Context, f checkpoint.RunFilter) ([]checkpoint.Run, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = 100
-	}
+	limit := f.PageLimit()
 	rows, err := s.pool.Query(ctx, sqlListRuns, f.Job, f.Status, limit)
 	if err != nil {
 		return nil, s.wrap("list runs", err)

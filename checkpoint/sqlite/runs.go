@@ -22,10 +22,7 @@ FROM attempts WHERE run_id = ? ORDER BY number`
 
 // Runs implements checkpoint.Store.
 func (s *Store) Runs(ctx context.Context, f checkpoint.RunFilter) ([]checkpoint.Run, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = 100
-	}
+	limit := f.PageLimit()
 	rows, err := s.rdb.QueryContext(ctx, sqlListRuns, f.Job, f.Status, limit)
 	if err != nil {
 		return nil, s.wrap("list runs", err)
