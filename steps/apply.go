@@ -40,9 +40,11 @@ type PlanRecord struct {
 // transaction. On a separate store the plan is recorded first, then applied
 // in one target transaction that also records its effect ID, then the step
 // is marked done; a rerun finishes whichever part is missing.
-func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func(ctx context.Context, e *Effects) (T, error), opts ...Option) (T, error) {
+func Apply[T any](ctx context.Context, r *Run, id string, target Target, fn func(ctx context.Context, e *Effects) (T, error), opts ...Option) (out T, err error) {
+	ctx, sp := r.startStep(ctx, id, kindApply)
+	defer func() { sp.end(err) }()
 	var zero T
-	cp, out, done, err := start[T](ctx, r, id, opts)
+	cp, out, done, err := start[T](ctx, r, id, opts, sp)
 	if done || err != nil {
 		return out, err
 	}

@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
@@ -124,14 +126,16 @@ func Reconcile(fn ReconcileFunc) Option { return func(o *doOptions) { o.reconcil
 // after waiting out the crashed runner's lease. When reconciling fails, or
 // there is no Reconcile function, the step stops with an
 // *OutcomeUnknownError.
-func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Context, key string) (T, error), opts ...Option) (T, error) {
+func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Context, key string) (T, error), opts ...Option) (out T, err error) {
+	key := r.lease.RunID + "/" + id
+	ctx, sp := r.startStep(ctx, id, kindCall)
+	defer func() { sp.end(err, attribute.String(AttrIdempotencyKey, key)) }()
 	var zero T
-	cp, out, done, err := start[T](ctx, r, id, opts)
+	cp, out, done, err := start[T](ctx, r, id, opts, sp)
 	if done || err != nil {
 		return out, err
 	}
 	o := newOptions(opts)
-	key := r.lease.RunID + "/" + id
 	if r.dryRun {
 		// A dry run neither calls outside systems nor reconciles them.
 		return zero, fmt.Errorf("steps: dry run stops before outside call %s", id)

@@ -67,9 +67,11 @@ func (o *doOptions) hash(id string) (string, error) {
 // wrapped in a *StepError and recorded as failed, and a rerun runs the step
 // again. An error wrapped with Reject is pinned: recorded, and returned as a
 // *RejectedError on every rerun. Timeout bounds each try.
-func Do[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Context) (T, error), opts ...Option) (T, error) {
+func Do[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Context) (T, error), opts ...Option) (out T, err error) {
+	ctx, sp := r.startStep(ctx, id, kindDo)
+	defer func() { sp.end(err) }()
 	var zero T
-	cp, out, done, err := start[T](ctx, r, id, opts)
+	cp, out, done, err := start[T](ctx, r, id, opts, sp)
 	if done || err != nil {
 		return out, err
 	}
@@ -100,7 +102,7 @@ func Do[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Conte
 // returns the checkpoint to fill in, with input hash, try count and start
 // time set. A step left planned by a crash is returned with done unset and
 // cp.Status == StepPlanned for Apply to finish.
-func start[T any](ctx context.Context, r *Run, id string, opts []Option) (cp checkpoint.Step, out T, done bool, err error) {
+func start[T any](ctx context.Context, r *Run, id string, opts []Option, sp *stepSpan) (cp checkpoint.Step, out T, done bool, err error) {
 	o := newOptions(opts)
 	rec, recorded, err := r.use(id)
 	if err != nil {
@@ -118,6 +120,7 @@ func start[T any](ctx context.Context, r *Run, id string, opts []Option) (cp che
 		case checkpoint.StepPlanned, checkpoint.StepCalling:
 			return rec, out, false, nil
 		case checkpoint.StepCompleted, checkpoint.StepRejected:
+			sp.replayed, sp.tries = true, rec.Tries
 			r.count(func(s *Stats) { s.Skipped++ })
 			r.log.Info().Str(FieldStepID, id).Msg("skipped (checkpointed)")
 			out, err = decodeOutput[T](rec)
@@ -131,6 +134,7 @@ func start[T any](ctx context.Context, r *Run, id string, opts []Option) (cp che
 	if recorded {
 		cp.Tries = rec.Tries + 1
 	}
+	sp.tries = cp.Tries
 	return cp, out, false, nil
 }
 

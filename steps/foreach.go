@@ -103,9 +103,11 @@ type chunkPlanRecord struct {
 // chunk, so every finished item is held to its fingerprint and every
 // recorded item must be yielded again: item counts alone cannot tell an
 // unchanged source from one whose items were altered or replaced.
-func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], fn func(ctx context.Context, item I, e *Effects) (O, error), opts ...Option) (BatchSummary, error) {
+func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], fn func(ctx context.Context, item I, e *Effects) (O, error), opts ...Option) (sum BatchSummary, err error) {
+	ctx, sp := r.startStep(ctx, name, kindBatch)
+	defer func() { sp.end(err, batchAttrs(sum)...) }()
 	o := newOptions(opts)
-	cp, sum, done, err := start[BatchSummary](ctx, r, name, opts)
+	cp, sum, done, err := start[BatchSummary](ctx, r, name, opts, sp)
 	if err != nil {
 		return sum, err
 	}
@@ -310,8 +312,8 @@ type doneItem struct {
 	fp     []byte
 }
 
-// flush processes and commits the buffered chunk.
-func (b *batch[I, O]) flush(ctx context.Context) error {
+// flushChunk processes and commits the buffered chunk.
+func (b *batch[I, O]) flushChunk(ctx context.Context) error {
 	defer func() {
 		b.keys, b.items = b.keys[:0], b.items[:0]
 		b.recs, b.groups, b.owners = b.recs[:0], b.groups[:0], b.owners[:0]

@@ -13,8 +13,10 @@ import (
 // checkpoint, so it is queued exactly once per run whatever crashes; a
 // dispatcher then delivers it at least once, under the stable key
 // RUN_ID/STEP_ID that receivers use to drop duplicates.
-func Notify(ctx context.Context, r *Run, id, topic string, payload any, opts ...Option) error {
-	cp, _, done, err := start[string](ctx, r, id, opts)
+func Notify(ctx context.Context, r *Run, id, topic string, payload any, opts ...Option) (err error) {
+	ctx, sp := r.startStep(ctx, id, kindNotify)
+	defer func() { sp.end(err) }()
+	cp, _, done, err := start[string](ctx, r, id, opts, sp)
 	if done || err != nil {
 		return err
 	}

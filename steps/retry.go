@@ -241,6 +241,7 @@ func callOnce[T any](ctx context.Context, r *Run, id string, timeout time.Durati
 // recordTry records a failed try that will be retried, so the try count
 // survives a crash. A failure to record is logged: the retry goes on.
 func (r *Run) recordTry(ctx context.Context, cp *checkpoint.Step, tryErr error) {
+	traceRetry(ctx, cp.Tries, tryErr)
 	if r.dryRun {
 		return
 	}

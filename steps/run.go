@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
@@ -66,6 +67,15 @@ type Config struct {
 	// it, so a request it sent has landed, or never will, before anyone
 	// looks.
 	PreviousLeaseUntil time.Time
+	// Tracer makes the spans of the attempt's steps and batch chunks, each
+	// the child of the span in the context the step is called with (the
+	// runner's attempt span), and the parent of what the step's function
+	// traces: its context carries the step's span. Defaults to the global
+	// OpenTelemetry provider's tracer, a no-op unless the program set one.
+	Tracer trace.Tracer
+	// OnStepEnd, if set, is called as each step returns, replayed ones
+	// included (the runner's duration histograms).
+	OnStepEnd func(StepEnd)
 }
 
 // Run is one attempt's view of a run, passed to job code. It is safe for use
@@ -91,6 +101,9 @@ type Run struct {
 	leaseFor   time.Duration
 	callMargin time.Duration
 	prevUntil  time.Time
+
+	tracer    trace.Tracer
+	onStepEnd func(StepEnd)
 
 	dryRun   bool
 	dryState map[string]checkpoint.State // values planned by earlier dry-run steps
@@ -146,6 +159,11 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 		leaseFor:     cfg.LeaseFor,
 		callMargin:   cfg.CallMargin,
 		prevUntil:    cfg.PreviousLeaseUntil,
+		tracer:       cfg.Tracer,
+		onStepEnd:    cfg.OnStepEnd,
+	}
+	if r.tracer == nil {
+		r.tracer = defaultTracer()
 	}
 	if cfg.LeaseFor < 0 || cfg.CallMargin < 0 {
 		return nil, fmt.Errorf("steps: Config.LeaseFor (%s) and Config.CallMargin (%s) cannot be negative", cfg.LeaseFor, cfg.CallMargin)
