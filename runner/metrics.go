@@ -1,11 +1,15 @@
 package runner
 
 import (
+	"context"
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/steps"
 )
 
 // Metrics are the Prometheus series of a Scheduler and the runs it starts.
@@ -31,14 +35,33 @@ import (
 //	stepwise_lease_takeovers_total{kind}      leases taken from a dead or stalled owner: kind "run" or "schedule"
 //	stepwise_schedule_lag_seconds{schedule}   how late the latest run of the schedule started
 //	stepwise_schedule_leader{schedule}        1 while this scheduler fires the schedule
+//	stepwise_attempt_duration_seconds{job,status}  histogram: an attempt, from its claim request to its end
+//	stepwise_step_duration_seconds{job,step}  histogram: a step that ran (replayed ones are not observed);
+//	                                          step is the step ID's name, before its first "/"
+//	stepwise_job_last_success_timestamp_seconds{job}  unix time the job's latest run succeeded
+//
+// The last-success gauge is what an alert such as "settlement did not
+// finish by 06:00" reads: time() - stepwise_job_last_success_timestamp_seconds{job="settle"}
+// > 86400, or a comparison with today's 06:00. It is seeded from the store
+// (LoadLastSuccess, which a Scheduler calls as it starts), so a restart
+// does not forget it; a job that never succeeded has no series (alert on
+// absent()). The counters and histograms are this process's.
 type Metrics struct {
 	runsStarted, runsSucceeded, runsFailed, runsInterrupted *prometheus.CounterVec
 	stepsExecuted, stepsSkipped, stepsFailed                *prometheus.CounterVec
 	effectsApplied, casConflicts, replans                   *prometheus.CounterVec
 	duplicateFires, misfiresSkipped, overlapSkipped         *prometheus.CounterVec
 	fireErrors, leaseTakeovers                              *prometheus.CounterVec
-	lag, leader                                             *prometheus.GaugeVec
+	lag, leader, lastSuccess                                *prometheus.GaugeVec
+	attemptDuration, stepDuration                           *prometheus.HistogramVec
 }
+
+// Histogram buckets, in seconds: steps from a few milliseconds (a
+// checkpoint commit) to an hour; attempts from a second to a night.
+var (
+	stepBuckets    = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+	attemptBuckets = []float64{1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800}
+)
 
 // Misfire reasons, the reason label of stepwise_misfires_skipped_total.
 const (
@@ -79,11 +102,19 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		leaseTakeovers:  counter("lease_takeovers_total", "Leases taken over from a dead or stalled owner.", "kind"),
 		lag:             gauge("schedule_lag_seconds", "How late after its fire time the schedule's latest run started.", "schedule"),
 		leader:          gauge("schedule_leader", "1 while this scheduler holds the schedule's lease and fires it.", "schedule"),
+		lastSuccess: gauge("job_last_success_timestamp_seconds",
+			"Unix time at which the job's latest run succeeded (seeded from the store at start).", "job"),
+		attemptDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "stepwise", Name: "attempt_duration_seconds",
+			Help:    "How long an attempt of the job took, from its claim request to its end, by the status it ended with.",
+			Buckets: attemptBuckets}, []string{"job", "status"}),
+		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "stepwise", Name: "step_duration_seconds",
+			Help:    "How long a step that ran took (replayed steps are not observed); step is the step ID's name, before any /key.",
+			Buckets: stepBuckets}, []string{"job", "step"}),
 	}
 	for _, c := range []prometheus.Collector{m.runsStarted, m.runsSucceeded, m.runsFailed, m.runsInterrupted,
 		m.stepsExecuted, m.stepsSkipped, m.stepsFailed, m.effectsApplied, m.casConflicts, m.replans,
 		m.duplicateFires, m.misfiresSkipped, m.overlapSkipped,
-		m.fireErrors, m.leaseTakeovers, m.lag, m.leader} {
+		m.fireErrors, m.leaseTakeovers, m.lag, m.leader, m.lastSuccess, m.attemptDuration, m.stepDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -189,4 +220,69 @@ func (m *Metrics) setLeader(schedule string, leader bool) {
 		v = 1
 	}
 	m.leader.WithLabelValues(schedule).Set(v)
+}
+
+// attemptEnded records an attempt's duration and, when it ended its run
+// succeeded, the job's last success at end.
+func (m *Metrics) attemptEnded(job, status string, took time.Duration, end time.Time) {
+	if m == nil {
+		return
+	}
+	m.attemptDuration.WithLabelValues(job, status).Observe(took.Seconds())
+	if status == checkpoint.RunSucceeded {
+		m.lastSuccess.WithLabelValues(job).Set(float64(end.UnixNano()) / 1e9)
+	}
+}
+
+// stepHook returns the steps.Config.OnStepEnd that observes the steps of
+// job's attempts, or nil for a nil *Metrics.
+func (m *Metrics) stepHook(job string) func(steps.StepEnd) {
+	if m == nil {
+		return nil
+	}
+	return func(e steps.StepEnd) {
+		if !e.Replayed {
+			m.stepDuration.WithLabelValues(job, e.Name).Observe(e.Took.Seconds())
+		}
+	}
+}
+
+// LoadLastSuccess seeds stepwise_job_last_success_timestamp_seconds of
+// each of jobs from st: the latest end among the job's most recently
+// created succeeded runs (a page of them), so a restarted process reports
+// the success an earlier one recorded. A job without a succeeded run gets
+// no series; a later success in this process is never moved back.
+func (m *Metrics) LoadLastSuccess(ctx context.Context, st checkpoint.Store, jobs []string) error {
+	if m == nil {
+		return nil
+	}
+	for _, job := range jobs {
+		runs, err := st.Runs(ctx, checkpoint.RunFilter{Job: job, Status: checkpoint.RunSucceeded})
+		if err != nil {
+			return fmt.Errorf("runner: load the last success of job %s: %w", job, err)
+		}
+		var last time.Time
+		for _, run := range runs {
+			if run.FinishedAt.After(last) {
+				last = run.FinishedAt
+			}
+		}
+		if last.IsZero() {
+			continue
+		}
+		g := m.lastSuccess.WithLabelValues(job)
+		if v := float64(last.UnixNano()) / 1e9; v > gaugeValue(g) {
+			g.Set(v)
+		}
+	}
+	return nil
+}
+
+// gaugeValue reads a gauge's current value.
+func gaugeValue(g prometheus.Gauge) float64 {
+	var pb dto.Metric
+	if g.Write(&pb) != nil {
+		return 0
+	}
+	return pb.GetGauge().GetValue()
 }

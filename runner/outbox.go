@@ -82,8 +82,9 @@ func (d FileDelivery) Deliver(ctx context.Context, m checkpoint.Message) error {
 }
 
 // WebhookDelivery POSTs each message as JSON to URL with the headers
-// Idempotency-Key (the message's key) and X-Stepwise-Topic. Any 2xx answer
-// is a delivery; anything else is retried later.
+// Idempotency-Key (the message's key) and X-Stepwise-Topic, and, when
+// tracing, traceparent (W3C Trace Context) of the delivery's span. Any 2xx
+// answer is a delivery; anything else is retried later.
 type WebhookDelivery struct {
 	URL string
 	// Client defaults to one with a 10s timeout.
@@ -103,6 +104,7 @@ func (d WebhookDelivery) Deliver(ctx context.Context, m checkpoint.Message) erro
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", m.Key)
 	req.Header.Set("X-Stepwise-Topic", m.Topic)
+	steps.InjectTrace(ctx, req.Header) // traceparent of the delivery pass's span, when tracing
 	client := d.Client
 	if client == nil {
 		client = &http.Client{Timeout: 10 * time.Second}

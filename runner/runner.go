@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -73,6 +75,18 @@ type Config struct {
 	// before another runner may take the run over. Defaults to a third of
 	// Lease; at most half of it.
 	SelfFenceMargin time.Duration
+	// TracerProvider makes the spans of the runs: one per attempt (the
+	// parent of its steps' spans and, in a batch step, of a span per
+	// chunk), with the run ID, attempt, step ID, item counts and outcome
+	// as attributes (see steps.AttrRunID and the others). Steps' functions
+	// run under their step's span, so an outside call can carry it
+	// (steps.InjectTrace). Defaults to the global OpenTelemetry provider
+	// (otel.GetTracerProvider), a no-op unless the program set one.
+	TracerProvider trace.TracerProvider
+	// Metrics, if set, receives each attempt's duration, its steps'
+	// durations and, when a run succeeds, the job's last-success time.
+	// A Scheduler gives its own SchedulerConfig.Metrics when this is nil.
+	Metrics *Metrics
 }
 
 func (c *Config) validate() error {
@@ -114,7 +128,8 @@ func (c *Config) validate() error {
 
 // Runner executes runs of registered jobs.
 type Runner struct {
-	cfg Config
+	cfg    Config
+	tracer trace.Tracer
 }
 
 // New returns a Runner for cfg.
@@ -122,7 +137,11 @@ func New(cfg Config) (*Runner, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Runner{cfg: cfg}, nil
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return &Runner{cfg: cfg, tracer: tp.Tracer(steps.TracerName)}, nil
 }
 
 // Request asks for a run of a job.
@@ -179,8 +198,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 	return r.execute(ctx, job, dec, req)
 }
 
-// dryRun executes the job on a write-free steps.Run.
-func (r *Runner) dryRun(ctx context.Context, job jobs.Job, dec jobs.Decoded) (Result, error) {
+// dryAttempt executes the job on a write-free steps.Run; dryRun wraps it
+// in a span.
+func (r *Runner) dryAttempt(ctx context.Context, job jobs.Job, dec jobs.Decoded) (Result, error) {
 	runID := jobs.RunID(job.Name(), dec.RunKey)
 	// Refused as the real run would be, by the same claim rule: a run key
 	// always means the same parameters, and a pruned run cannot run again.
@@ -198,7 +218,7 @@ func (r *Runner) dryRun(ctx context.Context, job jobs.Job, dec jobs.Decoded) (Re
 	}
 	log := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Bool("dry_run", true).Logger()
 	run, err := steps.Begin(ctx, steps.Config{Store: r.cfg.Store, Lease: checkpoint.Lease{RunID: runID, Owner: r.cfg.Owner},
-		Logger: &log, Now: r.cfg.Clock.Now, DryRun: true})
+		Logger: &log, Now: r.cfg.Clock.Now, DryRun: true, Tracer: r.tracer})
 	if err != nil {
 		return Result{RunID: runID}, err
 	}
@@ -232,7 +252,9 @@ func (r *Runner) Resume(ctx context.Context, runID string, req Request) (Result,
 	return r.execute(ctx, job, dec, req)
 }
 
-func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, req Request) (Result, error) {
+// attempt claims the run and drives the job on its steps.Run; execute
+// wraps it in the attempt's span.
+func (r *Runner) attempt(ctx context.Context, job jobs.Job, dec jobs.Decoded, req Request) (Result, error) {
 	runID := jobs.RunID(job.Name(), dec.RunKey)
 	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Logger()
 	log := jobLog.With().Str(steps.FieldRunID, runID).Logger()
@@ -382,8 +404,11 @@ func (r *Runner) dispatch(ctx context.Context, log zerolog.Logger) {
 	if r.cfg.Deliver == nil || !ok {
 		return
 	}
+	ctx, span := r.tracer.Start(context.WithoutCancel(ctx), "outbox delivery")
+	defer span.End()
 	d := Dispatcher{Store: ob, To: r.cfg.Deliver, Clock: r.cfg.Clock, Logger: log}
-	res, err := d.Pass(context.WithoutCancel(ctx))
+	res, err := d.Pass(ctx)
+	traceDispatch(span, res, err)
 	if err != nil {
 		log.Warn().Err(err).Msg("outbox dispatch failed; messages stay queued")
 	} else if res.Sent+res.Failed > 0 {
@@ -397,7 +422,7 @@ func (r *Runner) drive(ctx context.Context, store checkpoint.Store, job jobs.Job
 	lease, prevUntil := claim.Lease, claim.PreviousLeaseUntil
 	cfg := steps.Config{Store: store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
 		RetrySkipped: req.RetrySkipped, AcceptChanged: req.AcceptChanged, OnProgress: r.progressHook(lease, log), Retry: job.Settings().Retry,
-		LeaseFor: r.cfg.Lease, PreviousLeaseUntil: prevUntil}
+		LeaseFor: r.cfg.Lease, PreviousLeaseUntil: prevUntil, Tracer: r.tracer, OnStepEnd: r.cfg.Metrics.stepHook(job.Name())}
 	if s, ok := r.cfg.Clock.(Sleeper); ok {
 		cfg.Sleep = s.Sleep
 	}

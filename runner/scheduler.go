@@ -166,6 +166,9 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 	rc := cfg.Runner
 	if cfg.Metrics != nil {
 		rc.Store = countClaims(rc.Store, cfg.Metrics)
+		if rc.Metrics == nil {
+			rc.Metrics = cfg.Metrics
+		}
 	}
 	r, err := New(rc)
 	if err != nil {
@@ -327,6 +330,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	defer cancelRuns(nil)
 	l := &loop{s: s, ctx: context.WithoutCancel(ctx), runsCtx: runsCtx, done: make(chan ended)}
 	s.log.Info().Str("owner", s.owner).Int("schedules", len(s.scheds)).Msg("scheduler started")
+	s.loadLastSuccess(ctx)
 
 	for ctx.Err() == nil {
 		now := s.clock.Now()
@@ -718,6 +722,21 @@ func (l *loop) publish(time.Time) {
 		if sc.held {
 			st.Next = sc.next.At
 		}
+	}
+}
+
+// loadLastSuccess seeds the metrics' last success of every registered job
+// from the store; a failure leaves the gauges to this process's runs.
+func (s *Scheduler) loadLastSuccess(ctx context.Context) {
+	if s.m == nil {
+		return
+	}
+	var names []string
+	for _, j := range s.runner.cfg.Jobs.Jobs() {
+		names = append(names, j.Name())
+	}
+	if err := s.m.LoadLastSuccess(ctx, s.runner.cfg.Store, names); err != nil {
+		s.log.Warn().Err(err).Msg("could not load the jobs' last successes; the gauge shows this process's runs only")
 	}
 }
 
