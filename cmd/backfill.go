@@ -105,7 +105,8 @@ func (c *BackfillCmd) Run(env *Env) error {
 		fmt.Fprintln(env.Stdout, "dry run: nothing started")
 		return nil
 	}
-	r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease})
+	r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
+		TracerProvider: env.tracing(true)})
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/alecthomas/kong"
 	"github.com/rs/zerolog"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -149,7 +150,7 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 	kopts := append([]kong.Option{
 		kong.Name(name),
 		kong.Description("Stepwise runs batch jobs in resumable, checkpointed steps: rerun a crashed or failed run " +
-			"from the top and every completed step is skipped, every effect applied once.\n\n" + exitCodesHelp),
+			"from the top and every completed step is skipped, every effect applied once.\n\n" + exitCodesHelp + "\n\n" + tracingHelp),
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(c int) { panic(exitRequest{c}) }),
 		kong.Vars{"name": name, "version": versionText(name, readBuildInfo())},
@@ -246,6 +247,10 @@ type Env struct {
 	Now    func() time.Time
 	store  checkpoint.Backend
 	parser *kong.Kong
+	// tracer is the OTLP tracer provider once tracing set it up (nil when
+	// the environment asks for none); traceInit says it was tried.
+	tracer    *sdktrace.TracerProvider
+	traceInit bool
 }
 
 func (e *Env) now() time.Time {
@@ -293,6 +298,7 @@ func (e *Env) RunJob(req runner.Request, lease time.Duration) (runner.Result, er
 }
 
 func (e *Env) close() {
+	e.closeTracing()
 	if e.store != nil {
 		e.store.Close()
 	}

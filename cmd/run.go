@@ -35,6 +35,7 @@ func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
 	r, err := runner.New(runner.Config{
 		Store: st, Jobs: env.Registry, Logger: log,
 		Lease: f.Lease, Wait: f.Wait, OnProgress: prog.hook(), ProgressLog: prog.logEvery(), Deliver: deliver,
+		TracerProvider: env.tracing(true),
 	})
 	return r, prog, err
 }

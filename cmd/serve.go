@@ -47,7 +47,8 @@ func (c *ServeCmd) Run(env *Env) error {
 		return err
 	}
 	sched, err := runner.NewScheduler(runner.SchedulerConfig{
-		Runner:           runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease},
+		Runner: runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
+			TracerProvider: env.tracing(false)},
 		Schedules:        scheds,
 		Grace:            c.Grace,
 		MisfireThreshold: c.MisfireThreshold,

@@ -24,4 +24,11 @@
 // value and stack (*PanicError), and other runs in the process go on.
 // Batch steps' progress is logged every Config.ProgressLog with the run's
 // job, run_id and attempt (see steps.FieldJob and the other field names).
+//
+// Each attempt is an OpenTelemetry span ("attempt JOB") from
+// Config.TracerProvider (by default the global provider, a no-op unless
+// the program set one), the parent of its steps' and batch chunks' spans
+// (see steps.AttrRunID for their attributes); a step replayed from its
+// checkpoint keeps its span, marked stepwise.replayed. Config.Metrics adds
+// attempt and step duration histograms and each job's last-success time.
 package runner

@@ -19,4 +19,9 @@
 // is returned, so later steps see the same data. Step IDs are a name plus an
 // optional business key (steps.ID("post", "T-1001") is "post/T-1001"), never
 // a counter of call order.
+//
+// Each step runs its function under an OpenTelemetry span of its own
+// (Config.Tracer; a batch step adds a span per chunk), so an outside call
+// made from it joins the run's trace: put InjectTrace on the request's
+// headers, or give the HTTP client a TraceTransport.
 package steps
