@@ -167,6 +167,9 @@ func spanError(span trace.Span, outcome string, err error) {
 
 // outcomeOf classifies a step's error into one of AttrOutcome's values.
 func outcomeOf(err error) string {
+	if err == nil {
+		return outcomeCompleted // before the targets below, which errors.As makes escape
+	}
 	var (
 		rej     *RejectedError
 		unknown *OutcomeUnknownError
@@ -174,8 +177,6 @@ func outcomeOf(err error) string {
 		item    *ItemChangedError
 	)
 	switch {
-	case err == nil:
-		return outcomeCompleted
 	case errors.As(err, &rej):
 		return outcomeRejected
 	case errors.As(err, &unknown):
