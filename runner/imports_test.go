@@ -14,7 +14,10 @@ const modulePath = "github.com/stepwise-run/stepwise"
 // layerAllows says which Stepwise layers each layer may import, besides
 // itself: imports flow one way, cmd -> runner -> jobs -> steps ->
 // checkpoint, and examples use jobs and steps only; bench (the workloads
-// of `stepwise bench`) sits beside cmd, which alone imports it. The checkpoint
+// of `stepwise bench`) sits beside cmd, which alone imports it. ops (what
+// an operator sees of runs and does to them) sits above runner, and
+// httpapi (the HTTP API) above ops; cmd imports both, so the CLI and the
+// API share one implementation of every view and operation. The checkpoint
 // contract imports no other layer; a backend (checkpoint/sqlite, and any
 // store beside it) implements the contract, and only cmd, which opens the
 // store --db names, may import one outside tests.
@@ -27,7 +30,9 @@ var layerAllows = map[string][]string{
 	"runner":         {"jobs", "steps", "checkpoint"},
 	"examples":       {"jobs", "steps"},
 	"bench":          {"runner", "jobs", "steps", "checkpoint", "backend", "examples"},
-	"cmd":            {"runner", "jobs", "steps", "checkpoint", "backend", "examples", "bench"},
+	"ops":            {"runner", "jobs", "steps", "checkpoint"},
+	"httpapi":        {"ops", "runner", "jobs", "steps", "checkpoint"},
+	"cmd":            {"httpapi", "ops", "runner", "jobs", "steps", "checkpoint", "backend", "examples", "bench"},
 }
 
 // testAllows are the layers a layer's own test files may import besides
@@ -38,6 +43,8 @@ var testAllows = map[string][]string{
 	"steps":   {"checkpointtest", "backend"},
 	"jobs":    {"checkpointtest", "backend"},
 	"runner":  {"checkpointtest", "backend"},
+	"ops":     {"checkpointtest", "backend"},
+	"httpapi": {"checkpointtest", "backend", "examples"},
 	"cmd":     {"checkpointtest"},
 }
 
@@ -86,7 +93,7 @@ func importViolations(pkgs map[string]pkgImports) []string {
 		}
 		allowed, known := layerAllows[from]
 		if !known {
-			bad = append(bad, pkg+" is outside the fixed layout (checkpoint, steps, jobs, runner, bench, cmd, examples)")
+			bad = append(bad, pkg+" is outside the fixed layout (checkpoint, steps, jobs, runner, ops, httpapi, bench, cmd, examples)")
 			continue
 		}
 		for _, dep := range deps.Imports {
