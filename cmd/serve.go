@@ -16,11 +16,12 @@ import (
 
 	"github.com/stepwise-run/stepwise/httpapi"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/web"
 )
 
 // ServeCmd runs the scheduler until SIGTERM or SIGINT.
 type ServeCmd struct {
-	Listen           string        `placeholder:"ADDR" help:"Serve /healthz, Prometheus /metrics and the HTTP API (/api/v1/...) on this address, e.g. 127.0.0.1:9090 (port 0 picks a free one; the address is printed). An address other than loopback needs --tokens."`
+	Listen           string        `placeholder:"ADDR" help:"Serve the web dashboard (/), /healthz, Prometheus /metrics and the HTTP API (/api/v1/...) on this address, e.g. 127.0.0.1:9090 (port 0 picks a free one; the address is printed). An address other than loopback needs --tokens."`
 	Tokens           string        `type:"existingfile" placeholder:"FILE" help:"Bearer tokens of the HTTP API, one NAME:ROLE:TOKEN a line (ROLE read or operate; TOKEN at least 16 random bytes, e.g. from 'openssl rand -hex 16'). Without it the API serves reads only, and only on loopback."`
 	Grace            time.Duration `default:"20s" help:"After SIGTERM or SIGINT, how long running runs may take to finish before they are interrupted, resumably: the next serve fires them again as missed fires (under the misfire policy), or resume them by hand. Keep it under STEPWISE_GRACE, after which the process exits anyway."`
 	Lease            time.Duration `default:"30s" nonzero:"" help:"Lease length of the runs started and of the schedules fired; a standby serve takes a schedule over when its lease expires (at once if its owner ran on this host and is gone)."`
@@ -81,7 +82,12 @@ func (c *ServeCmd) Run(env *Env) error {
 		if err != nil {
 			return err
 		}
-		srv, addr, err := serveHTTP(env, c.Listen, sched, reg, api)
+		dash, err := web.New(web.Config{Store: st, Auth: apiAuth{api}, API: httpapi.Prefix, Schedules: c.schedules,
+			MisfireThreshold: c.MisfireThreshold, Logger: env.Logger(), Now: env.now})
+		if err != nil {
+			return err
+		}
+		srv, addr, err := serveHTTP(env, c.Listen, sched, reg, api, dash)
 		if err != nil {
 			return usageError{err}
 		}
@@ -99,7 +105,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		if tokens != nil {
 			auth = fmt.Sprintf("%d tokens", tokens.Len())
 		}
-		where = "; /healthz, /metrics and the API (" + auth + ") on http://" + addr
+		where = "; the dashboard, /healthz, /metrics and the API (" + auth + ") on http://" + addr
 	}
 	fmt.Fprintf(env.Stdout, "%s serve: firing %d schedules from %s%s\n", env.Name, len(scheds), env.storeName(), where)
 	if err := sched.Run(env.Ctx); err != nil {
@@ -139,9 +145,10 @@ func (c *ServeCmd) checkGrace() error {
 	return nil
 }
 
-// serveHTTP serves /healthz and /metrics on addr in the background and
-// returns the server and the address it listens on.
-func serveHTTP(env *Env, addr string, sched *runner.Scheduler, reg *prometheus.Registry, api http.Handler) (*http.Server, string, error) {
+// serveHTTP serves /healthz, /metrics, the API and the dashboard (every
+// other path) on addr in the background and returns the server and the
+// address it listens on.
+func serveHTTP(env *Env, addr string, sched *runner.Scheduler, reg *prometheus.Registry, api, dash http.Handler) (*http.Server, string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", fmt.Errorf("--listen %s: %w", addr, err)
@@ -150,6 +157,7 @@ func serveHTTP(env *Env, addr string, sched *runner.Scheduler, reg *prometheus.R
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { healthz(w, sched.Status()) })
 	mux.Handle(httpapi.Prefix, api)
+	mux.Handle("/", dash)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

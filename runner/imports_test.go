@@ -16,8 +16,10 @@ const modulePath = "github.com/stepwise-run/stepwise"
 // checkpoint, and examples use jobs and steps only; bench (the workloads
 // of `stepwise bench`) sits beside cmd, which alone imports it. ops (what
 // an operator sees of runs and does to them) sits above runner, and
-// httpapi (the HTTP API) above ops; cmd imports both, so the CLI and the
-// API share one implementation of every view and operation. The checkpoint
+// httpapi (the HTTP API) above ops, and web (the dashboard's pages, which
+// read the ops views and operate through the API) beside httpapi; cmd
+// imports them, so the CLI, the API and the dashboard share one
+// implementation of every view and operation. The checkpoint
 // contract imports no other layer; a backend (checkpoint/sqlite, and any
 // store beside it) implements the contract, and only cmd, which opens the
 // store --db names, may import one outside tests.
@@ -32,7 +34,8 @@ var layerAllows = map[string][]string{
 	"bench":          {"runner", "jobs", "steps", "checkpoint", "backend", "examples"},
 	"ops":            {"runner", "jobs", "steps", "checkpoint"},
 	"httpapi":        {"ops", "runner", "jobs", "steps", "checkpoint"},
-	"cmd":            {"httpapi", "ops", "runner", "jobs", "steps", "checkpoint", "backend", "examples", "bench"},
+	"web":            {"ops", "runner", "jobs", "steps", "checkpoint"},
+	"cmd":            {"httpapi", "web", "ops", "runner", "jobs", "steps", "checkpoint", "backend", "examples", "bench"},
 }
 
 // testAllows are the layers a layer's own test files may import besides
@@ -45,6 +48,7 @@ var testAllows = map[string][]string{
 	"runner":  {"checkpointtest", "backend"},
 	"ops":     {"checkpointtest", "backend"},
 	"httpapi": {"checkpointtest", "backend", "examples"},
+	"web":     {"checkpointtest", "backend", "examples", "httpapi"},
 	"cmd":     {"checkpointtest"},
 }
 
@@ -93,7 +97,7 @@ func importViolations(pkgs map[string]pkgImports) []string {
 		}
 		allowed, known := layerAllows[from]
 		if !known {
-			bad = append(bad, pkg+" is outside the fixed layout (checkpoint, steps, jobs, runner, ops, httpapi, bench, cmd, examples)")
+			bad = append(bad, pkg+" is outside the fixed layout (checkpoint, steps, jobs, runner, ops, httpapi, web, bench, cmd, examples)")
 			continue
 		}
 		for _, dep := range deps.Imports {

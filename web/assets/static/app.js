@@ -95,9 +95,11 @@
       body: function (f) { return { reason: f.reason.value, force: f.force.checked }; } },
     reset: { title: "Reset a step", what: "Clears one step's checkpoint so it runs again on the next resume.",
       force: "Reset even though the step's effects applied (they are not undone, and apply again)",
-      body: function (f) { return { reason: f.reason.value, step: f.step.value, force: f.force.checked }; } },
+      step: function (f) { return f.step.value; },
+      body: function (f) { return { reason: f.reason.value, force: f.force.checked }; } },
     resolve: { title: "Resolve an outside call", what: "Settles an outside call whose outcome is unknown: record it completed with its output, or have the next resume call again.",
-      body: function (f) { return { reason: f.reason.value, step: f.call.value, as: f.as.value, output: JSON.parse(f.output.value || "null") }; } },
+      step: function (f) { return f.call.value; },
+      body: function (f) { return { reason: f.reason.value, as: f.as.value, output: JSON.parse(f.output.value || "null") }; } },
     abandon: { title: "Abandon", what: "Gives up on the run: run and resume refuse it unless forced.",
       body: function (f) { return { reason: f.reason.value }; } },
   };
@@ -142,12 +144,15 @@
         // The session's CSRF token, fresh: the API checks it on every write.
         const s = await apiCall("GET", "session");
         if (!s.ok) { showError(message(s)); return; }
-        const r = await apiCall("POST", "runs/" + runPath(form.dataset.run) + "/" + current, payload, s.data && s.data.csrf_token);
+        // POST runs/{id}/VERB, or runs/{id}/steps/{step}/VERB for a step's.
+        let path = "runs/" + runPath(form.dataset.run) + "/";
+        if (ops[current].step) path += "steps/" + runPath(ops[current].step(form)) + "/";
+        const r = await apiCall("POST", path + current, payload, s.data && s.data.csrf_token);
         if (!r.ok) { showError(message(r)); return; }
         dialog.close();
         form.reason.value = "";
         const done = document.getElementById("op-done");
-        done.textContent = ops[current].title + " accepted" + (r.data && r.data.status ? ": the run is " + r.data.status : "") + ".";
+        done.textContent = ops[current].title + " done" + (r.data && r.data.result ? ": " + r.data.result : "") + ".";
         done.hidden = false;
         body.dataset.refresh = "1000";
         refresh();
