@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stepwise-run/stepwise/ops"
 	"github.com/stepwise-run/stepwise/runner"
 )
 
@@ -53,6 +54,13 @@ func (h *Handler) funcs() template.FuncMap {
 		},
 		"ago":     func(now time.Time, t time.Time) string { return duration(now.Sub(t)) + " ago" },
 		"dur":     duration,
+		"took": func(r ops.RunView, now time.Time) string {
+			d := duration(ended(r, now).Sub(r.CreatedAt))
+			if r.FinishedAt == nil && r.Status == "running" && !r.Stale {
+				d += " so far"
+			}
+			return d
+		},
 		"runURL":  runURL,
 		"num":     groupDigits,
 		"signed":  func(n int64) string { return signed(n) },
@@ -87,6 +95,8 @@ func duration(d time.Duration) string {
 		return d.Round(time.Millisecond).String()
 	case d < time.Minute:
 		return strconv.FormatFloat(d.Seconds(), 'f', 1, 64) + "s"
+	case d < time.Hour && d%time.Minute == 0:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
 	case d < time.Hour:
 		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
 	case d < 48*time.Hour:

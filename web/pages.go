@@ -131,7 +131,10 @@ type batchRow struct {
 	ops.BatchView
 	Known   bool    // Total is known
 	Percent float64 // of Total done
-	ETA     time.Duration
+	// Live says the batch is running now: its rate and ETA are shown
+	// (once it stopped, the rate over one attempt's time would mislead).
+	Live bool
+	ETA  time.Duration
 }
 
 // itemsTable is one page of a run's rejected or skipped items.
@@ -200,7 +203,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, who Caller, known 
 		}
 	}
 	for _, b := range v.Batches {
-		p.Batches = append(p.Batches, progress(b))
+		p.Batches = append(p.Batches, progress(b, p.Live))
 	}
 	for _, t := range []struct {
 		status string
@@ -247,10 +250,7 @@ func (h *Handler) items(r *http.Request, v ops.ShowView, status string) (itemsTa
 // timeline places each step on the run's span, from its creation to its
 // end (or now).
 func timeline(v ops.ShowView, now time.Time) []timelineRow {
-	start, end := v.Run.CreatedAt, now
-	if v.Run.FinishedAt != nil && v.Run.Status != checkpoint.RunRunning {
-		end = *v.Run.FinishedAt
-	}
+	start, end := v.Run.CreatedAt, ended(v.Run, now)
 	ss := slices.Clone(v.Steps)
 	slices.SortStableFunc(ss, func(a, b ops.StepView) int { return a.StartedAt.Compare(b.StartedAt) })
 	for _, s := range ss {
@@ -282,16 +282,29 @@ func timeline(v ops.ShowView, now time.Time) []timelineRow {
 
 func clamp(n, lo, hi int) int { return max(lo, min(n, hi)) }
 
-// progress is a batch's share done and the time left at its rate.
-func progress(b ops.BatchView) batchRow {
-	row := batchRow{BatchView: b, Known: b.Total >= 0}
+// ended is when a run stopped: its end, or its last move if it failed,
+// was interrupted or its runner is gone; now while it runs.
+func ended(r ops.RunView, now time.Time) time.Time {
+	switch {
+	case r.FinishedAt != nil:
+		return *r.FinishedAt
+	case r.Status == checkpoint.RunRunning && !r.Stale:
+		return now
+	}
+	return r.UpdatedAt
+}
+
+// progress is a batch's share done and, while it runs, the time left at
+// its rate.
+func progress(b ops.BatchView, live bool) batchRow {
+	row := batchRow{BatchView: b, Known: b.Total >= 0, Live: live}
 	switch {
 	case b.Total > 0:
 		row.Percent = min(100, float64(b.Done)*100/float64(b.Total))
 	case b.Total == 0:
 		row.Percent = 100
 	}
-	if row.Known && b.RatePerSecond > 0 && b.Done < b.Total {
+	if live && row.Known && b.RatePerSecond > 0 && b.Done < b.Total {
 		row.ETA = time.Duration(float64(b.Total-b.Done) / b.RatePerSecond * float64(time.Second))
 	}
 	return row

@@ -137,6 +137,7 @@ func New(cfg Config) (*Handler, error) {
 		files.ServeHTTP(w, r)
 	}))
 	h.mux.HandleFunc("GET /login", h.login)
+	h.mux.HandleFunc("POST /login", h.login)
 	h.mux.Handle("GET /{$}", h.guard(h.runs))
 	h.mux.Handle("GET /runs/{id...}", h.guard(h.run))
 	h.mux.Handle("GET /schedules", h.guard(h.schedules))
@@ -272,7 +273,14 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, headi
 	h.render(w, r, status, "error", errorPage{common: h.common(heading, "", Caller{}, false), Heading: heading, Message: message})
 }
 
+// login shows the login page; its script posts the token to the API. A
+// form posted here came from a browser without the script: the token is
+// not looked at (nor echoed), and the page says what is missing.
 func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+	problem := ""
+	if r.Method == http.MethodPost {
+		problem = "Logging in needs JavaScript: the page hands the token to the API, which sets the session cookie. Enable JavaScript for this site and try again."
+	}
 	next := r.URL.Query().Get("next")
 	// Only a path on this server: never an open redirect.
 	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") {
@@ -280,6 +288,6 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	}
 	h.render(w, r, http.StatusOK, "login", struct {
 		common
-		Next string
-	}{h.common("Log in", "", Caller{}, false), next})
+		Next, Problem string
+	}{h.common("Log in", "", Caller{}, false), next, problem})
 }

@@ -152,7 +152,7 @@
         dialog.close();
         form.reason.value = "";
         const done = document.getElementById("op-done");
-        done.textContent = ops[current].title + " done" + (r.data && r.data.result ? ": " + r.data.result : "") + ".";
+        done.textContent = ops[current].title + " accepted" + (r.data && r.data.result ? ": " + r.data.result : "") + ".";
         done.hidden = false;
         body.dataset.refresh = "1000";
         refresh();
