@@ -467,3 +467,20 @@ func TestRecoverAStaleRun(t *testing.T) {
 		t.Errorf("after recover the run is %s; want failed", info.Run.Status)
 	}
 }
+
+// A rerun or resume of a run a live runner holds is refused before
+// anything is recorded in its audit trail.
+func TestRerunOfAHeldRunRecordsNothing(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	if _, err := a.st.Claim(ctx, checkpoint.ClaimRequest{RunID: "report/2026-11-02", Job: "report", RunKey: "2026-11-02",
+		Params: []byte(`{}`), ParamsHash: "h", Owner: "live-host:1", Now: time.Now(), LeaseFor: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	for _, verb := range []string{"rerun", "resume"} {
+		expect(t, verb+" of a held run", a.do("POST", "/api/v1/runs/report/2026-11-02/"+verb, operateToken, reason("now")), http.StatusConflict, "held")
+	}
+	if au, err := a.st.Audits(ctx, "report/2026-11-02"); err != nil || len(au) != 0 {
+		t.Errorf("audit after refused operations: %v, %v; want none", au, err)
+	}
+}
