@@ -105,7 +105,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		if tokens != nil {
 			auth = fmt.Sprintf("%d tokens", tokens.Len())
 		}
-		where = "; the dashboard, /healthz, /metrics and the API (" + auth + ") on http://" + addr
+		where = "; /healthz and /metrics on http://" + addr + ", the API under /api/v1/ (" + auth + "), the dashboard at /"
 	}
 	fmt.Fprintf(env.Stdout, "%s serve: firing %d schedules from %s%s\n", env.Name, len(scheds), env.storeName(), where)
 	if err := sched.Run(env.Ctx); err != nil {

@@ -131,6 +131,11 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, p runPath, b Ope
 		s.fail(w, r, badRequest("from_step", `"from_step" is for rerun; resume goes on where the run stopped`))
 		return
 	}
+	// A run a live runner holds is refused before anything is recorded.
+	if info, err := s.cfg.Store.Run(ctx, p.RunID); err == nil && info.Run.Status == checkpoint.RunRunning && !ops.Stale(info.Run, now) {
+		s.fail(w, r, &checkpoint.LeaseHeldError{RunID: p.RunID, Owner: info.Run.LeaseOwner, Until: info.Run.LeaseUntil})
+		return
+	}
 	if p.Verb == "rerun" {
 		plan, err := ops.PlanRerun(ctx, s.cfg.Store, p.RunID, b.FromStep, b.Force)
 		if err == nil {

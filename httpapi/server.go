@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -322,6 +323,10 @@ func (s *Server) decode(r *http.Request, v any) error {
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		f := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
 		return &apiError{Status: http.StatusBadRequest, Code: "bad_json", Field: f, Message: fmt.Sprintf("unknown field %q", f)}
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return &apiError{Status: http.StatusBadRequest, Code: "bad_json", Message: "the body is not JSON: it ends in the middle of a value"}
+	case errors.Is(err, io.EOF):
+		return &apiError{Status: http.StatusBadRequest, Code: "bad_json", Message: "the body is empty; it must be a JSON object"}
 	case errors.Is(err, context.Canceled):
 		return err
 	}

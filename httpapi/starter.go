@@ -54,7 +54,9 @@ var _ Starter = (*Local)(nil)
 // errStopping refuses runs once Shutdown began.
 type errStopping struct{}
 
-func (errStopping) Error() string { return "httpapi: the server is stopping; start the run again once it is back" }
+func (errStopping) Error() string {
+	return "httpapi: the server is stopping; start the run again once it is back"
+}
 
 // Start implements Starter.
 func (l *Local) Start(ctx context.Context, req runner.Request) (Started, error) {
