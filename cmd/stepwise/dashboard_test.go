@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
@@ -57,7 +59,7 @@ func (s *syncBuffer) String() string {
 // the run with a reason, watches the batch reach 100 % and finds the
 // resume in the audit trail under the token's name. A refused operation
 // shows the command line's words. Screenshots of the runs list, the run
-// page and the schedules page go to $STEPWISE_SCREENSHOTS.
+// page (light and dark) and the schedules page go to $STEPWISE_SCREENSHOTS.
 func TestDashboardInBrowser(t *testing.T) {
 	if _, err := os.Stat(chromiumPath); err != nil {
 		t.Fatalf("the browser test needs Debian's chromium at %s (%v): install it with `apt-get install -y chromium`", chromiumPath, err)
@@ -121,7 +123,7 @@ func TestDashboardInBrowser(t *testing.T) {
 			t.Errorf("serve exited %d:\n%s", code, out.String())
 		}
 	}()
-	addr := regexp.MustCompile(`on http://(127\.0\.0\.1:\d+)`)
+	addr := regexp.MustCompile(`/metrics on http://(127\.0\.0\.1:\d+)`)
 	var base string
 	for deadline := time.Now().Add(10 * time.Second); base == ""; {
 		if m := addr.FindStringSubmatch(out.String()); m != nil {
@@ -221,6 +223,9 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Errorf("the audit trail reads %q; want oncall's resume with the reason", got)
 	}
 	shot("run.png")
+	run("the run page in the dark", colorScheme("dark"))
+	shot("run-dark.png")
+	run("back to the light", colorScheme("light"))
 
 	// A refused operation shows the command line's words.
 	_, refusal := ops.Abandon(ctx, st, ops.Who{Operator: "test", Reason: "check"}, runID, time.Now())
@@ -250,6 +255,15 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	shot("schedules.png")
 	t.Logf("screenshots in %s", shots)
+}
+
+// colorScheme makes the page see prefers-color-scheme as scheme.
+func colorScheme(scheme string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := cdp.Call(ctx, t, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: scheme}}})
+		return err
+	})
 }
 
 // newBrowser starts headless Chromium with a fresh profile and a laptop's
