@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -156,6 +157,16 @@ func TestDashboardInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	viewShot := func(name string) { // what the screen shows, e.g. an open dialog
+		t.Helper()
+		png, err := chromedp.Run(bctx, chromedp.CaptureScreenshot())
+		if err != nil {
+			t.Fatalf("screenshot %s: %v", name, err)
+		}
+		if err := os.WriteFile(filepath.Join(shots, name), png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	textOf := func(sel string) string {
 		t.Helper()
 		s, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
@@ -207,9 +218,9 @@ func TestDashboardInBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`button[data-op="resume"]`)),
 		chromedp.WaitVisible(chromedp.ID("op-reason")),
 		chromedp.SendKeys(chromedp.ID("op-reason"), reason),
-		chromedp.Click(chromedp.ID("op-submit")),
-		chromedp.WaitVisible(chromedp.ID("op-done")),
 	)
+	viewShot("prompt.png")
+	run("submit the resume", chromedp.Click(chromedp.ID("op-submit")), chromedp.WaitVisible(chromedp.ID("op-done")))
 	// The page follows the attempt until the batch is done.
 	run("watch the progress reach 100 %",
 		chromedp.Poll[chromedp.Void](`(() => { const p = document.querySelector('progress[data-step="post"]');
@@ -239,6 +250,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.ID("op-error")),
 	)
 	shown := textOf("#op-error")
+	viewShot("refusal.png")
 	run("cancel", chromedp.Click(chromedp.CSS("[data-cancel]")))
 	if shown != refusal.Error() {
 		t.Errorf("the refusal shown is %q; want the command line's %q", shown, refusal.Error())
@@ -249,6 +261,24 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Errorf("the runs list reads %q; want %s succeeded", got, runID)
 	}
 	shot("runs.png")
+	// The list refreshes itself: a run a scheduler starts over the API
+	// shows up without a reload.
+	req, err := http.NewRequest(http.MethodPost, base+"/api/v1/runs", strings.NewReader(`{"job": "settle", "params": {"date": "2026-11-29"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Idempotency-Key", "nightly-2026-11-29")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusCreated {
+		t.Fatalf("POST /api/v1/runs: %s; want 201", res.Status)
+	}
+	run("the new run appears in the list",
+		chromedp.Poll[chromedp.Void](`document.querySelector('#runs a[href="/runs/settle/2026-11-29"]') !== null`, chromedp.WithPollingTimeout(10*time.Second)))
 	run("the schedules", chromedp.Navigate(base+"/schedules"), chromedp.WaitVisible(chromedp.CSS(".schedule")))
 	if got := textOf(".schedule"); !strings.Contains(got, "settle-nightly") || !strings.Contains(got, "Next fires") {
 		t.Errorf("the schedules page reads %q; want settle-nightly with its next fires", got)

@@ -117,7 +117,9 @@
         const op = ops[current];
         document.getElementById("op-title").textContent = op.title + " " + form.dataset.run;
         document.getElementById("op-what").textContent = op.what;
-        document.getElementById("op-submit").textContent = op.title;
+        const submit = document.getElementById("op-submit");
+        submit.textContent = op.title;
+        submit.classList.toggle("danger", current === "abandon");
         document.getElementById("op-force-what").textContent = op.force || "";
         form.querySelectorAll("[data-for]").forEach(function (el) {
           const show = el.dataset.for.split(" ").includes(current);
@@ -136,6 +138,11 @@
     form.addEventListener("submit", async function (ev) {
       ev.preventDefault();
       if (form.reason.value.trim() === "") { showError("Say why, for the audit trail: the reason is required."); form.reason.focus(); return; }
+      const op = ops[current];
+      if (op.step && !op.step(form)) {
+        showError(current === "resolve" ? "No step of this run awaits a decision on an outside call: there is nothing to resolve." : "Choose the step.");
+        return;
+      }
       let payload;
       try { payload = ops[current].body(form); } catch (e) { showError("The output is not JSON: " + e.message); return; }
       const submit = document.getElementById("op-submit");
