@@ -14,6 +14,10 @@ import (
 	"github.com/stepwise-run/stepwise/runner"
 )
 
+// RefreshHeader marks the requests a page's script makes to refresh its
+// live sections: the run page then leaves out its effects.
+const RefreshHeader = "X-Stepwise-Refresh"
+
 // runsPageSize is how many runs the runs list shows a page.
 const runsPageSize = 50
 
@@ -99,7 +103,7 @@ func parseCursor(s string) (checkpoint.RunCursor, bool) {
 // Bounds of what the run page lists; each says when it is cut.
 const (
 	itemsPageSize   = 50   // rejected or skipped items a page
-	maxChunkPlans   = 1000 // chunk plans read for the effects table
+	maxChunkPlans   = 100  // chunk plans the effects table reads without a search
 	maxEffectKeys   = 500  // keys the effects table lists
 	maxOutboxListed = 200
 )
@@ -114,7 +118,10 @@ type runPage struct {
 	Rejected itemsTable
 	Skipped  itemsTable
 	Effects  effectsTable
-	Steps    []string // step IDs, for reset and rerun from a step
+	// Refreshing: the page's script asked for its live sections only;
+	// the effects are left out.
+	Refreshing bool
+	Steps      []string // step IDs, for reset and rerun from a step
 	Calling  []string // steps whose outside call's outcome is unknown
 }
 
@@ -151,7 +158,7 @@ type itemsTable struct {
 type effectsTable struct {
 	Keys       []keyEffect
 	Search     string
-	Matched    int   // keys matching Search
+	Matched    int   // keys matching Search (Keys holds the first maxEffectKeys)
 	Plans      int   // chunk plans read
 	PlansTotal int64 // chunk plans recorded
 	Superseded int   // plans read that lost a race and applied nothing
@@ -180,7 +187,11 @@ type keyWrite struct {
 func (h *Handler) run(w http.ResponseWriter, r *http.Request, who Caller, known bool) {
 	id := r.PathValue("id")
 	ctx, now, q := r.Context(), h.cfg.Now(), r.URL.Query()
-	v, err := ops.Show(ctx, h.cfg.Store, id, ops.ShowOptions{Effects: true, ChunkPlans: maxChunkPlans}, now)
+	// A page's own refresh (its script asks every few seconds) leaves the
+	// effects out: reading chunk plans is the page's heaviest part, and
+	// they change only while a batch runs.
+	refresh := r.Header.Get(RefreshHeader) != ""
+	v, err := ops.Show(ctx, h.cfg.Store, id, ops.ShowOptions{Effects: !refresh, ChunkPlans: maxChunkPlans}, now)
 	if errors.Is(err, checkpoint.ErrNotFound) {
 		h.fail(w, r, http.StatusNotFound, "No such run", fmt.Sprintf("There is no run %q in this store; the runs list has those there are.", id), nil)
 		return
@@ -216,7 +227,12 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, who Caller, known 
 		}
 		*t.dst = it
 	}
-	p.Effects = effects(v, strings.TrimSpace(q.Get("key")))
+	if p.Refreshing = refresh; !refresh {
+		if p.Effects, err = h.effects(r, v, strings.TrimSpace(q.Get("key"))); err != nil {
+			h.fail(w, r, http.StatusInternalServerError, "Run unavailable", "The effects of run "+id+" could not be read; the server's log has why.", err)
+			return
+		}
+	}
 	if len(p.V.Outbox) > maxOutboxListed {
 		p.V.Outbox = p.V.Outbox[:maxOutboxListed]
 	}
@@ -310,25 +326,54 @@ func progress(b ops.BatchView, live bool) batchRow {
 	return row
 }
 
-// effects gathers each key's writes from the effect steps' plans and the
-// chunk plans read, keeps the keys containing search (any case), and
-// orders them by target and key.
-func effects(v ops.ShowView, search string) effectsTable {
-	t := effectsTable{Search: search, Plans: len(v.ChunkPlans), PlansTotal: v.ChunkPlansTotal}
-	byKey := map[[2]string]*keyEffect{}
-	var order [][2]string
-	add := func(target, step, chunk, state string, w checkpoint.Write) {
-		k := [2]string{target, w.Key}
-		e := byKey[k]
-		if e == nil {
-			e = &keyEffect{Target: target, Key: w.Key, Before: w.OldValue}
-			byKey[k] = e
-			order = append(order, k)
-		}
-		e.After = w.NewValue
-		e.Pending = e.Pending || state == checkpoint.StepPlanned
-		e.Writes = append(e.Writes, keyWrite{Step: step, Chunk: chunk, Before: w.OldValue, After: w.NewValue, State: state})
+// effectKeys collects what a run's effects did to each key, keeping the
+// keys containing a search text (any case), at most maxEffectKeys of them
+// (in the order met; the others are only counted).
+type effectKeys struct {
+	needle string
+	byKey  map[[2]string]*keyEffect
+	order  [][2]string
+	t      *effectsTable
+}
+
+func (c *effectKeys) add(target, step, chunk, state string, w checkpoint.Write) {
+	if c.needle != "" && !strings.Contains(strings.ToLower(w.Key), c.needle) {
+		return
 	}
+	k := [2]string{target, w.Key}
+	e := c.byKey[k]
+	if e == nil {
+		c.t.Matched++
+		if len(c.order) == maxEffectKeys {
+			return
+		}
+		e = &keyEffect{Target: target, Key: w.Key, Before: w.OldValue}
+		c.byKey[k] = e
+		c.order = append(c.order, k)
+	}
+	e.After = w.NewValue
+	e.Pending = e.Pending || state == checkpoint.StepPlanned
+	e.Writes = append(e.Writes, keyWrite{Step: step, Chunk: chunk, Before: w.OldValue, After: w.NewValue, State: state})
+}
+
+func (c *effectKeys) plan(p ops.ChunkPlanView) {
+	c.t.Plans++
+	if p.Status == checkpoint.ChunkSuperseded {
+		c.t.Superseded++
+		return
+	}
+	for _, w := range p.Writes {
+		c.add(p.Target, p.Step, p.EffectID, p.Status, w)
+	}
+}
+
+// effects gathers each key's writes from the effect steps' plans and the
+// chunk plans, ordered by target and key. Without a search it reads the
+// chunk plans Show read (the first maxChunkPlans); a search reads every
+// chunk plan of the run, one at a time, keeping the matching keys.
+func (h *Handler) effects(r *http.Request, v ops.ShowView, search string) (effectsTable, error) {
+	t := effectsTable{Search: search, PlansTotal: v.ChunkPlansTotal}
+	c := &effectKeys{needle: strings.ToLower(search), byKey: map[[2]string]*keyEffect{}, t: &t}
 	for _, s := range v.Steps {
 		if s.Plan == nil {
 			continue
@@ -338,31 +383,29 @@ func effects(v ops.ShowView, search string) effectsTable {
 			state = s.Status // planned (may have applied), or failed before applying
 		}
 		for _, w := range s.Plan.Writes {
-			add(s.Plan.Target, s.ID, s.Plan.EffectID, state, w)
+			c.add(s.Plan.Target, s.ID, s.Plan.EffectID, state, w)
 		}
 	}
-	for _, c := range v.ChunkPlans {
-		if c.Status == checkpoint.ChunkSuperseded {
-			t.Superseded++
-			continue
+	if search == "" {
+		for _, p := range v.ChunkPlans {
+			c.plan(p)
 		}
-		for _, w := range c.Writes {
-			add(c.Target, c.Step, c.EffectID, c.Status, w)
+	} else {
+		for _, b := range v.Batches {
+			err := ops.StepChunkPlans(r.Context(), h.cfg.Store, v.Run.ID, b.Step, func(p ops.ChunkPlanView) error {
+				c.plan(p)
+				return nil
+			})
+			if err != nil {
+				return t, err
+			}
 		}
 	}
-	needle := strings.ToLower(search)
-	for _, k := range order {
-		if needle != "" && !strings.Contains(strings.ToLower(k[1]), needle) {
-			continue
-		}
-		t.Matched++
-		t.Keys = append(t.Keys, *byKey[k])
+	for _, k := range c.order {
+		t.Keys = append(t.Keys, *c.byKey[k])
 	}
 	slices.SortStableFunc(t.Keys, func(a, b keyEffect) int { return cmp.Or(cmp.Compare(a.Target, b.Target), cmp.Compare(a.Key, b.Key)) })
-	if len(t.Keys) > maxEffectKeys {
-		t.Keys = t.Keys[:maxEffectKeys]
-	}
-	return t
+	return t, nil
 }
 
 // schedulesPage is the data of the schedules page.

@@ -42,6 +42,12 @@ func registry() *jobs.Registry {
 // and its location.
 func failedSettle(t *testing.T) (checkpoint.Backend, string) {
 	t.Helper()
+	return failedSettleChunks(t, 100)
+}
+
+// failedSettleChunks is failedSettle with chunks of the given size.
+func failedSettleChunks(t *testing.T, chunk int) (checkpoint.Backend, string) {
+	t.Helper()
 	ctx := context.Background()
 	st, loc := checkpointtest.OpenNew(t)
 	db := checkpointtest.SQL(t, loc)
@@ -57,7 +63,7 @@ func failedSettle(t *testing.T) (checkpoint.Backend, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := r.Run(ctx, runner.Request{Job: "settle", Values: map[string]string{"date": testDate, "chunk": "100"}})
+	res, err := r.Run(ctx, runner.Request{Job: "settle", Values: map[string]string{"date": testDate, "chunk": strconv.Itoa(chunk)}})
 	if err == nil || res.Status != checkpoint.RunFailed {
 		t.Fatalf("settle with a missing account: %s, %v; want it failed", res.Status, err)
 	}
@@ -179,6 +185,48 @@ func TestRunPageShowsAFailedRun(t *testing.T) {
 		if strings.Contains(body, ">"+rejected.Items[0].ID+"<") {
 			t.Errorf("the next page of rejected items still lists %s", rejected.Items[0].ID)
 		}
+	}
+}
+
+// TestEffectsSearchReadsEveryChunkPlan: the page lists the first chunk
+// plans' effects; a search reads them all; the page's own refreshes leave
+// the effects out.
+func TestEffectsSearchReadsEveryChunkPlan(t *testing.T) {
+	st, _ := failedSettleChunks(t, 5) // 130 chunks posted before the failing one
+	ctx := context.Background()
+	runID := "settle/" + testDate
+	v, err := ops.Show(ctx, st, runID, ops.ShowOptions{Effects: true}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := settlement.AccountID(7)
+	all := 0
+	for _, c := range v.ChunkPlans {
+		for _, w := range c.Writes {
+			if w.Key == key {
+				all++
+			}
+		}
+	}
+	if len(v.ChunkPlans) <= 100 {
+		t.Fatalf("%d chunk plans; the test needs more than the page reads without a search", len(v.ChunkPlans))
+	}
+	srv := serve(t, web.Config{Store: st})
+	writes := regexp.MustCompile(`<tr data-key="` + key + `">(?s:.*?)<summary>(\d+) writes</summary>`)
+	_, body := get(t, srv, "/runs/"+runID)
+	m := writes.FindStringSubmatch(body)
+	if m == nil || m[1] == strconv.Itoa(all) {
+		t.Errorf("without a search %s lists %v writes; want fewer than all %d (from the first chunk plans only)", key, m, all)
+	}
+	wantIn(t, "run page", text(body), "search for a key to read them all")
+	_, body = get(t, srv, "/runs/"+runID+"?key="+key)
+	if m := writes.FindStringSubmatch(body); m == nil || m[1] != strconv.Itoa(all) {
+		t.Errorf("searching for %s lists %v writes; want all %d", key, m, all)
+	}
+	_, body = get(t, srv, "/runs/"+runID, web.RefreshHeader, "1")
+	if strings.Contains(body, `id="effects"`) || !strings.Contains(body, `id="progress"`) {
+		t.Errorf("a refresh of the run page: effects included %v, progress %v; want only the live sections",
+			strings.Contains(body, `id="effects"`), strings.Contains(body, `id="progress"`))
 	}
 }
 

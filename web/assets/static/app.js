@@ -28,7 +28,7 @@
     if (document.hidden || dialog) { schedule(wait); return; }
     let doc;
     try {
-      const res = await fetch(location.href, { credentials: "same-origin", headers: { "Accept": "text/html" } });
+      const res = await fetch(location.href, { credentials: "same-origin", headers: { "Accept": "text/html", "X-Stepwise-Refresh": "1" } });
       if (res.redirected && new URL(res.url).pathname === "/login") { location.assign(res.url); return; }
       if (!res.ok) { schedule(wait * 2); return; }
       doc = new DOMParser().parseFromString(await res.text(), "text/html");
