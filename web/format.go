@@ -52,8 +52,8 @@ func (h *Handler) funcs() template.FuncMap {
 			}
 			return t.In(loc).Format("Mon 2006-01-02 15:04:05 MST")
 		},
-		"ago":     func(now time.Time, t time.Time) string { return duration(now.Sub(t)) + " ago" },
-		"dur":     duration,
+		"ago": func(now time.Time, t time.Time) string { return duration(now.Sub(t)) + " ago" },
+		"dur": duration,
 		"took": func(r ops.RunView, now time.Time) string {
 			d := duration(ended(r, now).Sub(r.CreatedAt))
 			if r.FinishedAt == nil && r.Status == "running" && !r.Stale {

@@ -102,9 +102,9 @@ func parseCursor(s string) (checkpoint.RunCursor, bool) {
 
 // Bounds of what the run page lists; each says when it is cut.
 const (
-	itemsPageSize   = 50   // rejected or skipped items a page
-	maxChunkPlans   = 100  // chunk plans the effects table reads without a search
-	maxEffectKeys   = 500  // keys the effects table lists
+	itemsPageSize   = 50  // rejected or skipped items a page
+	maxChunkPlans   = 100 // chunk plans the effects table reads without a search
+	maxEffectKeys   = 500 // keys the effects table lists
 	maxOutboxListed = 200
 )
 
@@ -122,7 +122,7 @@ type runPage struct {
 	// the effects are left out.
 	Refreshing bool
 	Steps      []string // step IDs, for reset and rerun from a step
-	Calling  []string // steps whose outside call's outcome is unknown
+	Calling    []string // steps whose outside call's outcome is unknown
 }
 
 // timelineRow is one step on the run's timeline: where its bar starts and
