@@ -177,9 +177,12 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 
 	// The run's page sends the browser to log in first, then back.
-	run("log in",
+	run("open the run",
 		chromedp.Navigate(base+"/runs/"+runID),
 		chromedp.WaitVisible(chromedp.ID("token")),
+	)
+	viewShot("login.png")
+	run("log in",
 		chromedp.SendKeys(chromedp.ID("token"), token),
 		chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),
 		chromedp.WaitVisible(chromedp.ID("run-h")),
