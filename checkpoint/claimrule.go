@@ -21,7 +21,17 @@ type Takeover struct {
 // now is a *LeaseHeldError unless req.OwnerGone says its owner is gone.
 // now is the time leases are judged by: the request's, or the database's
 // clock for a store that keeps leases on it.
+//
+// A create-only claim (req.CreateOnly) of an existing run is refused with
+// a *RunExistsError after the parameter check, whatever the run's state:
+// it never takes a run over.
 func MayClaim(run Run, req ClaimRequest, now time.Time) (Takeover, error) {
+	if req.CreateOnly {
+		if run.ParamsHash != req.ParamsHash {
+			return Takeover{}, &ParamsMismatchError{RunID: run.ID, Stored: string(run.Params), Given: string(req.Params)}
+		}
+		return Takeover{}, &RunExistsError{Run: run}
+	}
 	if !run.PrunedAt.IsZero() {
 		return Takeover{}, fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so running it again "+
 			"would redo its effects; pick another run key", ErrPruned, run.ID, run.PrunedAt.Format(time.RFC3339))

@@ -60,6 +60,24 @@ func (e *LeaseHeldError) Error() string {
 	return fmt.Sprintf("run %s is held by %s until %s", e.RunID, OwnerName(e.Owner), e.Until.UTC().Format(time.RFC3339))
 }
 
+// ErrRunExists is wrapped by *RunExistsError: a create-only claim found
+// the run already recorded.
+var ErrRunExists = errors.New("checkpoint: run already exists")
+
+// RunExistsError is returned by a create-only Claim (ClaimRequest.CreateOnly)
+// of a run that is already recorded with the same parameters; Run is the
+// run as it stands.
+type RunExistsError struct {
+	Run Run
+}
+
+func (e *RunExistsError) Error() string {
+	return fmt.Sprintf("run %s already exists (%s)", e.Run.ID, e.Run.Status)
+}
+
+// Unwrap makes errors.Is(err, ErrRunExists) hold.
+func (e *RunExistsError) Unwrap() error { return ErrRunExists }
+
 // ParamsMismatchError is returned by Claim when a run key is started again
 // with parameters different from those it was first started with.
 type ParamsMismatchError struct {

@@ -36,4 +36,5 @@ type Backend interface {
 	Inspector
 	OutboxStore
 	ScheduleStore
+	IdempotencyStore
 }

@@ -148,6 +148,12 @@ type ClaimRequest struct {
 	LeaseFor   time.Duration
 	// Force claims a succeeded or abandoned run again.
 	Force bool
+	// CreateOnly claims the run only if this claim creates it: an
+	// existing run, whatever its state, is refused with a
+	// *RunExistsError (or a *ParamsMismatchError for other parameters)
+	// and nothing changes. An API start that must answer "created" or
+	// "existed" exactly, and never resume a run, claims so.
+	CreateOnly bool
 	// OwnerGone reports whether the runner named by a lease owner is known
 	// to be dead (its process is surely gone); its lease is then taken over
 	// at once instead of waiting for it to expire. Nil means never.
@@ -246,6 +252,22 @@ type RunFilter struct {
 	Job    string
 	Status string
 	Limit  int // 0 (or less) means 100
+	// RunKeyPrefix keeps the runs whose run key starts with it (bytewise).
+	RunKeyPrefix string
+	// CreatedFrom and CreatedBefore keep the runs created at or after
+	// CreatedFrom and before CreatedBefore (zero: unbounded).
+	CreatedFrom, CreatedBefore time.Time
+	// After, when set, is the last run of the previous page: the runs
+	// listed are those after it in the listing's order (newest first, then
+	// by ID).
+	After *RunCursor
+}
+
+// RunCursor is a position in Store.Runs' order: a run's creation time and
+// ID.
+type RunCursor struct {
+	CreatedAt time.Time
+	ID        string
 }
 
 // PageLimit is how many runs f asks for: Limit, or 100 when it is not

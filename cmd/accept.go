@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/stepwise-run/stepwise/ops"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -38,11 +39,7 @@ func (f acceptFlags) acceptance(env *Env, op operatorFlags, runID, command, reas
 	if err != nil {
 		return nil, err
 	}
-	a := op.audit(env, runID, command+" --accept-changed", reason, "")
-	if err := st.RecordAudit(env.Ctx, a); err != nil {
-		return nil, err
-	}
-	return &steps.Acceptance{Operator: a.Operator, Reason: reason}, nil
+	return ops.Accept(env.Ctx, st, op.who(reason), runID, command, env.now())
 }
 
 // itemChangedHint adds to an *steps.ItemChangedError what the operator

@@ -14,7 +14,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
-	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/ops"
 )
 
 // JobsCmd lists registered jobs.
@@ -69,44 +69,10 @@ type RunsCmd struct {
 	JSON   bool   `name:"json" help:"Print JSON instead of a table."`
 }
 
-// runView is the JSON shape of a run in `runs --json` and `show --json`.
-type runView struct {
-	ID         string          `json:"id"`
-	Job        string          `json:"job"`
-	RunKey     string          `json:"run_key"`
-	Status     string          `json:"status"`
-	Stale      bool            `json:"stale"`
-	Params     json.RawMessage `json:"params"`
-	Fence      int64           `json:"fence"`
-	LeaseOwner string          `json:"lease_owner,omitempty"`
-	LeaseUntil *time.Time      `json:"lease_until,omitempty"`
-	Error      string          `json:"error,omitempty"`
-	CreatedAt  time.Time       `json:"created_at"`
-	UpdatedAt  time.Time       `json:"updated_at"`
-	FinishedAt *time.Time      `json:"finished_at,omitempty"`
-}
+// stale reports whether a run is left running by a runner that is gone.
+func stale(r checkpoint.Run, now time.Time) bool { return ops.Stale(r, now) }
 
-func viewRun(r checkpoint.Run, now time.Time) runView {
-	return runView{
-		ID: r.ID, Job: r.Job, RunKey: r.RunKey, Status: r.Status, Stale: stale(r, now), Params: r.Params,
-		Fence: r.Fence, LeaseOwner: r.LeaseOwner, LeaseUntil: optTime(r.LeaseUntil), Error: r.Error,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, FinishedAt: optTime(r.FinishedAt),
-	}
-}
-
-func optTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	return &t
-}
-
-// stale reports whether a run is left running by a runner that is gone:
-// its lease expired, or its owner's process surely exited (then run and
-// resume take it over at once).
-func stale(r checkpoint.Run, now time.Time) bool {
-	return r.Stale(now) || (r.Status == checkpoint.RunRunning && runner.OwnerGone(r.LeaseOwner))
-}
+func optTime(t time.Time) *time.Time { return ops.OptTime(t) }
 
 // statusText is a run's status for tables, with staleness spelled out.
 func statusText(r checkpoint.Run, now time.Time) string {
@@ -145,9 +111,9 @@ func (c *RunsCmd) Run(env *Env) error {
 	}
 	now := env.now()
 	if c.JSON {
-		views := make([]runView, 0, len(runs))
+		views := make([]ops.RunView, 0, len(runs))
 		for _, r := range runs {
-			views = append(views, viewRun(r, now))
+			views = append(views, ops.ViewRun(r, now))
 		}
 		return writeJSON(env.Stdout, views)
 	}

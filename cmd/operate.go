@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,19 +13,14 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/ops"
 	"github.com/stepwise-run/stepwise/runner"
-	"github.com/stepwise-run/stepwise/steps"
 )
 
 // ErrNeedsDecision is returned when an operation needs an explicit flag
-// (--force, --reason) because of what it would do; exit 5.
-var ErrNeedsDecision = errors.New("needs an operator decision")
-
-// ownerGone lets the manual operations treat a run whose runner is surely
-// gone (same kernel boot and PID namespace, process exited) as stale at
-// once, as run and resume do, instead of refusing it as held until its
-// lease expires.
-var ownerGone = checkpoint.WithOwnerGone(runner.OwnerGone)
+// (--force, --reason) because of what it would do; exit 5. It is
+// ops.ErrNeedsDecision, which the shared operations wrap.
+var ErrNeedsDecision = ops.ErrNeedsDecision
 
 // operatorFlags are the flags of every manual operation.
 type operatorFlags struct {
@@ -42,13 +36,31 @@ func (f operatorFlags) identity() string {
 	return strings.TrimSpace(os.Getenv("USER"))
 }
 
+// who is the operator and reason of a manual operation, for the audit log.
+func (f operatorFlags) who(reason string) ops.Who {
+	return ops.Who{Operator: f.identity(), Reason: reason}
+}
+
 // audit builds the audit record of a manual operation.
 func (f operatorFlags) audit(env *Env, runID, command, reason, details string) checkpoint.Audit {
-	op := f.identity()
-	if op == "" {
-		op = "unknown"
+	return f.who(reason).Audit(runID, command, details, env.now())
+}
+
+// cliError gives an error of the shared operations its command-line form:
+// a step the run does not have is a usage error (exit 2), and a refusal
+// gets the flags that override it (hint).
+func cliError(err error, hint func(*ops.Refusal) string) error {
+	var (
+		nostep  *ops.NoStepError
+		refusal *ops.Refusal
+	)
+	switch {
+	case errors.As(err, &nostep):
+		return usageError{err}
+	case errors.As(err, &refusal) && hint != nil:
+		return fmt.Errorf("%w%s", err, hint(refusal))
 	}
-	return checkpoint.Audit{RunID: runID, At: env.now(), Operator: op, Command: command, Reason: reason, Details: details}
+	return err
 }
 
 // RecoverCmd marks a stale run failed, resumable.
@@ -66,14 +78,10 @@ func (c *RecoverCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	a := c.audit(env, c.RunID, "recover", c.Reason, "")
-	if err := st.Recover(env.Ctx, a, env.now(), c.Force, ownerGone); err != nil {
-		// A live runner holds it: exit 4, like abandon and reset. A run
-		// that is not running has nothing to recover: refused, exit 5.
-		var held *checkpoint.LeaseHeldError
-		if errors.Is(err, checkpoint.ErrNotStale) && !errors.As(err, &held) {
-			return fmt.Errorf("%w: %w", ErrNeedsDecision, err)
-		}
+	// A live runner holds it: exit 4, like abandon and reset. A run that
+	// is not running has nothing to recover: refused, exit 5.
+	a, err := ops.Recover(env.Ctx, st, c.who(c.Reason), c.RunID, c.Force, env.now())
+	if err != nil {
 		return err
 	}
 	if c.JSON {
@@ -97,12 +105,8 @@ func (c *AbandonCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	a := c.audit(env, c.RunID, "abandon", c.Reason, "")
-	if err := st.Abandon(env.Ctx, a, env.now(), ownerGone); err != nil {
-		if errors.Is(err, checkpoint.ErrAlreadySucceeded) {
-			// Refused like recover of a run that is not running: exit 5.
-			return fmt.Errorf("%w: %w", ErrNeedsDecision, err)
-		}
+	a, err := ops.Abandon(env.Ctx, st, c.who(c.Reason), c.RunID, env.now())
+	if err != nil {
 		return err
 	}
 	if c.JSON {
@@ -128,30 +132,9 @@ func (c *ResetCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	all, err := runSteps(env, st, c.RunID)
+	a, err := ops.Reset(env.Ctx, st, c.who(c.Reason), c.RunID, c.Step, c.Force, env.now())
 	if err != nil {
-		return err
-	}
-	i := slices.IndexFunc(all, func(s checkpoint.Step) bool { return s.ID == c.Step })
-	if i < 0 {
-		return usageError{fmt.Errorf("run %s has no step %q (steps: %s)", c.RunID, c.Step, checkpoint.JoinIDs(checkpointIDs(all), 10))}
-	}
-	applied, err := appliedEffects(env, st, c.RunID, all[i:i+1])
-	if err != nil {
-		return err
-	}
-	if applied.any() && !c.Force {
-		return fmt.Errorf("%w: step %s of %s has applied effects (%s), and resetting it does not undo them: "+
-			"the step would apply them again when it reruns:\n  %s\nuse reset --force if that is what you want",
-			ErrNeedsDecision, c.Step, c.RunID, applied.count(), strings.Join(applied.lines, "\n  "))
-	}
-	details := ""
-	if applied.any() {
-		details = "effects kept: " + strings.Join(applied.lines, "; ")
-	}
-	a := c.audit(env, c.RunID, "reset --step "+c.Step, c.Reason, details)
-	if err := st.ResetSteps(env.Ctx, a, env.now(), []string{c.Step}, ownerGone); err != nil {
-		return err
+		return cliError(err, func(*ops.Refusal) string { return "\nuse reset --force if that is what you want" })
 	}
 	if c.JSON {
 		return writeOperation(env, a, "reset", c.Step, "cleared")
@@ -171,6 +154,20 @@ type RerunCmd struct {
 	JSON     bool   `name:"json" help:"Print the outcome as JSON on stdout (what --from-step cleared goes to the audit log, not stdout)."`
 }
 
+// rerunHint is how a refused rerun is forced on the command line.
+func rerunHint(r *ops.Refusal) string {
+	switch r.Kind {
+	case ops.RerunAbandoned:
+		return "; rerun --force runs it again"
+	case ops.RerunSucceeded:
+		return "; `rerun --force` runs its job again, skipping every checkpointed step (nothing applies twice); " +
+			"to redo steps use --from-step STEP --reason \"...\""
+	case ops.RerunApplied:
+		return fmt.Sprintf("\nuse rerun --from-step %s --force --reason \"...\" if that is what you want", r.Step)
+	}
+	return ""
+}
+
 // Run implements the rerun command.
 func (c *RerunCmd) Run(env *Env) error {
 	if err := c.check("rerun", c.Reason, c.identity()); err != nil {
@@ -180,69 +177,25 @@ func (c *RerunCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	info, err := st.Run(env.Ctx, c.RunID)
+	plan, err := ops.PlanRerun(env.Ctx, st, c.RunID, c.FromStep, c.Force)
 	if err != nil {
-		return err
+		return cliError(err, rerunHint)
 	}
-	if r := info.Run; !r.PrunedAt.IsZero() {
-		return fmt.Errorf("%w: %s was pruned at %s; its checkpoints are gone, so it cannot run again",
-			checkpoint.ErrPruned, r.ID, r.PrunedAt.Format(time.RFC3339))
-	}
-	if r := info.Run; r.Status == checkpoint.RunAbandoned && !c.Force {
-		return fmt.Errorf("%w: %s (%s); rerun --force runs it again", checkpoint.ErrAbandoned, r.ID, r.Error)
-	}
-	if c.FromStep == "" {
-		if info.Run.Status == checkpoint.RunSucceeded && !c.Force {
-			return fmt.Errorf("%w: run %s succeeded at %s; `rerun --force` runs its job again, skipping every "+
-				"checkpointed step (nothing applies twice); to redo steps use --from-step STEP --reason \"...\"",
-				ErrNeedsDecision, c.RunID, info.Run.FinishedAt.Format(time.RFC3339))
+	if c.FromStep != "" {
+		out := env.Stdout
+		if c.JSON {
+			out = io.Discard // stdout is the one JSON document
 		}
-		if !c.AcceptChanged { // else recorded as rerun --accept-changed
-			if err := st.RecordAudit(env.Ctx, c.audit(env, c.RunID, "rerun", c.Reason, "")); err != nil {
-				return err
-			}
+		fmt.Fprintln(out, plan.Clears())
+		if plan.Applied.Any() {
+			fmt.Fprintf(out, "effects already applied are NOT undone (--force): %s stay applied and apply again when their steps rerun:\n  %s\n",
+				plan.Applied.Count(), strings.Join(plan.Applied.Lines, "\n  "))
 		}
-		return c.resume(env, c.Force)
+		if c.Reason == "" {
+			return usageError{fmt.Errorf("rerun --from-step needs --reason \"...\" (recorded in the audit log)")}
+		}
 	}
-	all, err := runSteps(env, st, c.RunID)
-	if err != nil {
-		return err
-	}
-	i := slices.IndexFunc(all, func(s checkpoint.Step) bool { return s.ID == c.FromStep })
-	if i < 0 {
-		return usageError{fmt.Errorf("run %s has no step %q (steps: %s)", c.RunID, c.FromStep, checkpoint.JoinIDs(checkpointIDs(all), 10))}
-	}
-	cleared := all[i:]
-	applied, err := appliedEffects(env, st, c.RunID, cleared)
-	if err != nil {
-		return err
-	}
-	clears := fmt.Sprintf("rerun %s from step %s clears %d checkpoints: %s", c.RunID, c.FromStep, len(cleared),
-		checkpoint.JoinIDs(checkpointIDs(cleared), 10))
-	if applied.any() && !c.Force {
-		// Like reset: clearing a step does not undo its effects, and
-		// running it again applies them a second time.
-		return fmt.Errorf("%w: %s\nalready applied and NOT undone by clearing: %s; rerunning the steps applies them again:\n  %s\n"+
-			"use rerun --from-step %s --force --reason \"...\" if that is what you want",
-			ErrNeedsDecision, clears, applied.count(), strings.Join(applied.lines, "\n  "), c.FromStep)
-	}
-	out := env.Stdout
-	if c.JSON {
-		out = io.Discard // stdout is the one JSON document
-	}
-	fmt.Fprintln(out, clears)
-	if applied.any() {
-		fmt.Fprintf(out, "effects already applied are NOT undone (--force): %s stay applied and apply again when their steps rerun:\n  %s\n",
-			applied.count(), strings.Join(applied.lines, "\n  "))
-	}
-	if c.Reason == "" {
-		return usageError{fmt.Errorf("rerun --from-step needs --reason \"...\" (recorded in the audit log)")}
-	}
-	details := fmt.Sprintf("cleared %s", checkpoint.JoinIDs(checkpointIDs(cleared), 50))
-	if applied.any() {
-		details += "; effects kept: " + strings.Join(applied.lines, "; ")
-	}
-	if err := st.ResetSteps(env.Ctx, c.audit(env, c.RunID, "rerun --from-step "+c.FromStep, c.Reason, details), env.now(), checkpointIDs(cleared), ownerGone); err != nil {
+	if err := plan.Record(env.Ctx, st, c.who(c.Reason), c.AcceptChanged, env.now()); err != nil {
 		return err
 	}
 	return c.resume(env, c.Force)
@@ -263,126 +216,6 @@ func (c *RerunCmd) resume(env *Env, force bool) error {
 		return printResultJSON(env, res, err)
 	}
 	return itemChangedHint(env, report(env, res, err), c.RunID)
-}
-
-// runSteps returns a run's step checkpoints in the order they started.
-func runSteps(env *Env, st checkpoint.Backend, runID string) ([]checkpoint.Step, error) {
-	if _, err := st.Run(env.Ctx, runID); err != nil {
-		return nil, err
-	}
-	var all []checkpoint.Step
-	err := st.Steps(env.Ctx, runID, func(s checkpoint.Step) error {
-		all = append(all, s)
-		return nil
-	})
-	slices.SortStableFunc(all, func(a, b checkpoint.Step) int { return a.StartedAt.Compare(b.StartedAt) })
-	return all, err
-}
-
-func checkpointIDs(ss []checkpoint.Step) []string {
-	ids := make([]string, len(ss))
-	for i, s := range ss {
-		ids[i] = s.ID
-	}
-	return ids
-}
-
-// keptEffects are the effects of some steps that applied (or may have):
-// clearing the steps does not undo them, and rerunning the steps applies
-// them again.
-type keptEffects struct {
-	lines      []string // one per write of a step, one per batch step
-	writes     int      // writes of steps (key changes) that applied or may have
-	items      int64    // items done of batch steps
-	itemWrites int      // the writes of those items' recorded chunk plans
-}
-
-// count says how many effects apply again, e.g. "1 effect and the effects
-// of 92 items (45 writes)".
-func (k keptEffects) count() string {
-	var parts []string
-	if k.writes > 0 {
-		parts = append(parts, plural(k.writes, "effect"))
-	}
-	if k.items > 0 {
-		p := "the effects of " + plural(int(k.items), "item")
-		if k.itemWrites > 0 {
-			p += " (" + plural(k.itemWrites, "write") + ")"
-		}
-		parts = append(parts, p)
-	}
-	return strings.Join(parts, " and ")
-}
-
-// plural is "1 effect", "2 effects".
-func plural(n int, noun string) string {
-	if n == 1 {
-		return "1 " + noun
-	}
-	return fmt.Sprintf("%d %ss", n, noun)
-}
-
-func (k keptEffects) any() bool { return len(k.lines) > 0 }
-
-// appliedEffects describes the effects of the given steps that applied, or
-// may have: a step's writes (key, before -> after, the amount); a
-// separate-store plan recorded but not known to be applied; the completed
-// items of a batch step with a target, finished or not, with the net amount
-// per key of their chunk plans.
-func appliedEffects(env *Env, st checkpoint.Backend, runID string, ss []checkpoint.Step) (keptEffects, error) {
-	var out keptEffects
-	var counts []checkpoint.ItemCount
-	for _, s := range ss {
-		if len(s.Plan) > 0 && (s.Status == checkpoint.StepCompleted || s.Status == checkpoint.StepPlanned) {
-			var pr steps.PlanRecord
-			if json.Unmarshal(s.Plan, &pr) == nil {
-				state := ""
-				if s.Status == checkpoint.StepPlanned {
-					state = " (planned as " + pr.EffectID + "; may have applied: resume finishes it once)"
-				}
-				for _, w := range pr.Writes {
-					out.writes++
-					out.lines = append(out.lines, fmt.Sprintf("%s: %s %s %d -> %d (%+d)%s",
-						s.ID, pr.Target, w.Key, w.OldValue, w.NewValue, w.NewValue-w.OldValue, state))
-				}
-			}
-			continue
-		}
-		var sum steps.BatchSummary
-		if json.Unmarshal(s.Output, &sum) != nil || sum.Target == "" {
-			continue
-		}
-		done := sum.Completed
-		if s.Status != checkpoint.StepCompleted {
-			if counts == nil {
-				var err error
-				if counts, err = st.ItemCounts(env.Ctx, runID); err != nil {
-					return out, err
-				}
-			}
-			done = 0
-			for _, c := range counts {
-				if c.Step == s.ID && (c.Status == checkpoint.StepCompleted || c.Status == checkpoint.StepPlanned) {
-					done += c.Count
-				}
-			}
-		}
-		if done == 0 {
-			continue
-		}
-		net, err := batchNetEffects(env, st, runID, s.ID)
-		if err != nil {
-			return out, err
-		}
-		line := fmt.Sprintf("%s: %d items applied their effects to %s", s.ID, done, sum.Target)
-		out.items += done
-		if net.plans > 0 {
-			out.itemWrites += net.writes
-			line += fmt.Sprintf(": %d writes in %d chunks, net %s", net.writes, net.plans, net)
-		}
-		out.lines = append(out.lines, line)
-	}
-	return out, nil
 }
 
 // PruneCmd deletes old runs' payloads, keeping tombstones.
@@ -496,12 +329,8 @@ func (c *ResolveCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	a := c.audit(env, c.RunID, "resolve --step "+c.Step+" --as "+c.As, c.Reason, "output "+preview(c.Output, 200))
-	if err := st.ResolveStep(env.Ctx, a, env.now(), c.Step, c.As == "done", []byte(c.Output), ownerGone); err != nil {
-		if errors.Is(err, checkpoint.ErrNotUnknown) {
-			// Refused like every operation that does not apply: exit 5.
-			return fmt.Errorf("%w: %w", ErrNeedsDecision, err)
-		}
+	a, err := ops.Resolve(env.Ctx, st, c.who(c.Reason), c.RunID, c.Step, c.As == "done", []byte(c.Output), env.now())
+	if err != nil {
 		return err
 	}
 	if c.JSON {
@@ -528,3 +357,6 @@ func writeOperation(env *Env, a checkpoint.Audit, op, step, result string) error
 	return writeJSON(env.Stdout, operationView{RunID: a.RunID, Operation: op, Step: step, Result: result,
 		Operator: a.Operator, Reason: a.Reason, At: a.At})
 }
+
+// plural is "1 effect", "2 effects".
+func plural(n int, noun string) string { return ops.Plural(n, noun) }

@@ -5,6 +5,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/ops"
 )
 
 // OutboxCmd lists outbox messages across runs, for an operator looking
@@ -18,7 +19,7 @@ type OutboxCmd struct {
 // outboxView is a message in `outbox --json`: show's message with its run.
 type outboxView struct {
 	RunID string `json:"run_id"`
-	messageView
+	ops.MessageView
 }
 
 // Run implements the outbox command.
@@ -34,7 +35,7 @@ func (c *OutboxCmd) Run(env *Env) error {
 	if c.JSON {
 		views := make([]outboxView, 0, len(msgs))
 		for _, m := range msgs {
-			views = append(views, outboxView{RunID: m.RunID, messageView: viewMessage(m)})
+			views = append(views, outboxView{RunID: m.RunID, MessageView: ops.ViewMessage(m)})
 		}
 		return writeJSON(env.Stdout, views)
 	}

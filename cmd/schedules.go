@@ -12,6 +12,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/ops"
 	"github.com/stepwise-run/stepwise/runner"
 )
 
@@ -45,35 +46,6 @@ type SchedulesCmd struct {
 	schedules func() ([]runner.Schedule, error)
 }
 
-// scheduleView is the JSON shape of a schedule in `schedules --json`.
-type scheduleView struct {
-	Name             string     `json:"name"`
-	Job              string     `json:"job"`
-	Spec             string     `json:"spec"`
-	Zone             string     `json:"zone"`
-	Misfire          string     `json:"misfire"`
-	StartingDeadline string     `json:"starting_deadline,omitempty"`
-	Overlap          string     `json:"overlap"`
-	LastFire         *time.Time `json:"last_fire,omitempty"`    // the settle mark: every fire up to it is decided
-	ServedSince      *time.Time `json:"served_since,omitempty"` // when a scheduler first fired the schedule
-	LeaseOwner       string     `json:"lease_owner,omitempty"`
-	LeaseUntil       *time.Time `json:"lease_until,omitempty"`
-	Next             []fireView `json:"next"`
-}
-
-// fireView is one upcoming fire.
-type fireView struct {
-	At   time.Time `json:"at"`
-	Wall string    `json:"wall"` // the spec's wall-clock time in the zone
-	// DST is "skipped" (the wall time does not exist that day; fires at
-	// the change) or "repeated" (it happens twice; fires at the first).
-	DST string `json:"dst,omitempty"`
-	// Offset is "EST -> EDT" when the zone's offset differs from the
-	// previous listed fire's (or now's, for the first).
-	Offset string            `json:"offset_change,omitempty"`
-	Params map[string]string `json:"params"`
-}
-
 // Run implements the schedules command.
 func (c *SchedulesCmd) Run(env *Env) error {
 	if c.Next < 0 || c.Next > 1000 {
@@ -103,9 +75,9 @@ func (c *SchedulesCmd) Run(env *Env) error {
 			return usageError{fmt.Errorf("--from %q is not an RFC 3339 time such as 2026-03-07T12:00:00-05:00", c.From)}
 		}
 	}
-	views := make([]scheduleView, 0, len(scheds))
+	views := make([]ops.ScheduleView, 0, len(scheds))
 	for _, s := range scheds {
-		v, err := viewSchedule(s, states, now, after, c.Next)
+		v, err := ops.ViewSchedule(s, states, now, after, c.Next)
 		if err != nil {
 			return usageError{err}
 		}
@@ -128,57 +100,9 @@ func (c *SchedulesCmd) Run(env *Env) error {
 	return nil
 }
 
-// viewSchedule describes a schedule with its stored state (a lease is shown
-// while live at now) and its next n fires after after.
-func viewSchedule(s runner.Schedule, states []checkpoint.ScheduleState, now, after time.Time, n int) (scheduleView, error) {
-	fires, err := s.Fires(after, n)
-	if err != nil {
-		return scheduleView{}, err
-	}
-	v := scheduleView{Name: s.Name, Job: s.Job, Spec: s.Spec, Zone: s.Location.String(),
-		Misfire: string(orDefault(s.Misfire, runner.MisfireRunOnce)), Overlap: string(orDefault(s.Overlap, runner.OverlapForbid)),
-		Next: []fireView{}}
-	if s.StartingDeadline > 0 {
-		v.StartingDeadline = s.StartingDeadline.String()
-	}
-	for _, st := range states {
-		if st.Name == s.Name {
-			v.ServedSince = optTime(st.CreatedAt)
-			if st.LastFire.After(st.CreatedAt) {
-				v.LastFire = optTime(st.LastFire)
-			}
-			if st.LeaseUntil.After(now) {
-				v.LeaseOwner, v.LeaseUntil = st.LeaseOwner, optTime(st.LeaseUntil)
-			}
-		}
-	}
-	prev := after.In(s.Location)
-	for _, f := range fires {
-		params, err := s.Params(f.At)
-		if err != nil {
-			return scheduleView{}, err
-		}
-		fv := fireView{At: f.At, Wall: f.Wall, DST: string(f.DST), Params: params}
-		_, was := prev.Zone()
-		if _, is := f.At.Zone(); is != was {
-			fv.Offset = prev.Format("MST") + " -> " + f.At.Format("MST")
-		}
-		prev = f.At
-		v.Next = append(v.Next, fv)
-	}
-	return v, nil
-}
-
-func orDefault[T ~string](v, def T) T {
-	if v == "" {
-		return def
-	}
-	return v
-}
-
 const fireLayout = "Mon 2006-01-02 15:04:05 MST"
 
-func printSchedule(env *Env, v scheduleView) {
+func printSchedule(env *Env, v ops.ScheduleView) {
 	w := env.Stdout
 	fmt.Fprintf(w, "%s  job %s  spec %q  zone %s\n", v.Name, v.Job, v.Spec, v.Zone)
 	deadline := "none"

@@ -14,12 +14,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/stepwise-run/stepwise/httpapi"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/web"
 )
 
 // ServeCmd runs the scheduler until SIGTERM or SIGINT.
 type ServeCmd struct {
-	Listen           string        `placeholder:"ADDR" help:"Serve /healthz and Prometheus /metrics on this address, e.g. 127.0.0.1:9090 (port 0 picks a free one; the address is printed)."`
+	Listen           string        `placeholder:"ADDR" help:"Serve the web dashboard (/), /healthz, Prometheus /metrics and the HTTP API (/api/v1/...) on this address, e.g. 127.0.0.1:9090 (port 0 picks a free one; the address is printed). An address other than loopback needs --tokens."`
+	Tokens           string        `type:"existingfile" placeholder:"FILE" help:"Bearer tokens of the HTTP API, one NAME:ROLE:TOKEN a line (ROLE read or operate; TOKEN at least 16 random bytes, e.g. from 'openssl rand -hex 16'). Without it the API serves reads only, and only on loopback."`
 	Grace            time.Duration `default:"20s" help:"After SIGTERM or SIGINT, how long running runs may take to finish before they are interrupted, resumably: the next serve fires them again as missed fires (under the misfire policy), or resume them by hand. Keep it under STEPWISE_GRACE, after which the process exits anyway."`
 	Lease            time.Duration `default:"30s" nonzero:"" help:"Lease length of the runs started and of the schedules fired; a standby serve takes a schedule over when its lease expires (at once if its owner ran on this host and is gone)."`
 	MisfireThreshold time.Duration `name:"misfire-threshold" default:"1m" help:"How late a fire may be noticed and still count as on time; later ones follow the schedule's misfire policy."`
@@ -35,6 +38,16 @@ func (c *ServeCmd) Run(env *Env) error {
 	}
 	if err := c.checkGrace(); err != nil {
 		return usageError{err}
+	}
+	var tokens *httpapi.Tokens
+	if c.Tokens != "" {
+		if tokens, err = httpapi.ReadTokens(c.Tokens); err != nil {
+			return usageError{fmt.Errorf("--tokens: %w", err)}
+		}
+	}
+	if c.Listen != "" && c.Tokens == "" && !loopback(c.Listen) {
+		return usageError{fmt.Errorf("--listen %s is not a loopback address, and without --tokens anyone who reaches it could read every run: "+
+			"give --tokens FILE (lines NAME:ROLE:TOKEN), or listen on 127.0.0.1", c.Listen)}
 	}
 	st, err := env.Store()
 	if err != nil {
@@ -59,7 +72,23 @@ func (c *ServeCmd) Run(env *Env) error {
 	}
 	where := ""
 	if c.Listen != "" {
-		srv, addr, err := serveHTTP(env, c.Listen, sched, reg)
+		r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease})
+		if err != nil {
+			return usageError{err}
+		}
+		local := httpapi.NewLocal(r)
+		api, err := httpapi.New(httpapi.Config{Store: st, Jobs: env.Registry, Starter: local, Tokens: tokens,
+			Schedules: c.schedules, Logger: env.Logger(), Now: env.now,
+			NoTokensHint: "start serve with --tokens FILE"})
+		if err != nil {
+			return err
+		}
+		dash, err := web.New(web.Config{Store: st, Auth: apiAuth{api}, API: httpapi.Prefix, Schedules: c.schedules,
+			MisfireThreshold: c.MisfireThreshold, Logger: env.Logger(), Now: env.now})
+		if err != nil {
+			return err
+		}
+		srv, addr, err := serveHTTP(env, c.Listen, sched, reg, api, dash)
 		if err != nil {
 			return usageError{err}
 		}
@@ -67,8 +96,17 @@ func (c *ServeCmd) Run(env *Env) error {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(env.Ctx), 5*time.Second)
 			defer cancel()
 			srv.Shutdown(ctx)
+			// The runs the API started get the grace the schedules' runs
+			// get, then are interrupted (resumable).
+			gctx, gcancel := context.WithTimeout(context.WithoutCancel(env.Ctx), c.Grace)
+			defer gcancel()
+			local.Shutdown(gctx)
 		}()
-		where = "; /healthz and /metrics on http://" + addr
+		auth := "reads only: no --tokens"
+		if tokens != nil {
+			auth = fmt.Sprintf("%d tokens", tokens.Len())
+		}
+		where = "; /healthz and /metrics on http://" + addr + ", the API under /api/v1/ (" + auth + "), the dashboard at /"
 	}
 	fmt.Fprintf(env.Stdout, "%s serve: firing %d schedules from %s%s\n", env.Name, len(scheds), env.storeName(), where)
 	if err := sched.Run(env.Ctx); err != nil {
@@ -76,6 +114,20 @@ func (c *ServeCmd) Run(env *Env) error {
 	}
 	fmt.Fprintf(env.Stdout, "%s serve: stopped\n", env.Name)
 	return nil
+}
+
+// loopback reports whether a listen address is on loopback only:
+// localhost or a loopback IP (an empty host listens on every interface).
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // checkGrace refuses a grace period Main's own would cut short: after the
@@ -94,9 +146,10 @@ func (c *ServeCmd) checkGrace() error {
 	return nil
 }
 
-// serveHTTP serves /healthz and /metrics on addr in the background and
-// returns the server and the address it listens on.
-func serveHTTP(env *Env, addr string, sched *runner.Scheduler, reg *prometheus.Registry) (*http.Server, string, error) {
+// serveHTTP serves /healthz, /metrics, the API and the dashboard (every
+// other path) on addr in the background and returns the server and the
+// address it listens on.
+func serveHTTP(env *Env, addr string, sched *runner.Scheduler, reg *prometheus.Registry, api, dash http.Handler) (*http.Server, string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", fmt.Errorf("--listen %s: %w", addr, err)
@@ -104,6 +157,8 @@ func serveHTTP(env *Env, addr string, sched *runner.Scheduler, reg *prometheus.R
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { healthz(w, sched.Status()) })
+	mux.Handle(httpapi.Prefix, api)
+	mux.Handle("/", dash)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

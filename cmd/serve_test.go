@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -357,6 +358,31 @@ func TestServeRefusesBadFlags(t *testing.T) {
 		code := Execute(context.Background(), testRegistry(), append([]string{"--db", db}, args...), &out, &errb, Schedules(everySecond(side)))
 		if code != ExitUsage {
 			t.Errorf("%v: exit %d; want %d\n%s%s", args, code, ExitUsage, out.String(), errb.String())
+		}
+	}
+}
+
+func TestServeRefusesAnOpenAPIAndBadTokens(t *testing.T) {
+	db, side := testFiles(t)
+	bad := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(bad, []byte("ops:operate:0123456789abcdef\nci:write:0123456789abcdefX\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--listen", "0.0.0.0:0"}, "--listen 0.0.0.0:0 is not a loopback address"},
+		{[]string{"serve", "--listen", ":0"}, "give --tokens FILE"},
+		{[]string{"serve", "--listen", "127.0.0.1:0", "--tokens", bad}, `line 2: role "write" of ci`},
+	} {
+		var out, errb bytes.Buffer
+		code := Execute(context.Background(), testRegistry(), append([]string{"--db", db}, c.args...), &out, &errb, Schedules(everySecond(side)))
+		if code != ExitUsage || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d saying %q", c.args, code, errb.String(), ExitUsage, c.want)
+		}
+		if _, err := os.Stat(db); err == nil {
+			t.Errorf("%v: the refused serve created %s", c.args, db)
 		}
 	}
 }

@@ -24,6 +24,22 @@ import (
 // the message names the parameter and what to do.
 var ErrBadParams = errors.New("jobs: bad parameters")
 
+// ParamError is a parameter decoding or validation error, about the
+// parameter Param ("" when about the parameters as a whole: not a JSON
+// object, or the job's own Validate). It wraps ErrBadParams; its message
+// names the parameter and what to do.
+type ParamError struct {
+	Param string
+	err   error
+}
+
+func (e *ParamError) Error() string { return e.err.Error() }
+
+// Unwrap returns the error, which wraps ErrBadParams.
+func (e *ParamError) Unwrap() error { return e.err }
+
+func badParam(name string, err error) error { return &ParamError{Param: name, err: err} }
+
 // Param describes one parameter of a job, from its struct field's tags:
 //
 //	param:"name[,key][,required]"  the parameter's name; key marks it as
@@ -237,7 +253,7 @@ func decodeParams(job string, t reflect.Type, ps []Param, values map[string]stri
 	if len(bytes.TrimSpace(file)) > 0 {
 		var raw map[string]json.RawMessage
 		if err := json.Unmarshal(file, &raw); err != nil {
-			return v, fmt.Errorf("%w: params file for job %s is not a JSON object: %v", ErrBadParams, job, err)
+			return v, badParam("", fmt.Errorf("%w: params file for job %s is not a JSON object: %v", ErrBadParams, job, err))
 		}
 		for name, msg := range raw {
 			if string(bytes.TrimSpace(msg)) == "null" {
@@ -245,17 +261,17 @@ func decodeParams(job string, t reflect.Type, ps []Param, values map[string]stri
 			}
 			p, ok := findParam(ps, name)
 			if !ok {
-				return v, fmt.Errorf("%w: params file sets unknown parameter %q for job %s (known: %s)",
-					ErrBadParams, name, job, paramNames(ps))
+				return v, badParam(name, fmt.Errorf("%w: params file sets unknown parameter %q for job %s (known: %s)",
+					ErrBadParams, name, job, paramNames(ps)))
 			}
 			if err := json.Unmarshal(msg, v.Field(p.field).Addr().Interface()); err != nil {
 				var s string
 				if p.Type == "duration" && json.Unmarshal(msg, &s) == nil {
 					if err := setString(v.Field(p.field), p, s); err != nil {
-						return v, fmt.Errorf("%w: params file: %s: %v", ErrBadParams, name, err)
+						return v, badParam(name, fmt.Errorf("%w: params file: %s: %v", ErrBadParams, name, err))
 					}
 				} else {
-					return v, fmt.Errorf("%w: params file: parameter %q of job %s wants a %s: %v", ErrBadParams, name, job, p.Type, err)
+					return v, badParam(name, fmt.Errorf("%w: params file: parameter %q of job %s wants a %s: %v", ErrBadParams, name, job, p.Type, err))
 				}
 			}
 			given[name] = true
@@ -269,10 +285,10 @@ func decodeParams(job string, t reflect.Type, ps []Param, values map[string]stri
 	for _, name := range names {
 		p, ok := findParam(ps, name)
 		if !ok {
-			return v, fmt.Errorf("%w: unknown parameter %q for job %s (known: %s)", ErrBadParams, name, job, paramNames(ps))
+			return v, badParam(name, fmt.Errorf("%w: unknown parameter %q for job %s (known: %s)", ErrBadParams, name, job, paramNames(ps)))
 		}
 		if err := setString(v.Field(p.field), p, values[name]); err != nil {
-			return v, fmt.Errorf("%w: -p %s=%s: %v", ErrBadParams, name, values[name], err)
+			return v, badParam(name, fmt.Errorf("%w: -p %s=%s: %v", ErrBadParams, name, values[name], err))
 		}
 		given[name] = true
 	}
@@ -282,50 +298,50 @@ func decodeParams(job string, t reflect.Type, ps []Param, values map[string]stri
 		}
 		if p.Default != "" {
 			if err := setString(v.Field(p.field), p, p.Default); err != nil {
-				return v, fmt.Errorf("%w: default of %s: %v", ErrBadParams, p.Name, err)
+				return v, badParam(p.Name, fmt.Errorf("%w: default of %s: %v", ErrBadParams, p.Name, err))
 			}
 			continue
 		}
 		if p.Required {
-			return v, fmt.Errorf("%w: job %s needs parameter %q (%s); give it with -p %s=VALUE",
-				ErrBadParams, job, p.Name, p.Help, p.Name)
+			return v, badParam(p.Name, fmt.Errorf("%w: job %s needs parameter %q (%s); give it with -p %s=VALUE",
+				ErrBadParams, job, p.Name, p.Help, p.Name))
 		}
 	}
 	for _, p := range ps {
 		f := v.Field(p.field)
 		if p.Required && p.Type == "string" && f.String() == "" {
-			return v, fmt.Errorf("%w: job %s needs parameter %q (%s); it was given empty", ErrBadParams, job, p.Name, p.Help)
+			return v, badParam(p.Name, fmt.Errorf("%w: job %s needs parameter %q (%s); it was given empty", ErrBadParams, job, p.Name, p.Help))
 		}
 		if p.Format == "date" && f.String() != "" {
 			if _, err := time.Parse(dateLayout, f.String()); err != nil {
-				return v, fmt.Errorf("%w: parameter %q is %q; want a date as YYYY-MM-DD", ErrBadParams, p.Name, f.String())
+				return v, badParam(p.Name, fmt.Errorf("%w: parameter %q is %q; want a date as YYYY-MM-DD", ErrBadParams, p.Name, f.String()))
 			}
 		}
 		if (p.Format == FormatPath || p.Format == FormatExistingFile) && f.String() != "" {
 			abs, err := absPath(p, f.String())
 			if err != nil {
-				return v, fmt.Errorf("%w: %w", ErrBadParams, err)
+				return v, badParam(p.Name, fmt.Errorf("%w: %w", ErrBadParams, err))
 			}
 			f.SetString(abs)
 		}
 		if p.Format == FormatDatabase && f.String() != "" {
 			loc, err := databaseParam(p, f.String())
 			if err != nil {
-				return v, fmt.Errorf("%w: %w", ErrBadParams, err)
+				return v, badParam(p.Name, fmt.Errorf("%w: %w", ErrBadParams, err))
 			}
 			f.SetString(loc)
 		}
 		if p.Key {
 			s := fmt.Sprint(f.Interface())
 			if s == "" || strings.ContainsAny(s, "/ \t\n") || len(s) > 100 {
-				return v, fmt.Errorf("%w: key parameter %q is %q; it must be non-empty, at most 100 bytes, without / or spaces",
-					ErrBadParams, p.Name, s)
+				return v, badParam(p.Name, fmt.Errorf("%w: key parameter %q is %q; it must be non-empty, at most 100 bytes, without / or spaces",
+					ErrBadParams, p.Name, s))
 			}
 		}
 	}
 	if val, ok := v.Addr().Interface().(interface{ Validate() error }); ok {
 		if err := val.Validate(); err != nil {
-			return v, fmt.Errorf("%w: job %s: %w", ErrBadParams, job, err)
+			return v, badParam("", fmt.Errorf("%w: job %s: %w", ErrBadParams, job, err))
 		}
 	}
 	return v, nil

@@ -14,7 +14,12 @@ const modulePath = "github.com/stepwise-run/stepwise"
 // layerAllows says which Stepwise layers each layer may import, besides
 // itself: imports flow one way, cmd -> runner -> jobs -> steps ->
 // checkpoint, and examples use jobs and steps only; bench (the workloads
-// of `stepwise bench`) sits beside cmd, which alone imports it. The checkpoint
+// of `stepwise bench`) sits beside cmd, which alone imports it. ops (what
+// an operator sees of runs and does to them) sits above runner, and
+// httpapi (the HTTP API) above ops, and web (the dashboard's pages, which
+// read the ops views and operate through the API) beside httpapi; cmd
+// imports them, so the CLI, the API and the dashboard share one
+// implementation of every view and operation. The checkpoint
 // contract imports no other layer; a backend (checkpoint/sqlite, and any
 // store beside it) implements the contract, and only cmd, which opens the
 // store --db names, may import one outside tests.
@@ -27,7 +32,10 @@ var layerAllows = map[string][]string{
 	"runner":         {"jobs", "steps", "checkpoint"},
 	"examples":       {"jobs", "steps"},
 	"bench":          {"runner", "jobs", "steps", "checkpoint", "backend", "examples"},
-	"cmd":            {"runner", "jobs", "steps", "checkpoint", "backend", "examples", "bench"},
+	"ops":            {"runner", "jobs", "steps", "checkpoint"},
+	"httpapi":        {"ops", "runner", "jobs", "steps", "checkpoint"},
+	"web":            {"ops", "runner", "jobs", "steps", "checkpoint"},
+	"cmd":            {"httpapi", "web", "ops", "runner", "jobs", "steps", "checkpoint", "backend", "examples", "bench"},
 }
 
 // testAllows are the layers a layer's own test files may import besides
@@ -38,6 +46,9 @@ var testAllows = map[string][]string{
 	"steps":   {"checkpointtest", "backend"},
 	"jobs":    {"checkpointtest", "backend"},
 	"runner":  {"checkpointtest", "backend"},
+	"ops":     {"checkpointtest", "backend"},
+	"httpapi": {"checkpointtest", "backend", "examples"},
+	"web":     {"checkpointtest", "backend", "examples", "httpapi"},
 	"cmd":     {"checkpointtest"},
 }
 
@@ -86,7 +97,7 @@ func importViolations(pkgs map[string]pkgImports) []string {
 		}
 		allowed, known := layerAllows[from]
 		if !known {
-			bad = append(bad, pkg+" is outside the fixed layout (checkpoint, steps, jobs, runner, bench, cmd, examples)")
+			bad = append(bad, pkg+" is outside the fixed layout (checkpoint, steps, jobs, runner, ops, httpapi, web, bench, cmd, examples)")
 			continue
 		}
 		for _, dep := range deps.Imports {

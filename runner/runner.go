@@ -167,6 +167,10 @@ type Request struct {
 	// source changed since an earlier attempt, each acceptance audited
 	// (steps.Config.AcceptChanged).
 	AcceptChanged *steps.Acceptance
+	// CreateOnly runs the run only if this request creates it: an existing
+	// run is refused with a *checkpoint.RunExistsError (or a
+	// *checkpoint.ParamsMismatchError) and is neither resumed nor changed.
+	CreateOnly bool
 }
 
 // Result says how a run ended.
@@ -234,17 +238,9 @@ func (r *Runner) dryAttempt(ctx context.Context, job jobs.Job, dec jobs.Decoded)
 // Resume runs runID again with its stored parameters; req.Job, Values and
 // ParamsFile are ignored.
 func (r *Runner) Resume(ctx context.Context, runID string, req Request) (Result, error) {
-	info, err := r.cfg.Store.Run(ctx, runID)
+	job, dec, err := r.stored(ctx, runID)
 	if err != nil {
 		return Result{}, err
-	}
-	job, err := r.cfg.Jobs.Lookup(info.Run.Job)
-	if err != nil {
-		return Result{}, fmt.Errorf("run %s: %w", runID, err)
-	}
-	dec, err := job.Decode(nil, info.Run.Params)
-	if err != nil {
-		return Result{}, fmt.Errorf("run %s: stored parameters no longer decode: %w", runID, err)
 	}
 	if req.DryRun {
 		return r.dryRun(ctx, job, dec)
@@ -252,22 +248,103 @@ func (r *Runner) Resume(ctx context.Context, runID string, req Request) (Result,
 	return r.execute(ctx, job, dec, req)
 }
 
+// stored looks up a recorded run's job and decodes its stored parameters.
+func (r *Runner) stored(ctx context.Context, runID string) (jobs.Job, jobs.Decoded, error) {
+	info, err := r.cfg.Store.Run(ctx, runID)
+	if err != nil {
+		return nil, jobs.Decoded{}, err
+	}
+	job, err := r.cfg.Jobs.Lookup(info.Run.Job)
+	if err != nil {
+		return nil, jobs.Decoded{}, fmt.Errorf("run %s: %w", runID, err)
+	}
+	dec, err := job.Decode(nil, info.Run.Params)
+	if err != nil {
+		return nil, jobs.Decoded{}, fmt.Errorf("run %s: stored parameters no longer decode: %w", runID, err)
+	}
+	return job, dec, nil
+}
+
+// Claimed is a run claimed for one attempt that has not begun executing:
+// Runner.Claim and Runner.ClaimRun return once the claim is recorded (so
+// the caller knows at once whether it created the run, or why it was
+// refused), and Execute runs the attempt, on whatever goroutine the
+// caller chooses. Execute must be called, soon (before the lease would
+// expire), and once.
+type Claimed struct {
+	r         *Runner
+	job       jobs.Job
+	dec       jobs.Decoded
+	req       Request
+	claim     checkpoint.Claim
+	claimedAt time.Time
+	log       zerolog.Logger
+}
+
+// RunID is the claimed run's ID.
+func (c *Claimed) RunID() string { return c.claim.Lease.RunID }
+
+// Created reports whether the claim created the run.
+func (c *Claimed) Created() bool { return c.claim.Created }
+
+// Run is the run as claimed: running, under this attempt's lease.
+func (c *Claimed) Run() checkpoint.Run { return c.claim.Run }
+
+// Attempt is the claimed attempt's number.
+func (c *Claimed) Attempt() int { return c.claim.Lease.Attempt }
+
+// Claim claims the run req's job and identifying parameters name, as Run
+// does, without executing it (see Claimed). req.DryRun is refused.
+func (r *Runner) Claim(ctx context.Context, req Request) (*Claimed, error) {
+	if req.DryRun {
+		return nil, errors.New("runner: a dry run claims nothing; call Run")
+	}
+	job, err := r.cfg.Jobs.Lookup(req.Job)
+	if err != nil {
+		return nil, err
+	}
+	dec, err := job.Decode(req.Values, req.ParamsFile)
+	if err != nil {
+		return nil, err
+	}
+	return r.claimRun(ctx, job, dec, req)
+}
+
+// ClaimRun claims a recorded run, as Resume does, without executing it
+// (see Claimed). req.DryRun is refused.
+func (r *Runner) ClaimRun(ctx context.Context, runID string, req Request) (*Claimed, error) {
+	if req.DryRun {
+		return nil, errors.New("runner: a dry run claims nothing; call Resume")
+	}
+	job, dec, err := r.stored(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	return r.claimRun(ctx, job, dec, req)
+}
+
 // attempt claims the run and drives the job on its steps.Run; execute
 // wraps it in the attempt's span.
 func (r *Runner) attempt(ctx context.Context, job jobs.Job, dec jobs.Decoded, req Request) (Result, error) {
+	c, err := r.claimRun(ctx, job, dec, req)
+	if err != nil {
+		return Result{RunID: jobs.RunID(job.Name(), dec.RunKey)}, err
+	}
+	return c.execute(ctx)
+}
+
+func (r *Runner) claimRun(ctx context.Context, job jobs.Job, dec jobs.Decoded, req Request) (*Claimed, error) {
 	runID := jobs.RunID(job.Name(), dec.RunKey)
 	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Logger()
 	log := jobLog.With().Str(steps.FieldRunID, runID).Logger()
 	claim, claimedAt, err := r.claim(ctx, checkpoint.ClaimRequest{
 		RunID: runID, Job: job.Name(), RunKey: dec.RunKey, Params: dec.JSON, ParamsHash: dec.Hash,
-		Owner: r.cfg.Owner, LeaseFor: r.cfg.Lease, Force: req.Force, OwnerGone: OwnerGone,
+		Owner: r.cfg.Owner, LeaseFor: r.cfg.Lease, Force: req.Force, CreateOnly: req.CreateOnly, OwnerGone: OwnerGone,
 	}, log)
 	if err != nil {
-		return Result{RunID: runID}, err
+		return nil, err
 	}
-	lease := claim.Lease
-	log = log.With().Int(steps.FieldAttempt, lease.Attempt).Logger()
-	res := Result{RunID: runID, Attempt: lease.Attempt, TookOverFrom: claim.TookOverFrom}
+	log = log.With().Int(steps.FieldAttempt, claim.Lease.Attempt).Logger()
 	switch {
 	case claim.Created:
 		log.Info().Msg("run started")
@@ -276,6 +353,21 @@ func (r *Runner) attempt(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 	default:
 		log.Info().Str("previous_status", claim.PreviousStatus).Msg("run resumed")
 	}
+	return &Claimed{r: r, job: job, dec: dec, req: req, claim: claim, claimedAt: claimedAt, log: log}, nil
+}
+
+// Execute runs the claimed attempt to its end and says how it ended, as
+// Run does, in the attempt's span.
+func (c *Claimed) Execute(ctx context.Context) (Result, error) {
+	return c.r.traced(ctx, c.job, c.RunID(), c.execute)
+}
+
+func (c *Claimed) execute(ctx context.Context) (Result, error) {
+	r, job, dec, req, claim, claimedAt, log := c.r, c.job, c.dec, c.req, c.claim, c.claimedAt, c.log
+	runID := claim.Lease.RunID
+	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Logger()
+	lease := claim.Lease
+	res := Result{RunID: runID, Attempt: lease.Attempt, TookOverFrom: claim.TookOverFrom}
 
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -3,6 +3,8 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,12 +29,28 @@ func schemaVersions(t *testing.T, st *postgres.Store) []int {
 	return vs
 }
 
+// embeddedVersions are the versions of the migration files, in order
+// (their numbers may have gaps while branches that each add one are
+// merged).
+func embeddedVersions(t *testing.T) []int {
+	t.Helper()
+	ms, err := checkpoint.ReadMigrations(os.DirFS("migrations"), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vs []int
+	for _, m := range ms {
+		vs = append(vs, m.Version)
+	}
+	return vs
+}
+
 func TestMigrateTwiceIsIdempotent(t *testing.T) {
 	url := pgtest.Schema(t)
 	first := open(t, postgres.Config{URL: url})
 	want := schemaVersions(t, first)
-	if len(want) != postgres.SchemaVersion() || want[len(want)-1] != postgres.SchemaVersion() {
-		t.Fatalf("versions after the first open = %v, want 1..%d", want, postgres.SchemaVersion())
+	if fmt.Sprint(want) != fmt.Sprint(embeddedVersions(t)) || want[len(want)-1] != postgres.SchemaVersion() {
+		t.Fatalf("versions after the first open = %v, want %v ending at %d", want, embeddedVersions(t), postgres.SchemaVersion())
 	}
 	first.Close()
 	second := open(t, postgres.Config{URL: url})
@@ -66,8 +84,8 @@ func TestMigrateConcurrentlyMigratesOnce(t *testing.T) {
 		defer stores[i].Close()
 	}
 	got := schemaVersions(t, stores[0])
-	if len(got) != postgres.SchemaVersion() {
-		t.Fatalf("stepwise_schema holds %v; want each of 1..%d once", got, postgres.SchemaVersion())
+	if fmt.Sprint(got) != fmt.Sprint(embeddedVersions(t)) {
+		t.Fatalf("stepwise_schema holds %v; want each of %v once", got, embeddedVersions(t))
 	}
 }
 

@@ -17,6 +17,9 @@ const (
 	sqlSelectRun = `SELECT ` + runCols + ` FROM runs WHERE id = $1`
 	sqlListRuns  = `SELECT ` + runCols + ` FROM runs
 WHERE ($1::text = '' OR job = $1) AND ($2::text = '' OR status = $2)
+  AND ($4::text = '' OR left(run_key, length($4)) = $4)
+  AND ($5::timestamptz IS NULL OR created_at >= $5) AND ($6::timestamptz IS NULL OR created_at < $6)
+  AND ($7::timestamptz IS NULL OR created_at < $7 OR (created_at = $7 AND id > $8))
 ORDER BY created_at DESC, id
 LIMIT $3`
 	sqlAttempts = `SELECT number, fence, owner, status, error, started_at, finished_at
@@ -56,7 +59,13 @@ func tm(t pgtype.Timestamptz) time.Time {
 // Runs implements checkpoint.Store.
 func (s *Store) Runs(ctx context.Context, f checkpoint.RunFilter) ([]checkpoint.Run, error) {
 	limit := f.PageLimit()
-	rows, err := s.pool.Query(ctx, sqlListRuns, f.Job, f.Status, limit)
+	var afterAt *time.Time
+	var afterID string
+	if f.After != nil {
+		afterAt, afterID = &f.After.CreatedAt, f.After.ID
+	}
+	rows, err := s.pool.Query(ctx, sqlListRuns, f.Job, f.Status, limit, f.RunKeyPrefix,
+		ts(f.CreatedFrom), ts(f.CreatedBefore), afterAt, afterID)
 	if err != nil {
 		return nil, s.wrap("list runs", err)
 	}

@@ -14,6 +14,9 @@ const (
        lease_owner, lease_until, error, created_at, updated_at, finished_at, pruned_at
 FROM runs
 WHERE (?1 = '' OR job = ?1) AND (?2 = '' OR status = ?2)
+  AND (?4 = '' OR substr(run_key, 1, length(?4)) = ?4)
+  AND (?5 = '' OR created_at >= ?5) AND (?6 = '' OR created_at < ?6)
+  AND (?7 = '' OR created_at < ?7 OR (created_at = ?7 AND id > ?8))
 ORDER BY created_at DESC, id
 LIMIT ?3`
 	sqlAttempts = `SELECT number, fence, owner, status, error, started_at, finished_at
@@ -23,7 +26,12 @@ FROM attempts WHERE run_id = ? ORDER BY number`
 // Runs implements checkpoint.Store.
 func (s *Store) Runs(ctx context.Context, f checkpoint.RunFilter) ([]checkpoint.Run, error) {
 	limit := f.PageLimit()
-	rows, err := s.rdb.QueryContext(ctx, sqlListRuns, f.Job, f.Status, limit)
+	var afterAt, afterID string
+	if f.After != nil {
+		afterAt, afterID = fmtTime(f.After.CreatedAt), f.After.ID
+	}
+	rows, err := s.rdb.QueryContext(ctx, sqlListRuns, f.Job, f.Status, limit, f.RunKeyPrefix,
+		fmtTime(f.CreatedFrom), fmtTime(f.CreatedBefore), afterAt, afterID)
 	if err != nil {
 		return nil, s.wrap("list runs", err)
 	}

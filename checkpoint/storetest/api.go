@@ -1,0 +1,173 @@
+package storetest
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// testAPI checks what the HTTP API needs of a store: a create-only claim,
+// the run listing's filters and cursor, and the Idempotency-Keys.
+func testAPI(t *testing.T, h Harness) {
+	t.Run("CreateOnlyClaim", func(t *testing.T) {
+		e := newEnv(t, h)
+		st := e.open()
+		req := claimReq("api/1", ownerA, t0)
+		req.CreateOnly = true
+		c, err := st.Claim(e.ctx, req)
+		if err != nil || !c.Created {
+			t.Fatalf("create-only claim of a new run: %+v, %v; want created", c, err)
+		}
+		if err := st.Finish(e.ctx, c.Lease, checkpoint.Ending{Status: checkpoint.RunFailed, Error: "boom", At: t0.Add(time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+		// A failed run is not resumed by a create-only claim: it exists.
+		req.Now, req.Owner = t0.Add(2*time.Second), ownerB
+		_, err = st.Claim(e.ctx, req)
+		var exists *checkpoint.RunExistsError
+		if !errors.As(err, &exists) || !errors.Is(err, checkpoint.ErrRunExists) || exists.Run.Status != checkpoint.RunFailed {
+			t.Fatalf("create-only claim of a failed run: %v; want *RunExistsError with the failed run", err)
+		}
+		if info := e.run(st, "api/1"); len(info.Attempts) != 1 || info.Run.Fence != c.Lease.Fence {
+			t.Errorf("after a refused create-only claim: %d attempts, fence %d; want 1 and %d (nothing changed)",
+				len(info.Attempts), info.Run.Fence, c.Lease.Fence)
+		}
+		req.Params, req.ParamsHash = []byte(`{"date":"2031-03-15"}`), "other"
+		var mismatch *checkpoint.ParamsMismatchError
+		if _, err := st.Claim(e.ctx, req); !errors.As(err, &mismatch) {
+			t.Errorf("create-only claim with other parameters: %v; want *ParamsMismatchError", err)
+		}
+	})
+
+	t.Run("RunFilters", func(t *testing.T) {
+		e := newEnv(t, h)
+		st := e.open()
+		for i, id := range []string{"f/a-1", "f/a-2", "f/b-1", "g/a-3", "f/a-4"} {
+			e.claim(st, id, ownerA, t0.Add(time.Duration(i)*time.Second))
+		}
+		ids := func(f checkpoint.RunFilter) []string {
+			t.Helper()
+			runs, err := st.Runs(e.ctx, f)
+			if err != nil {
+				t.Fatalf("Runs(%+v): %v", f, err)
+			}
+			var out []string
+			for _, r := range runs {
+				out = append(out, r.ID)
+			}
+			return out
+		}
+		check := func(what string, got, want []string) {
+			t.Helper()
+			if !slices.Equal(got, want) {
+				t.Errorf("%s: %v; want %v", what, got, want)
+			}
+		}
+		check("prefix a-", ids(checkpoint.RunFilter{RunKeyPrefix: "a-"}), []string{"f/a-4", "g/a-3", "f/a-2", "f/a-1"})
+		check("job f, prefix a-", ids(checkpoint.RunFilter{Job: "f", RunKeyPrefix: "a-"}), []string{"f/a-4", "f/a-2", "f/a-1"})
+		check("prefix matching no run", ids(checkpoint.RunFilter{RunKeyPrefix: "a_"}), nil)
+		check("created in [1s, 3s)", ids(checkpoint.RunFilter{CreatedFrom: t0.Add(time.Second), CreatedBefore: t0.Add(3 * time.Second)}),
+			[]string{"f/b-1", "f/a-2"})
+		// Pages of two, each after the previous page's last run.
+		var all []string
+		f := checkpoint.RunFilter{Limit: 2}
+		for page := 0; page < 5; page++ {
+			runs, err := st.Runs(e.ctx, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(runs) == 0 {
+				break
+			}
+			for _, r := range runs {
+				all = append(all, r.ID)
+			}
+			last := runs[len(runs)-1]
+			f.After = &checkpoint.RunCursor{CreatedAt: last.CreatedAt, ID: last.ID}
+		}
+		check("every page", all, []string{"f/a-4", "g/a-3", "f/b-1", "f/a-2", "f/a-1"})
+		// Two runs created at one instant are told apart by ID.
+		e.claim(st, "h/x", ownerA, t0.Add(time.Minute))
+		e.claim(st, "h/y", ownerA, t0.Add(time.Minute))
+		first := ids(checkpoint.RunFilter{Job: "h", Limit: 1})
+		check("tie, first page", first, []string{"h/x"})
+		check("tie, second page", ids(checkpoint.RunFilter{Job: "h", After: &checkpoint.RunCursor{CreatedAt: t0.Add(time.Minute), ID: "h/x"}}), []string{"h/y"})
+	})
+
+	t.Run("IdempotencyKeys", func(t *testing.T) {
+		e := newEnv(t, h)
+		st := e.open()
+		ik := capability[checkpoint.IdempotencyStore](t, st, "idempotency keys")
+		k := checkpoint.IdempotencyKey{Key: "k-1", RequestHash: "h1", Job: "settle", Params: []byte(params), RunID: "settle/1", CreatedAt: t0}
+		rec, begun, err := ik.BeginIdempotency(e.ctx, k, t0.Add(-time.Minute))
+		if err != nil || !begun || rec.State != checkpoint.IdempotencyAccepting {
+			t.Fatalf("first BeginIdempotency: %+v, %v, %v; want begun, accepting", rec, begun, err)
+		}
+		// A second request meanwhile finds it accepting; with another
+		// fingerprint, it finds the first one's.
+		k2 := k
+		k2.CreatedAt = t0.Add(time.Second)
+		rec, begun, err = ik.BeginIdempotency(e.ctx, k2, t0.Add(-time.Minute))
+		if err != nil || begun || rec.State != checkpoint.IdempotencyAccepting || rec.RunID != "settle/1" || !sameTime(rec.CreatedAt, t0) {
+			t.Fatalf("BeginIdempotency while accepting: %+v, %v, %v; want the accepting record", rec, begun, err)
+		}
+		k3 := k2
+		k3.RequestHash, k3.Params = "h2", []byte(`{"date":"x"}`)
+		rec, begun, _ = ik.BeginIdempotency(e.ctx, k3, t0.Add(time.Hour))
+		if begun || rec.RequestHash != "h1" || string(rec.Params) != params {
+			t.Fatalf("BeginIdempotency of another request with the key: %+v, %v; want the first request's record, not begun", rec, begun)
+		}
+		// A stale accepting key of the same request is taken over.
+		rec, begun, err = ik.BeginIdempotency(e.ctx, k2, t0.Add(time.Millisecond))
+		if err != nil || !begun {
+			t.Fatalf("BeginIdempotency of a stale accepting key: %+v, %v, %v; want taken over", rec, begun, err)
+		}
+		if err := ik.FinishIdempotency(e.ctx, "k-1", t0.Add(2*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		// Done: stays so, replayed, even when old and even on another host.
+		other := capability[checkpoint.IdempotencyStore](t, e.open(), "idempotency keys")
+		if err := other.DropIdempotency(e.ctx, "k-1"); err != nil {
+			t.Fatal(err)
+		}
+		rec, begun, err = other.BeginIdempotency(e.ctx, k, t0.Add(time.Hour))
+		if err != nil || begun || rec.State != checkpoint.IdempotencyDone || rec.RunID != "settle/1" {
+			t.Fatalf("BeginIdempotency of a done key: %+v, %v, %v; want the done record", rec, begun, err)
+		}
+		// An accepting key dropped is begun anew.
+		k4 := checkpoint.IdempotencyKey{Key: "k-2", RequestHash: "h", Job: "settle", Params: []byte(params), RunID: "settle/2", CreatedAt: t0}
+		if _, begun, err := ik.BeginIdempotency(e.ctx, k4, t0); err != nil || !begun {
+			t.Fatalf("BeginIdempotency k-2: %v, %v", begun, err)
+		}
+		if err := ik.DropIdempotency(e.ctx, "k-2"); err != nil {
+			t.Fatal(err)
+		}
+		if _, begun, err := ik.BeginIdempotency(e.ctx, k4, t0); err != nil || !begun {
+			t.Errorf("BeginIdempotency after a drop: begun %v, %v; want begun", begun, err)
+		}
+		// Many at once: exactly one begins.
+		k5 := checkpoint.IdempotencyKey{Key: "k-3", RequestHash: "h", Job: "settle", Params: []byte(params), RunID: "settle/3", CreatedAt: t0}
+		results := make(chan bool, 8)
+		for range 8 {
+			go func() {
+				_, begun, err := ik.BeginIdempotency(e.ctx, k5, t0.Add(-time.Hour))
+				if err != nil {
+					t.Error(err)
+				}
+				results <- begun
+			}()
+		}
+		n := 0
+		for range 8 {
+			if <-results {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("8 BeginIdempotency at once: %d begun; want %d", n, 1)
+		}
+	})
+}

@@ -1,0 +1,25 @@
+// Package httpapi is Stepwise's HTTP API: JSON under /api/v1, the runs,
+// their steps and items and the schedules to read, runs to start with
+// Idempotency-Key semantics, and the manual operations, each refused
+// exactly as the command line refuses it (both call package ops) and
+// recorded in the run's audit trail under the caller's token name.
+//
+// Import rule: httpapi imports ops, runner, jobs, steps and checkpoint
+// (it is handed a checkpoint.Backend); cmd imports it (`serve --listen`).
+//
+// Security: every request but login is authenticated by a bearer token
+// (Authorization: Bearer TOKEN) from a tokens file (see ParseTokens), or
+// by the cookie login sets for browsers; tokens compare in constant time.
+// A missing or wrong token is 401, a read token on a write 403; a server
+// without tokens serves reads only. Cookie-authenticated writes need the
+// X-CSRF-Token header login returned (an HMAC of the session, checked in
+// constant time) and must pass net/http's cross-origin protection
+// (Sec-Fetch-Site, else Origin against Host). Request bodies are limited
+// (413); an unexpected error is logged with a request id and answered
+// with that id only, never its text.
+//
+// The common case, beside /healthz and /metrics:
+//
+//	api, err := httpapi.New(httpapi.Config{Store: st, Jobs: registry, Starter: httpapi.NewLocal(r), Tokens: tokens})
+//	mux.Handle("/api/", api)
+package httpapi

@@ -1,0 +1,416 @@
+package httpapi
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/ops"
+	"github.com/stepwise-run/stepwise/runner"
+)
+
+// RunsView is one page of GET /api/v1/runs.
+type RunsView struct {
+	Runs []ops.RunView `json:"runs"`
+	// Next, when more runs may follow, is the cursor of the next page.
+	Next string `json:"next,omitempty"`
+}
+
+// RunLink is the API path of a run.
+func RunLink(runID string) string { return "/api/v1/runs/" + escapeID(runID) }
+
+// escapeID escapes each segment of an ID, keeping its slashes.
+func escapeID(id string) string {
+	segs := strings.Split(id, "/")
+	for i, s := range segs {
+		segs[i] = url.PathEscape(s)
+	}
+	return strings.Join(segs, "/")
+}
+
+func encodeCursor(c *checkpoint.RunCursor) string {
+	if c == nil {
+		return ""
+	}
+	return base64.RawURLEncoding.EncodeToString([]byte(c.CreatedAt.UTC().Format(time.RFC3339Nano) + " " + c.ID))
+}
+
+func decodeCursor(s string) (*checkpoint.RunCursor, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err == nil {
+		at, id, ok := strings.Cut(string(b), " ")
+		t, terr := time.Parse(time.RFC3339Nano, at)
+		if ok && terr == nil && id != "" {
+			return &checkpoint.RunCursor{CreatedAt: t, ID: id}, nil
+		}
+	}
+	return nil, badRequest("cursor", "cursor %q is not one this API returned as next", s)
+}
+
+func parseTime(field, s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return t, badRequest(field, "%s %q is not an RFC 3339 time such as 2026-11-28T00:00:00Z", field, s)
+	}
+	return t, nil
+}
+
+func parseLimit(q url.Values, def, max int) (int, error) {
+	s := q.Get("limit")
+	if s == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > max {
+		return 0, badRequest("limit", "limit %q: give a whole number from 1 to %d", s, max)
+	}
+	return n, nil
+}
+
+var runStatuses = []string{checkpoint.RunRunning, ops.StatusStale, checkpoint.RunSucceeded, checkpoint.RunFailed,
+	checkpoint.RunInterrupted, checkpoint.RunAbandoned}
+
+func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	rq := ops.RunsQuery{Job: q.Get("job"), Status: q.Get("status"), RunKeyPrefix: q.Get("key_prefix")}
+	var err error
+	if rq.Status != "" && !contains(runStatuses, rq.Status) {
+		s.fail(w, r, badRequest("status", "status %q: want one of %s", rq.Status, strings.Join(runStatuses, ", ")))
+		return
+	}
+	if rq.Since, err = parseTime("since", q.Get("since")); err == nil {
+		rq.Until, err = parseTime("until", q.Get("until"))
+	}
+	if err == nil {
+		rq.Limit, err = parseLimit(q, 100, 1000)
+	}
+	if err == nil && q.Get("cursor") != "" {
+		rq.After, err = decodeCursor(q.Get("cursor"))
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	page, err := ops.ListRuns(r.Context(), s.cfg.Store, rq, s.cfg.Now())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, RunsView{Runs: page.Runs, Next: encodeCursor(page.Next)})
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// runPath is a path below /api/v1/runs/: a run ID, then what of it.
+type runPath struct {
+	RunID string
+	Step  string // after /steps/
+	Verb  string // "" (the run), resume, rerun, abandon, recover; items, reset, resolve (of Step)
+}
+
+// parseRunPath splits the path after /api/v1/runs/. A run ID is JOB/KEY,
+// and a key of several parameters has several segments: the job's
+// identifying parameters say how many (one for a job not registered). A
+// run ID may also come as one segment with its slashes escaped (%2F).
+func (s *Server) parseRunPath(r *http.Request) (runPath, bool) {
+	esc := strings.TrimPrefix(r.URL.EscapedPath(), "/api/v1/runs/")
+	var segs []string
+	for _, e := range strings.Split(esc, "/") {
+		u, err := url.PathUnescape(e)
+		if err != nil || u == "" {
+			return runPath{}, false
+		}
+		segs = append(segs, u)
+	}
+	n := 2
+	if strings.Contains(segs[0], "/") {
+		n = 1
+	} else if j, err := s.cfg.Jobs.Lookup(segs[0]); err == nil {
+		n = 1
+		for _, p := range j.Params() {
+			if p.Key {
+				n++
+			}
+		}
+	}
+	if len(segs) < n {
+		return runPath{}, false
+	}
+	p := runPath{RunID: strings.Join(segs[:n], "/")}
+	rest := segs[n:]
+	switch {
+	case len(rest) == 0:
+	case len(rest) == 1:
+		p.Verb = rest[0]
+	case rest[0] == "steps" && len(rest) >= 3:
+		p.Step, p.Verb = strings.Join(rest[1:len(rest)-1], "/"), rest[len(rest)-1]
+	default:
+		return runPath{}, false
+	}
+	return p, true
+}
+
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+	s.fail(w, r, &apiError{Status: http.StatusNotFound, Code: "not_found", Message: "no such endpoint: " + r.Method + " " + r.URL.Path})
+}
+
+func (s *Server) runGet(w http.ResponseWriter, r *http.Request) {
+	p, ok := s.parseRunPath(r)
+	switch {
+	case !ok:
+		s.noRoute(w, r)
+	case p.Verb == "" && p.Step == "":
+		s.getRun(w, r, p.RunID)
+	case p.Verb == "items" && p.Step != "":
+		s.getItems(w, r, p)
+	default:
+		s.noRoute(w, r)
+	}
+}
+
+func (s *Server) getRun(w http.ResponseWriter, r *http.Request, runID string) {
+	q := r.URL.Query()
+	limit, err := parseLimit(q, 50, 10000)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	v, err := ops.Show(r.Context(), s.cfg.Store, runID, ops.ShowOptions{Effects: true, ChunkPlans: limit}, s.cfg.Now())
+	if errors.Is(err, checkpoint.ErrNotFound) {
+		err = notFound(runID)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+var itemStatuses = []string{checkpoint.StepRejected, checkpoint.ItemSkipped, checkpoint.StepCompleted, checkpoint.StepPlanned}
+
+func (s *Server) getItems(w http.ResponseWriter, r *http.Request, p runPath) {
+	q := r.URL.Query()
+	status := q.Get("status")
+	if !contains(itemStatuses, status) {
+		s.fail(w, r, badRequest("status", "status %q: want one of %s", status, strings.Join(itemStatuses, ", ")))
+		return
+	}
+	limit, err := parseLimit(q, 100, 1000)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ctx := r.Context()
+	steps, err := ops.RunSteps(ctx, s.cfg.Store, p.RunID)
+	if errors.Is(err, checkpoint.ErrNotFound) {
+		err = notFound(p.RunID)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	found := false
+	var ids []string
+	for _, st := range steps {
+		found = found || st.ID == p.Step
+		ids = append(ids, st.ID)
+	}
+	if !found {
+		s.fail(w, r, &ops.NoStepError{RunID: p.RunID, Step: p.Step, Steps: ids})
+		return
+	}
+	bs, err := ops.Batches(ctx, s.cfg.Store, p.RunID, steps, s.cfg.Now())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	page, err := ops.Items(ctx, s.cfg.Store, ops.ItemsQuery{RunID: p.RunID, Step: p.Step, Status: status, AfterKey: q.Get("cursor"), Limit: limit}, bs)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	v := ItemsView{Status: page.Status, Total: page.Total, Items: page.Items}
+	if page.Next != "" {
+		v.Next = page.Items[len(page.Items)-1].Key
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// ItemsView is one page of a batch step's items of one status.
+type ItemsView struct {
+	Status string           `json:"status"`
+	Total  int64            `json:"total"`
+	Items  []ops.ListedItem `json:"items"`
+	// Next, when more items follow, is the cursor of the next page (the
+	// last item's key).
+	Next string `json:"next,omitempty"`
+}
+
+// StartBody is the body of POST /api/v1/runs.
+type StartBody struct {
+	Job string `json:"job"`
+	// Params are the job's parameters: a string is taken as the CLI's -p
+	// NAME=VALUE is, any other JSON value as in a --params-file.
+	Params map[string]json.RawMessage `json:"params"`
+}
+
+// StartView is the answer of POST /api/v1/runs.
+type StartView struct {
+	ID      string `json:"id"`
+	Status  string `json:"status"`
+	Link    string `json:"link"`
+	Created bool   `json:"created"`
+	// Replayed is true when an Idempotency-Key already answered this
+	// request: the run is the one that request named.
+	Replayed bool `json:"replayed,omitempty"`
+}
+
+// IdempotencyHeader is the request header naming an idempotency key.
+const IdempotencyHeader = "Idempotency-Key"
+
+func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
+	var b StartBody
+	if err := s.decode(r, &b); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if b.Job == "" {
+		s.fail(w, r, badRequest("job", `the body needs "job": the name of a registered job`))
+		return
+	}
+	job, err := s.cfg.Jobs.Lookup(b.Job)
+	if err != nil {
+		var names []string
+		for _, j := range s.cfg.Jobs.Jobs() {
+			names = append(names, j.Name())
+		}
+		s.fail(w, r, &apiError{Status: http.StatusNotFound, Code: "not_found", Field: "job",
+			Message: fmt.Sprintf("no job %q: this server runs %s", b.Job, strings.Join(names, ", "))})
+		return
+	}
+	values, file, err := splitParams(b.Params)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	dec, err := job.Decode(values, file)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	runID := jobs.RunID(job.Name(), dec.RunKey)
+	key := r.Header.Get(IdempotencyHeader)
+	now := s.cfg.Now()
+	if key != "" {
+		if len(key) > 255 || strings.ContainsFunc(key, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
+			s.fail(w, r, badRequest(IdempotencyHeader, "%s must be 1 to 255 printable ASCII characters without spaces", IdempotencyHeader))
+			return
+		}
+		sum := sha256.Sum256([]byte(job.Name() + "\n" + dec.Hash))
+		rec, begun, err := s.cfg.Store.BeginIdempotency(r.Context(), checkpoint.IdempotencyKey{Key: key, RequestHash: hex.EncodeToString(sum[:]),
+			Job: job.Name(), Params: dec.JSON, RunID: runID, CreatedAt: now}, now.Add(-s.cfg.AcceptTimeout))
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if !begun {
+			s.replay(w, r, key, rec, hex.EncodeToString(sum[:]), job.Name(), dec.JSON)
+			return
+		}
+	}
+	started, err := s.cfg.Starter.Start(r.Context(), runner.Request{Job: job.Name(), Values: values, ParamsFile: file, CreateOnly: true})
+	var exists *checkpoint.RunExistsError
+	switch {
+	case errors.As(err, &exists):
+		started, err = Started{RunID: exists.Run.ID, Status: exists.Run.Status}, nil
+	case err != nil:
+		if key != "" {
+			if derr := s.cfg.Store.DropIdempotency(r.Context(), key); derr != nil {
+				s.cfg.Logger.Error().Err(derr).Str("request_id", RequestID(r)).Msg("could not drop an idempotency key")
+			}
+		}
+		s.fail(w, r, err)
+		return
+	}
+	if key != "" {
+		if err := s.cfg.Store.FinishIdempotency(r.Context(), key, s.cfg.Now()); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	code := http.StatusOK
+	if started.Created {
+		code = http.StatusCreated
+		w.Header().Set("Location", RunLink(started.RunID))
+		who, _ := Caller(r)
+		s.cfg.Logger.Info().Str("request_id", RequestID(r)).Str("token", who.Name).Str("run_id", started.RunID).Msg("api started a run")
+	}
+	writeJSON(w, code, StartView{ID: started.RunID, Status: started.Status, Link: RunLink(started.RunID), Created: started.Created})
+}
+
+// replay answers a request whose Idempotency-Key is recorded.
+func (s *Server) replay(w http.ResponseWriter, r *http.Request, key string, rec checkpoint.IdempotencyKey, hash, job string, params []byte) {
+	switch {
+	case rec.RequestHash != hash:
+		s.fail(w, r, &apiError{Status: http.StatusUnprocessableEntity, Code: "idempotency_conflict", Field: IdempotencyHeader,
+			Message: fmt.Sprintf("%s %q was first used at %s to start job %s with params %s (run %s); this request asks for job %s with params %s: "+
+				"an Idempotency-Key always means the same request, so use a new key for another one",
+				IdempotencyHeader, key, rec.CreatedAt.UTC().Format(time.RFC3339), rec.Job, rec.Params, rec.RunID, job, params)})
+	case rec.State == checkpoint.IdempotencyAccepting:
+		w.Header().Set("Retry-After", "1")
+		s.fail(w, r, &apiError{Status: http.StatusConflict, Code: "conflict", Field: IdempotencyHeader,
+			Message: fmt.Sprintf("the first request with %s %q (run %s) is still being accepted; retry in a moment", IdempotencyHeader, key, rec.RunID)})
+	default:
+		info, err := s.cfg.Store.Run(r.Context(), rec.RunID)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, StartView{ID: rec.RunID, Status: info.Run.Status, Link: RunLink(rec.RunID), Replayed: true})
+	}
+}
+
+// splitParams gives a start's parameters to the job as the command line
+// does: strings as -p NAME=VALUE, other JSON values as a params file.
+func splitParams(ps map[string]json.RawMessage) (map[string]string, []byte, error) {
+	values := map[string]string{}
+	rest := map[string]json.RawMessage{}
+	for name, raw := range ps {
+		t := bytes.TrimSpace(raw)
+		if len(t) > 0 && t[0] == '"' {
+			var s string
+			if err := json.Unmarshal(t, &s); err != nil {
+				return nil, nil, badRequest("params."+name, "params.%s is not a JSON string: %v", name, err)
+			}
+			values[name] = s
+			continue
+		}
+		rest[name] = raw
+	}
+	if len(rest) == 0 {
+		return values, nil, nil
+	}
+	file, err := json.Marshal(rest)
+	return values, file, err
+}

@@ -1,0 +1,144 @@
+package httpapi
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Role is what a token may do.
+type Role string
+
+// The roles of a tokens file.
+const (
+	// RoleRead reads: runs, steps, items, schedules.
+	RoleRead Role = "read"
+	// RoleOperate reads, starts runs and operates on them (resume, rerun,
+	// reset, abandon, recover, resolve).
+	RoleOperate Role = "operate"
+)
+
+// allows reports whether r may do what need asks.
+func (r Role) allows(need Role) bool { return r == RoleOperate || r == need }
+
+// Identity is who a request comes from: the name and role of its token.
+type Identity struct {
+	Name string `json:"name"`
+	Role Role   `json:"role"`
+}
+
+// Token is one line of a tokens file.
+type Token struct {
+	Name  string
+	Role  Role
+	Value string
+}
+
+// Tokens are the bearer tokens a server accepts. The zero value accepts
+// none.
+type Tokens struct {
+	tokens []Token
+}
+
+// ErrBadTokens is wrapped by every error of ParseTokens and ReadTokens.
+var ErrBadTokens = errors.New("httpapi: bad tokens file")
+
+// MinTokenLength is the shortest token accepted, in bytes: a token is a
+// password, so it must not be guessable (e.g. 32 random hex digits: `openssl
+// rand -hex 16`).
+const MinTokenLength = 16
+
+// ReadTokens reads a tokens file (see ParseTokens).
+func ReadTokens(path string) (*Tokens, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadTokens, err)
+	}
+	t, err := ParseTokens(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return t, nil
+}
+
+// ParseTokens parses a tokens file: one NAME:ROLE:TOKEN a line, ROLE read
+// or operate, TOKEN at least MinTokenLength bytes; blank lines and lines
+// starting with # are skipped. Names and tokens are unique. An error
+// names the line and what is wrong with it (never the token).
+func ParseTokens(b []byte) (*Tokens, error) {
+	t := &Tokens{}
+	names := map[string]int{}
+	values := map[[32]byte]int{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, rest, ok1 := strings.Cut(line, ":")
+		role, value, ok2 := strings.Cut(rest, ":")
+		name, role, value = strings.TrimSpace(name), strings.TrimSpace(role), strings.TrimSpace(value)
+		bad := func(format string, args ...any) error {
+			return fmt.Errorf("%w: line %d: %s", ErrBadTokens, n, fmt.Sprintf(format, args...))
+		}
+		switch {
+		case !ok1 || !ok2:
+			return nil, bad("want NAME:ROLE:TOKEN (ROLE read or operate)")
+		case name == "" || strings.ContainsAny(name, " \t"):
+			return nil, bad("the name is empty or holds a space; want NAME:ROLE:TOKEN")
+		case Role(role) != RoleRead && Role(role) != RoleOperate:
+			return nil, bad("role %q of %s is neither read nor operate", role, name)
+		case len(value) < MinTokenLength:
+			return nil, bad("the token of %s is %d bytes; use at least %d random ones (e.g. `openssl rand -hex 16`)", name, len(value), MinTokenLength)
+		}
+		if first, dup := names[name]; dup {
+			return nil, bad("name %s is already used on line %d", name, first)
+		}
+		sum := sha256.Sum256([]byte(value))
+		if first, dup := values[sum]; dup {
+			return nil, bad("the token of %s is the token of line %d; give each its own", name, first)
+		}
+		names[name], values[sum] = n, n
+		t.tokens = append(t.tokens, Token{Name: name, Role: Role(role), Value: value})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadTokens, err)
+	}
+	if len(t.tokens) == 0 {
+		return nil, fmt.Errorf("%w: no token in it; add a line NAME:ROLE:TOKEN", ErrBadTokens)
+	}
+	return t, nil
+}
+
+// Len is how many tokens t holds.
+func (t *Tokens) Len() int {
+	if t == nil {
+		return 0
+	}
+	return len(t.tokens)
+}
+
+// Lookup returns the identity of a presented token. Every token is
+// compared, each in constant time, so the time taken says nothing about
+// which token, or how much of one, matched.
+func (t *Tokens) Lookup(presented string) (Identity, bool) {
+	if t == nil {
+		return Identity{}, false
+	}
+	// Hashes compare in constant time whatever the lengths.
+	p := sha256.Sum256([]byte(presented))
+	var found Identity
+	ok := 0
+	for _, tok := range t.tokens {
+		v := sha256.Sum256([]byte(tok.Value))
+		if subtle.ConstantTimeCompare(p[:], v[:]) == 1 {
+			found, ok = Identity{Name: tok.Name, Role: tok.Role}, 1
+		}
+	}
+	return found, ok == 1
+}
