@@ -28,12 +28,13 @@ type Inspector interface {
 }
 
 // Backend is everything one store offers the command line: the Store
-// contract, the operator and inspection methods, the outbox and the
-// schedules. Each backend asserts it: var _ checkpoint.Backend = (*Store)(nil).
+// contract, the operator and inspection methods, the outbox, the
+// schedules and the run queue. Each backend asserts it: var _ checkpoint.Backend = (*Store)(nil).
 type Backend interface {
 	Store
 	Operator
 	Inspector
 	OutboxStore
 	ScheduleStore
+	QueueStore
 }
