@@ -42,7 +42,9 @@ type Config struct {
 	// Defaults to 30s.
 	Lease time.Duration
 	// Wait makes a claim of a run held by another runner wait for it
-	// instead of failing with *checkpoint.LeaseHeldError, and every write
+	// instead of failing with *checkpoint.LeaseHeldError (and one over its
+	// job's concurrency limit wait for room instead of failing with
+	// *checkpoint.LimitReachedError), and every write
 	// of the run (its claim, its steps' checkpoints, its end) that finds
 	// the database locked by another process wait for the lock, retrying
 	// every WaitPoll until the run's context ends, instead of failing
@@ -234,15 +236,50 @@ func (r *Runner) Resume(ctx context.Context, runID string, req Request) (Result,
 
 func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, req Request) (Result, error) {
 	runID := jobs.RunID(job.Name(), dec.RunKey)
-	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Logger()
-	log := jobLog.With().Str(steps.FieldRunID, runID).Logger()
+	log := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Str(steps.FieldRunID, runID).Logger()
 	claim, claimedAt, err := r.claim(ctx, checkpoint.ClaimRequest{
 		RunID: runID, Job: job.Name(), RunKey: dec.RunKey, Params: dec.JSON, ParamsHash: dec.Hash,
-		Owner: r.cfg.Owner, LeaseFor: r.cfg.Lease, Force: req.Force, OwnerGone: OwnerGone,
+		Owner: r.cfg.Owner, LeaseFor: r.cfg.Lease, Force: req.Force, OwnerGone: OwnerGone, Limit: dec.Limit,
 	}, log)
 	if err != nil {
 		return Result{RunID: runID}, err
 	}
+	return r.attempt(ctx, job, dec, claim, claimedAt, req)
+}
+
+// Drive runs an attempt already claimed (by checkpoint.QueueStore's
+// ClaimNext, say): it looks the run's job up, decodes its stored
+// parameters, heartbeats the lease and records the attempt's end, as Run
+// does after its own claim. claimedAt is a time read just before the
+// claim was sent, on the runner's Clock: the lease lasts at least until
+// then plus Config.Lease, the lease the claim must have asked for. A panic
+// in job code fails this attempt only (*PanicError). A run whose job or
+// parameters no longer decode is recorded failed.
+func (r *Runner) Drive(ctx context.Context, claim checkpoint.Claim, claimedAt time.Time) (Result, error) {
+	run := claim.Run
+	job, err := r.cfg.Jobs.Lookup(run.Job)
+	if err == nil {
+		var dec jobs.Decoded
+		if dec, err = job.Decode(nil, run.Params); err == nil {
+			return r.attempt(ctx, job, dec, claim, claimedAt, Request{Job: run.Job})
+		}
+		err = fmt.Errorf("stored parameters no longer decode: %w", err)
+	}
+	err = fmt.Errorf("run %s: %w", claim.Lease.RunID, err)
+	end := checkpoint.Ending{Status: checkpoint.RunFailed, Error: err.Error(), At: r.cfg.Clock.Now()}
+	res := Result{RunID: claim.Lease.RunID, Attempt: claim.Lease.Attempt, Status: checkpoint.RunFailed}
+	if ferr := r.cfg.Store.Finish(context.WithoutCancel(ctx), claim.Lease, end); ferr != nil {
+		res.Status = checkpoint.RunRunning
+		return res, fmt.Errorf("%w; and its end could not be recorded: %w", err, ferr)
+	}
+	return res, err
+}
+
+// attempt drives a claimed attempt of job's run to its recorded end.
+func (r *Runner) attempt(ctx context.Context, job jobs.Job, dec jobs.Decoded, claim checkpoint.Claim, claimedAt time.Time, req Request) (Result, error) {
+	runID := claim.Lease.RunID
+	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Logger()
+	log := jobLog.With().Str(steps.FieldRunID, runID).Logger()
 	lease := claim.Lease
 	log = log.With().Int(steps.FieldAttempt, lease.Attempt).Logger()
 	res := Result{RunID: runID, Attempt: lease.Attempt, TookOverFrom: claim.TookOverFrom}
@@ -432,7 +469,10 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 		if err != nil && ctx.Err() != nil {
 			return c, req.Now, fmt.Errorf("%w while claiming %s: %w", ErrInterrupted, req.RunID, context.Cause(ctx))
 		}
-		var held *checkpoint.LeaseHeldError
+		var (
+			held    *checkpoint.LeaseHeldError
+			reached *checkpoint.LimitReachedError
+		)
 		wait := r.cfg.WaitPoll
 		switch {
 		case !r.cfg.Wait:
@@ -440,6 +480,9 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 		case errors.As(err, &held):
 			wait = min(wait, max(held.Until.Sub(req.Now), time.Millisecond))
 			log.Info().Str("owner", held.Owner).Time("until", held.Until).Msg("run held by another runner; waiting")
+		case errors.As(err, &reached):
+			log.Info().Str("limit", reached.Limit.Key).Int("max", reached.Limit.Max).Strs("holders", reached.Holders).
+				Msg("concurrency limit reached; waiting for a run holding it to end")
 		case errors.Is(err, checkpoint.ErrLocked):
 			// Another process holds the database's write lock beyond the
 			// busy timeout (a paused runner, a long transaction): the
