@@ -64,7 +64,7 @@ func (c *JobsCmd) Run(env *Env) error {
 // RunsCmd lists runs.
 type RunsCmd struct {
 	Job    string `help:"Only runs of this job."`
-	Status string `enum:",running,succeeded,failed,interrupted,abandoned" default:"" help:"Only runs with this status; every status if empty."`
+	Status string `enum:",queued,running,succeeded,failed,interrupted,abandoned" default:"" help:"Only runs with this status (queued: waiting for a worker); every status if empty."`
 	Limit  int    `default:"100" nonzero:"" help:"At most this many runs (at least 1)."`
 	JSON   bool   `name:"json" help:"Print JSON instead of a table."`
 }
@@ -84,6 +84,13 @@ type runView struct {
 	CreatedAt  time.Time       `json:"created_at"`
 	UpdatedAt  time.Time       `json:"updated_at"`
 	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+	// Queue, Priority and AvailableAt are set for a run enqueued for
+	// workers; Limit and LimitMax for a run under a concurrency limit.
+	Queue       string     `json:"queue,omitempty"`
+	Priority    int        `json:"priority,omitempty"`
+	AvailableAt *time.Time `json:"available_at,omitempty"`
+	Limit       string     `json:"limit,omitempty"`
+	LimitMax    int        `json:"limit_max,omitempty"`
 }
 
 func viewRun(r checkpoint.Run, now time.Time) runView {
@@ -91,6 +98,7 @@ func viewRun(r checkpoint.Run, now time.Time) runView {
 		ID: r.ID, Job: r.Job, RunKey: r.RunKey, Status: r.Status, Stale: stale(r, now), Params: r.Params,
 		Fence: r.Fence, LeaseOwner: r.LeaseOwner, LeaseUntil: optTime(r.LeaseUntil), Error: r.Error,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, FinishedAt: optTime(r.FinishedAt),
+		Queue: r.Queue, Priority: r.Priority, AvailableAt: optTime(r.AvailableAt), Limit: r.Limit.Key, LimitMax: r.Limit.Max,
 	}
 }
 
@@ -115,6 +123,12 @@ func statusText(r checkpoint.Run, now time.Time) string {
 		return fmt.Sprintf("stale (runner %s silent since %s)", checkpoint.OwnerName(r.LeaseOwner), ago(r.LeaseUntil, now))
 	case stale(r, now):
 		return fmt.Sprintf("stale (runner %s is gone: its process exited)", checkpoint.OwnerName(r.LeaseOwner))
+	case r.Status == checkpoint.RunQueued:
+		text := fmt.Sprintf("queued (%s, priority %d", r.Queue, r.Priority)
+		if r.AvailableAt.After(now) {
+			text += ", not before " + r.AvailableAt.Format(time.RFC3339)
+		}
+		return text + ")"
 	}
 	return r.Status
 }

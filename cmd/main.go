@@ -246,6 +246,9 @@ type Env struct {
 	Now    func() time.Time
 	store  checkpoint.Backend
 	parser *kong.Kong
+	// maxConns, if set, is the PostgreSQL store's pool size (a worker
+	// driving many runs at once needs more than the default).
+	maxConns int32
 }
 
 func (e *Env) now() time.Time {

@@ -52,6 +52,10 @@ type Config struct {
 	// (with the write's error), and the next run or resume goes on from
 	// the checkpoints.
 	Wait bool
+	// WaitForLimit makes a claim over its job's concurrency limit wait for
+	// room, retrying every WaitPoll until the run's context ends, instead
+	// of failing with *checkpoint.LimitReachedError (Wait implies it).
+	WaitForLimit bool
 	// WaitPoll is how often a waiting claim retries. Defaults to 500ms.
 	WaitPoll time.Duration
 	// OnProgress, if set, receives batch steps' progress after each chunk
@@ -475,14 +479,14 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 		)
 		wait := r.cfg.WaitPoll
 		switch {
+		case errors.As(err, &reached) && (r.cfg.Wait || r.cfg.WaitForLimit):
+			log.Info().Str("limit", reached.Limit.Key).Int("max", reached.Limit.Max).Strs("holders", reached.Holders).
+				Msg("concurrency limit reached; waiting for a run holding it to end")
 		case !r.cfg.Wait:
 			return c, req.Now, err
 		case errors.As(err, &held):
 			wait = min(wait, max(held.Until.Sub(req.Now), time.Millisecond))
 			log.Info().Str("owner", held.Owner).Time("until", held.Until).Msg("run held by another runner; waiting")
-		case errors.As(err, &reached):
-			log.Info().Str("limit", reached.Limit.Key).Int("max", reached.Limit.Max).Strs("holders", reached.Holders).
-				Msg("concurrency limit reached; waiting for a run holding it to end")
 		case errors.Is(err, checkpoint.ErrLocked):
 			// Another process holds the database's write lock beyond the
 			// busy timeout (a paused runner, a long transaction): the
