@@ -80,7 +80,7 @@ func (c *EnqueueCmd) Run(env *Env) error {
 
 // WorkerCmd claims queued runs and drives them until SIGTERM or SIGINT.
 type WorkerCmd struct {
-	Queues      []string      `sep:"," placeholder:"QUEUE,..." help:"Queues to take runs from, comma-separated; all queues when omitted."`
+	Queues      []string      `sep:"," placeholder:"QUEUE" help:"Queues to take runs from, comma-separated; all queues when omitted."`
 	Concurrency int           `default:"1" nonzero:"" help:"Runs driven at once by this worker (at least 1); a panic in one run's job code fails that run's attempt only."`
 	Lease       time.Duration `default:"30s" nonzero:"" help:"Lease length of the runs claimed; the worker heartbeats every third of it. A run whose worker died is taken by another worker once its lease expires."`
 	Poll        time.Duration `default:"1s" nonzero:"" help:"How often an idle worker looks for due runs, jittered by a fifth: the only wake-up on SQLite; on PostgreSQL the fallback to LISTEN/NOTIFY, which wakes workers at each enqueue."`

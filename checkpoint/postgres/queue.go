@@ -31,9 +31,9 @@ SELECT ` + runCols + `, (SELECT count(*) FROM (SELECT pg_notify('` + queueChanne
 	// sqlClaimNext picks the first due run of the queues $2 and jobs $3
 	// (empty arrays match all) whose limit is not full, skipping rows
 	// other claims hold, and takes it in the same statement, unless it
-	// has a limit: then it is only locked, for claimNext to count the
-	// limit's holders under the limit's lock. Limits in $6 were found
-	// full by this call already.
+	// has a limit: then it only returns it, for claimNext to lock it again
+	// and count the limit's holders under the limit's lock. Limits in $6
+	// were found full by this call already.
 	sqlClaimNext = `WITH c AS (
     SELECT ` + runCols + ` FROM runs
     WHERE queue IS NOT NULL AND status IN ('queued', 'interrupted', 'running')
@@ -65,6 +65,11 @@ SELECT ` + runCols + `, (SELECT count(*) FROM (SELECT pg_notify('` + queueChanne
 )
 SELECT ` + runCols + `, r.new_fence, r.new_until, r.new_updated, a.number FROM c LEFT JOIN r ON true LEFT JOIN a ON true`
 
+	// sqlRelockDue locks run $1 again for a claim if it is as sqlClaimNext
+	// found it (fence $2, status $3) and still due.
+	sqlRelockDue = `SELECT id FROM runs
+WHERE id = $1 AND fence = $2 AND status = $3 AND (status <> 'running' OR lease_until <= coalesce($4::timestamptz, now()))
+FOR UPDATE SKIP LOCKED`
 	// sqlLimitLock serialises the claims of one limit's runs, on every
 	// host, until the transaction ends.
 	sqlLimitLock = `SELECT pg_advisory_xact_lock(hashtextextended('stepwise limit ' || coalesce(current_schema(), '') || ' ' || $1::text, 0))`
@@ -120,46 +125,45 @@ func (s *Store) ClaimNext(ctx context.Context, req checkpoint.ClaimNextRequest) 
 	defer conn.Release()
 	full := []string{}
 	for range maxFullLimits {
-		c, ok, fullKey, err := s.claimNext(ctx, conn.Conn(), req, full)
+		// A try ends with a claim, nothing due, or a run with a limit that
+		// was full (its key is passed over next) or taken meanwhile.
+		c, ok, fullKey, retry, err := s.claimNext(ctx, conn.Conn(), req, full)
 		if err != nil {
 			rollback(ctx, conn.Conn())
 			return checkpoint.Claim{}, false, s.wrap("claim the next queued run", err)
 		}
-		if fullKey == "" {
-			return c, ok, nil
+		switch {
+		case ok:
+			return c, true, nil
+		case fullKey != "":
+			full = append(full, fullKey)
+		case !retry:
+			return c, false, nil
 		}
-		full = append(full, fullKey)
 	}
 	return checkpoint.Claim{}, false, nil
 }
 
 // claimNext makes one try of ClaimNext. fullKey is the limit of the run
-// it picked when that limit was full (the transaction is rolled back).
-func (s *Store) claimNext(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimNextRequest, full []string) (c checkpoint.Claim, ok bool, fullKey string, err error) {
+// it picked when that limit was full; retry is set when the run it picked
+// was taken by another claim meanwhile.
+func (s *Store) claimNext(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimNextRequest, full []string) (c checkpoint.Claim, ok bool, fullKey string, retry bool, err error) {
 	now := s.clock(req.Now)
 	lease := req.LeaseFor.Microseconds()
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(sqlClaimNext, now, nonNil(req.Queues), nonNil(req.Jobs), req.Owner, lease, full, checkpoint.OwnerName(req.Owner))
-	br := conn.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		br.Close()
-		return c, false, "", err
-	}
 	var (
 		newFence         pgtype.Int8
 		newUntil, newUpd pgtype.Timestamptz
 		number           pgtype.Int4
 	)
-	run, err := scanRun(br.QueryRow(), &newFence, &newUntil, &newUpd, &number)
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	// One statement in its own transaction: a run without a limit is
+	// taken and committed in one round trip.
+	run, err := scanRun(conn.QueryRow(ctx, sqlClaimNext, now, nonNil(req.Queues), nonNil(req.Jobs), req.Owner, lease, full,
+		checkpoint.OwnerName(req.Owner)), &newFence, &newUntil, &newUpd, &number)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return c, false, "", commit(ctx, conn)
+		return c, false, "", false, nil
 	}
 	if err != nil {
-		return c, false, "", err
+		return c, false, "", false, err
 	}
 	var take checkpoint.Takeover
 	if run.Status == checkpoint.RunRunning {
@@ -167,31 +171,48 @@ func (s *Store) claimNext(ctx context.Context, conn *pgx.Conn, req checkpoint.Cl
 	}
 	previous := run.Status
 	if number.Valid { // taken by the statement
-		if err := commit(ctx, conn); err != nil {
-			return c, false, "", err
-		}
 		run.Status, run.Fence, run.LeaseOwner, run.LeaseUntil = checkpoint.RunRunning, newFence.Int64, req.Owner, tm(newUntil)
 		run.Error, run.UpdatedAt, run.FinishedAt = "", tm(newUpd), time.Time{}
-		return s.nextClaim(run, int(number.Int32), req.Owner, previous, take), true, "", nil
+		return s.nextClaim(run, int(number.Int32), req.Owner, previous, take), true, "", false, nil
 	}
-	// A run with a limit, locked: count the limit's holders under its lock.
+	// A run with a limit: lock it again, unchanged and still due, then
+	// count the limit's holders under the limit's lock.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(sqlRelockDue, run.ID, run.Fence, run.Status, now)
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	var still string
+	if err == nil {
+		err = br.QueryRow().Scan(&still)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if errors.Is(err, pgx.ErrNoRows) { // claimed or changed meanwhile: try again
+		rollback(ctx, conn)
+		return c, false, "", true, nil
+	}
+	if err != nil {
+		return c, false, "", false, err
+	}
 	holders, err := s.limitHolders(ctx, conn, run.ID, run.Limit, now)
 	if err != nil {
-		return c, false, "", err
+		return c, false, "", false, err
 	}
 	if len(holders) >= run.Limit.Max {
 		rollback(ctx, conn)
-		return c, false, run.Limit.Key, nil
+		return c, false, run.Limit.Key, false, nil
 	}
 	taken, err := scanRun(conn.QueryRow(ctx, sqlTakeRun, run.ID, req.Owner, now, lease, run.Fence,
 		checkpoint.OwnerName(req.Owner), "", 0), &number)
 	if err != nil {
-		return c, false, "", err
+		return c, false, "", false, err
 	}
 	if err := commit(ctx, conn); err != nil {
-		return c, false, "", err
+		return c, false, "", false, err
 	}
-	return s.nextClaim(taken, int(number.Int32), req.Owner, previous, take), true, "", nil
+	return s.nextClaim(taken, int(number.Int32), req.Owner, previous, take), true, "", false, nil
 }
 
 // nextClaim is the Claim ClaimNext returns for a run it took.
