@@ -765,6 +765,25 @@ type claimCounter struct {
 	m *Metrics
 }
 
+// Enqueue passes an enqueue on to the wrapped store's run queue
+// (SchedulerConfig.Enqueue): the wrapper must not hide it.
+func (c *claimCounter) Enqueue(ctx context.Context, req checkpoint.EnqueueRequest) (checkpoint.EnqueueResult, error) {
+	q, ok := c.Store.(checkpoint.QueueStore)
+	if !ok {
+		return checkpoint.EnqueueResult{}, fmt.Errorf("runner: the store %T has no run queue", c.Store)
+	}
+	return q.Enqueue(ctx, req)
+}
+
+// ClaimNext passes a claim on to the wrapped store's run queue.
+func (c *claimCounter) ClaimNext(ctx context.Context, req checkpoint.ClaimNextRequest) (checkpoint.Claim, bool, error) {
+	q, ok := c.Store.(checkpoint.QueueStore)
+	if !ok {
+		return checkpoint.Claim{}, false, fmt.Errorf("runner: the store %T has no run queue", c.Store)
+	}
+	return q.ClaimNext(ctx, req)
+}
+
 func (c *claimCounter) Claim(ctx context.Context, req checkpoint.ClaimRequest) (checkpoint.Claim, error) {
 	cl, err := c.Store.Claim(ctx, req)
 	if err == nil {

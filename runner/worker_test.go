@@ -3,9 +3,11 @@ package runner_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
@@ -212,4 +214,48 @@ func TestWorkerShutdownInterruptsAfterGrace(t *testing.T) {
 			t.Errorf("%s: load ran %d times; want 1 (checkpointed before the interruption)", d, n)
 		}
 	}
+}
+
+// A scheduler with Enqueue queues each fire's run for the workers instead
+// of running it: the fire is settled once queued, the job does not run in
+// the scheduler, and a worker then drives the queued runs.
+func TestSchedulerEnqueuesFires(t *testing.T) {
+	var st checkpoint.Backend
+	k := newTicks(0)
+	synctest.Test(t, func(t *testing.T) {
+		st = openStore(t)
+		r := startScheduler(t, k, st, "a:1", []runner.Schedule{hourly(nil)}, func(c *runner.SchedulerConfig) { c.Enqueue = true })
+		sleep(2*time.Hour + time.Minute)
+		r.stop(t)
+		if got := k.ran(); len(got) != 0 {
+			t.Errorf("the scheduler ran %v itself; want every fire enqueued", got)
+		}
+		for _, key := range hours(1, 2) {
+			if info := runOf(t, st, key); info.Run.Status != checkpoint.RunQueued || info.Run.Queue != checkpoint.DefaultQueue {
+				t.Errorf("run %s: %s in queue %q; want queued in %q", key, info.Run.Status, info.Run.Queue, checkpoint.DefaultQueue)
+			}
+		}
+		if got := settled(t, st, "hourly"); !got.Equal(epoch.Add(2 * time.Hour)) {
+			t.Errorf("settle mark = %s; want 02:00 (fires settled once enqueued)", got)
+		}
+		// The store without its QueueWaker: a LISTEN connection's read
+		// would never let the bubble's fake time pass. The worker polls.
+		polled := struct{ checkpoint.Backend }{st}
+		w, err := runner.NewWorker(runner.WorkerConfig{Runner: runner.Config{Store: polled, Jobs: k.reg, Owner: "w:1", Lease: 15 * time.Minute},
+			Poll: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		sleep(10 * time.Second)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if got, want := k.ran(), hours(1, 2); !slices.Equal(got, want) {
+			t.Errorf("the worker ran %v; want %v", got, want)
+		}
+	})
 }
