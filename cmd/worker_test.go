@@ -1,10 +1,13 @@
 package cmd
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,16 +15,31 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/steps"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
 
-// limitedJob is crashy with a concurrency limit of 2 runs at once.
-var limitedJob = jobs.Define("limited", runCrashy, jobs.Help("test job: crashy, at most two runs at once"), jobs.Limit(2))
+// limitedJob is crashy with a concurrency limit of 2 runs at once. Each
+// execution of its job function appends "start NANOS" and "end NANOS"
+// (the wall clock of this host) to the file SIDE.times, around all of
+// its steps.
+var limitedJob = jobs.Define("limited", func(ctx context.Context, run *steps.Run, p crashyParams) error {
+	if err := appendLine(p.Side+".times", fmt.Sprintf("start %d", time.Now().UnixNano())); err != nil {
+		return err
+	}
+	err := runCrashy(ctx, run, p)
+	if werr := appendLine(p.Side+".times", fmt.Sprintf("end %d", time.Now().UnixNano())); err == nil {
+		err = werr
+	}
+	return err
+}, jobs.Help("test job: crashy, at most two runs at once"), jobs.Limit(2))
 
-// workerArgs are the arguments of a test worker on db: short polls and
-// leases, so a dead worker's run is taken over within a second or two.
-func workerArgs(db string, extra ...string) []string {
-	return append([]string{"--db", db, "worker", "--poll", "50ms", "--lease", "1s", "--grace", "5s"}, extra...)
+// workerArgs are the arguments of a test worker on db: short polls, and
+// a lease of lease (the takeover tests' are short, so a dead worker's run
+// is taken over within a second or two; the others' leave renewals time
+// under -race on a loaded machine, where a missed renewal self-fences).
+func workerArgs(db, lease string, extra ...string) []string {
+	return append([]string{"--db", db, "worker", "--poll", "50ms", "--lease", lease, "--grace", "5s"}, extra...)
 }
 
 // enqueueCrashy enqueues one crashy (or other job's) run per key, each
@@ -95,7 +113,7 @@ func TestWorkerPool(t *testing.T) {
 	sides := enqueueCrashy(t, db, dir, "crashy", keys, "steps=2", "pace=20ms")
 	var ws []*crashtest.Child
 	for range 3 {
-		ws = append(ws, startChild(t, nil, nil, workerArgs(db, "--concurrency", "2")...))
+		ws = append(ws, startChild(t, nil, nil, workerArgs(db, "10s", "--concurrency", "2")...))
 	}
 	st := openStore(t, db)
 	waitStatus(t, st, "crashy", keys, checkpoint.RunSucceeded)
@@ -128,7 +146,7 @@ func TestWorkerTakesOverAfterLease(t *testing.T) {
 			dir := t.TempDir()
 			release := filepath.Join(dir, "release")
 			sides := enqueueCrashy(t, db, dir, "crashy", []string{"x"}, "steps=3", "block="+release, "block-at=2")
-			a := startChild(t, nil, nil, workerArgs(db)...)
+			a := startChild(t, nil, nil, workerArgs(db, "2s")...)
 			a.WaitFor("A started step/2", func() bool { return readSide(t, sides["x"]).ran["step/2"] == 1 })
 			if how == "killed" {
 				a.Kill()
@@ -136,7 +154,7 @@ func TestWorkerTakesOverAfterLease(t *testing.T) {
 			} else if err := a.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
-			b := startChild(t, nil, nil, workerArgs(db)...)
+			b := startChild(t, nil, nil, workerArgs(db, "2s")...)
 			b.WaitFor("B took the run over and started step/2", func() bool { return readSide(t, sides["x"]).ran["step/2"] == 2 })
 			touch(t, release)
 			st := openStore(t, db)
@@ -185,7 +203,7 @@ func TestWorkerSIGTERMReleases(t *testing.T) {
 		t.Fatalf("after SIGTERM: %s, leased to %q until %s; want interrupted, no lease", s.info.Run.Status, s.info.Run.LeaseOwner, s.info.Run.LeaseUntil)
 	}
 	touch(t, release)
-	next := startChild(t, nil, nil, workerArgs(db)...)
+	next := startChild(t, nil, nil, workerArgs(db, "10s")...)
 	st := openStore(t, db)
 	waitStatus(t, st, "crashy", []string{"x"}, checkpoint.RunSucceeded)
 	stopWorkers(t, next)
@@ -194,7 +212,7 @@ func TestWorkerSIGTERMReleases(t *testing.T) {
 // A job's concurrency limit holds across processes and paths: three
 // workers driving three runs at a time each, and runs started directly
 // with run --wait, never have more than two runs of the limited job going
-// at once, as the attempts' recorded start and end times show; a run
+// at once, as the job code's recorded start and end times show; a run
 // started without --wait while the limit is full exits 4 naming it.
 func TestWorkerLimitAcrossProcesses(t *testing.T) {
 	db := testDB(t)
@@ -205,7 +223,7 @@ func TestWorkerLimitAcrossProcesses(t *testing.T) {
 	held := enqueueCrashy(t, db, dir, "limited", []string{"h1", "h2"}, "steps=1", "block="+hold, "block-at=1")
 	var ws []*crashtest.Child
 	for range 3 {
-		ws = append(ws, startChild(t, nil, nil, workerArgs(db, "--concurrency", "3")...))
+		ws = append(ws, startChild(t, nil, nil, workerArgs(db, "10s", "--concurrency", "3")...))
 	}
 	ws[0].WaitFor("both holders started", func() bool {
 		return readSide(t, held["h1"]).ran["step/1"] == 1 && readSide(t, held["h2"]).ran["step/1"] == 1
@@ -236,19 +254,41 @@ func TestWorkerLimitAcrossProcesses(t *testing.T) {
 	keys = append(keys, "h1", "h2")
 	waitStatus(t, st, "limited", keys, checkpoint.RunSucceeded)
 	stopWorkers(t, ws...)
+	// The job code's own start and end times, on this host's clock: the
+	// attempts' recorded start is read before the claim waits for the
+	// database's lock (SQLite's writer, the limit's advisory lock), so
+	// under load it can precede the moment the run really started.
 	type event struct {
-		at    time.Time
+		at    int64
 		delta int
 	}
 	var events []event
 	for _, k := range keys {
-		for _, a := range readRunIn(t, st, jobs.RunID("limited", k)).info.Attempts {
-			events = append(events, event{a.StartedAt, 1}, event{a.FinishedAt, -1})
+		info := readRunIn(t, st, jobs.RunID("limited", k)).info
+		b, err := os.ReadFile(filepath.Join(dir, k+".log.times"))
+		if err != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+		starts := 0
+		for line := range strings.Lines(string(b)) {
+			kind, nanos, _ := strings.Cut(strings.TrimSpace(line), " ")
+			n, err := strconv.ParseInt(nanos, 10, 64)
+			if err != nil {
+				t.Fatalf("%s: bad line %q", k, line)
+			}
+			delta := -1
+			if kind == "start" {
+				delta, starts = 1, starts+1
+			}
+			events = append(events, event{n, delta})
+		}
+		if starts != len(info.Attempts) {
+			t.Errorf("%s: the job function ran %d times in %d attempts", k, starts, len(info.Attempts))
 		}
 	}
 	slices.SortFunc(events, func(a, b event) int {
-		if c := a.at.Compare(b.at); c != 0 {
-			return c
+		if a.at != b.at {
+			return cmp.Compare(a.at, b.at)
 		}
 		return a.delta - b.delta // an end at the same instant as a start comes first
 	})
