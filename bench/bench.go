@@ -10,6 +10,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -45,10 +46,14 @@ const (
 	// against a raw chunked settlement, then reruns of the finished run
 	// against a raw load of its item keys.
 	WorkloadChunked = "chunked"
+	// WorkloadClaims is ClaimNext + Finish of trivial queued runs with 1,
+	// 4 and 16 claimers, against a raw FOR UPDATE SKIP LOCKED claim and
+	// finish of a minimal queue table.
+	WorkloadClaims = "claims"
 )
 
 // AllWorkloads are every workload, in the order they run and report.
-var AllWorkloads = []string{WorkloadSteps, WorkloadEffects, WorkloadChunked}
+var AllWorkloads = []string{WorkloadSteps, WorkloadEffects, WorkloadChunked, WorkloadClaims}
 
 // Config says what Run measures, where.
 type Config struct {
@@ -66,6 +71,9 @@ type Config struct {
 	Items int
 	// Steps is the number of steps in each per-step workload.
 	Steps int
+	// Claims is the number of runs each claimer count of the claims
+	// workload claims on each side; 0 means 2000.
+	Claims int
 	// Accounts is the number of accounts in the benchmark ledger.
 	Accounts int
 	// Workloads selects workloads by name (WorkloadSteps, ...); empty
@@ -80,12 +88,12 @@ var ErrBadConfig = errors.New("bench: bad configuration")
 
 // Goals, as the anchors state them, per backend.
 type goals struct {
-	perStep, effect, chunked, rerun float64
+	perStep, effect, chunked, rerun, claims float64
 }
 
 var (
-	sqliteGoals   = goals{perStep: 0.9, effect: 0.9, chunked: 0.6, rerun: 1.5}
-	postgresGoals = goals{perStep: 0.8, effect: 0.7, chunked: 0.6, rerun: 1.5}
+	sqliteGoals   = goals{perStep: 0.9, effect: 0.9, chunked: 0.6, rerun: 1.5, claims: 0.5}
+	postgresGoals = goals{perStep: 0.8, effect: 0.7, chunked: 0.6, rerun: 1.5, claims: 0.5}
 )
 
 // The memory goal: peak Go heap of a settlement of GoalMemoryAt items.
@@ -168,7 +176,7 @@ func (r Report) Result(prefix string) (Result, bool) {
 // before it returns, whatever happened. An interruption (ctx cancelled)
 // returns an error wrapping runner.ErrInterrupted.
 func Run(ctx context.Context, cfg Config) (rep Report, err error) {
-	if cfg.Items < 1 || cfg.Steps < 1 || cfg.Accounts < 2 {
+	if cfg.Items < 1 || cfg.Steps < 1 || cfg.Accounts < 2 || cfg.Claims < 0 {
 		return rep, fmt.Errorf("%w: items (%d) and steps (%d) must be at least 1, accounts (%d) at least 2",
 			ErrBadConfig, cfg.Items, cfg.Steps, cfg.Accounts)
 	}
@@ -215,6 +223,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			err = b.perStepEffect(cfg.Steps)
 		case WorkloadChunked:
 			err = b.chunked(cfg.Items)
+		case WorkloadClaims:
+			err = b.claims(cmp.Or(cfg.Claims, 2000))
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -257,6 +267,9 @@ type backend interface {
 	// settleSides makes two identical ledgers seeded with cfg: one in a
 	// fresh store (ours), one for the raw settlement.
 	settleSides(ctx context.Context, name string, seed seedFunc) (*store, rawSettler, error)
+	// claimSides makes a fresh store whose pool has conns connections
+	// (ours) and a raw queue table of n queued jobs on the same settings.
+	claimSides(ctx context.Context, name string, conns, n int) (*store, rawClaims, error)
 	// chunkNote says what the raw chunked settlement does.
 	chunkNote() string
 	// close closes and removes everything the backend made.

@@ -45,6 +45,25 @@ WHERE a.id = u.id AND a.version = u.version`
 SELECT $1, 'post', u.key, u.status, u.output, u.error, 1, '' FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[]) AS u(key, status, output, error)`
 	sqlPGRawItemKeys = `SELECT item_key, status FROM items WHERE run_id = $1 AND step_id = 'post'`
 	sqlPGRawRejected = `SELECT count(*) FROM items WHERE status = 'rejected'`
+	// The queue-claim baseline's table, claim, finish and count.
+	sqlPGRawQueueTable = `CREATE TABLE raw_queue (
+    id           text COLLATE "C" PRIMARY KEY,
+    status       text NOT NULL,
+    priority     integer NOT NULL DEFAULT 0,
+    available_at timestamptz NOT NULL,
+    owner        text,
+    lease_until  timestamptz,
+    attempts     integer NOT NULL DEFAULT 0
+);
+CREATE INDEX raw_queue_due ON raw_queue (priority DESC, available_at, id) WHERE status = 'queued'`
+	sqlPGRawQueueSeed = `INSERT INTO raw_queue (id, status, available_at)
+SELECT 'bench/' || lpad(i::text, 6, '0'), 'queued', now() - interval '1 second' FROM generate_series(0, $1 - 1) AS i`
+	sqlPGRawClaim = `UPDATE raw_queue SET status = 'running', owner = $1, lease_until = now() + interval '1 minute', attempts = attempts + 1
+WHERE id = (SELECT id FROM raw_queue WHERE status = 'queued' AND available_at <= now()
+            ORDER BY priority DESC, available_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING id`
+	sqlPGRawFinish = `UPDATE raw_queue SET status = 'done', owner = NULL, lease_until = NULL WHERE id = $1 AND status = 'running'`
+	sqlPGRawDone   = `SELECT count(*) FROM raw_queue WHERE status = 'done'`
 )
 
 // postgresBackend makes and drops the benchmark's schemas.
@@ -134,11 +153,16 @@ func (p *postgresBackend) schemaURL(schema string) string {
 
 // open opens a store on a fresh schema: its migrations make the tables.
 func (p *postgresBackend) open(ctx context.Context, name string) (*postgres.Store, string, error) {
+	return p.openConns(ctx, name, 0)
+}
+
+// openConns is open with a pool of conns connections (0: the default).
+func (p *postgresBackend) openConns(ctx context.Context, name string, conns int32) (*postgres.Store, string, error) {
 	u, schema, err := p.schema(ctx, name)
 	if err != nil {
 		return nil, "", err
 	}
-	st, err := postgres.Open(ctx, postgres.Config{URL: u})
+	st, err := postgres.Open(ctx, postgres.Config{URL: u, MaxConns: conns})
 	if err != nil {
 		return nil, "", err
 	}
@@ -481,4 +505,53 @@ func (rs *pgSettler) balances(ctx context.Context) (string, error) {
 	db := stdlib.OpenDBFromPool(rs.pool) // closing it leaves the pool open
 	defer db.Close()
 	return balances(ctx, db)
+}
+
+// pgClaims is the queue-claim baseline: one autocommit UPDATE claims
+// with FOR UPDATE SKIP LOCKED, one marks the job done.
+type pgClaims struct{ pool *pgxpool.Pool }
+
+func (p *postgresBackend) claimSides(ctx context.Context, name string, conns, n int) (*store, rawClaims, error) {
+	st, _, err := p.openConns(ctx, name, int32(conns))
+	if err != nil {
+		return nil, nil, err
+	}
+	ours := &store{Store: st, db: stdlib.OpenDBFromPool(st.Pool()), read: st.ReadDB()}
+	raw, _, err := p.openConns(ctx, name+"_raw", int32(conns))
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := raw.Pool().Exec(ctx, sqlPGRawQueueTable); err != nil {
+		return nil, nil, err
+	}
+	if _, err := raw.Pool().Exec(ctx, sqlPGRawQueueSeed, n); err != nil {
+		return nil, nil, err
+	}
+	if _, err := raw.Pool().Exec(ctx, "ANALYZE raw_queue"); err != nil {
+		return nil, nil, err
+	}
+	return ours, &pgClaims{pool: raw.Pool()}, nil
+}
+
+func (r *pgClaims) claim(ctx context.Context, owner string) (string, bool, error) {
+	var id string
+	err := r.pool.QueryRow(ctx, sqlPGRawClaim, owner).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, nil
+	}
+	return id, err == nil, err
+}
+
+func (r *pgClaims) finish(ctx context.Context, id string) error {
+	tag, err := r.pool.Exec(ctx, sqlPGRawFinish, id)
+	if err == nil && tag.RowsAffected() != 1 {
+		err = fmt.Errorf("raw: job %s was not running", id)
+	}
+	return err
+}
+
+func (r *pgClaims) done(ctx context.Context) (int, error) {
+	var n int
+	err := r.pool.QueryRow(ctx, sqlPGRawDone).Scan(&n)
+	return n, err
 }

@@ -40,6 +40,24 @@ VALUES (?, ?, 'completed', ?, '', '', 1, 1, ?, ?)`
 	sqlRawItem        = `INSERT INTO items (run_id, step_id, item_key, status, output, error, attempt, chunk) VALUES (?, 'post', ?, ?, ?, ?, 1, '')`
 	sqlRawItemKeys    = `SELECT item_key, status FROM items WHERE run_id = ? AND step_id = 'post'`
 	sqlRawRejected    = `SELECT count(*) FROM items WHERE status = 'rejected'`
+	// The queue-claim baseline's table, claim, finish and count.
+	sqlRawQueueTable = `CREATE TABLE raw_queue (
+    id           TEXT PRIMARY KEY,
+    status       TEXT NOT NULL,
+    priority     INTEGER NOT NULL DEFAULT 0,
+    available_at TEXT NOT NULL,
+    owner        TEXT,
+    lease_until  TEXT,
+    attempts     INTEGER NOT NULL DEFAULT 0
+)`
+	sqlRawQueueIndex = `CREATE INDEX raw_queue_due ON raw_queue (priority DESC, available_at, id) WHERE status = 'queued'`
+	sqlRawQueueSeed  = `INSERT INTO raw_queue (id, status, available_at) VALUES (?, 'queued', ?)`
+	sqlRawClaim      = `UPDATE raw_queue SET status = 'running', owner = ?1, lease_until = ?3, attempts = attempts + 1
+WHERE id = (SELECT id FROM raw_queue WHERE status = 'queued' AND available_at <= ?2
+            ORDER BY priority DESC, available_at, id LIMIT 1)
+RETURNING id`
+	sqlRawFinish = `UPDATE raw_queue SET status = 'done', owner = NULL, lease_until = NULL WHERE id = ? AND status = 'running'`
+	sqlRawDone   = `SELECT count(*) FROM raw_queue WHERE status = 'done'`
 )
 
 const sqliteTimeFormat = "2006-01-02T15:04:05.000000Z"
@@ -397,3 +415,73 @@ func (rs *sqliteSettler) rejected(ctx context.Context) (int, error) {
 }
 
 func (rs *sqliteSettler) balances(ctx context.Context) (string, error) { return balances(ctx, rs.db) }
+
+// sqliteClaims is the queue-claim baseline on SQLite: one UPDATE …
+// RETURNING per claim and one per finish, each its own (immediate)
+// transaction on the one writer connection.
+type sqliteClaims struct {
+	db                *sql.DB
+	claimSt, finishSt *sql.Stmt
+}
+
+func (s *sqliteBackend) claimSides(ctx context.Context, name string, _, n int) (*store, rawClaims, error) {
+	ours, err := s.store(ctx, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := s.openRaw(ctx, name+"-raw.db", ours.db)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, q := range []string{sqlRawQueueTable, sqlRawQueueIndex} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			return nil, nil, err
+		}
+	}
+	at := time.Now().Add(-time.Second).UTC().Format(sqliteTimeFormat)
+	if err := rawTx(ctx, db, func(tx *sql.Tx) error {
+		for i := range n {
+			if _, err := tx.ExecContext(ctx, sqlRawQueueSeed, fmt.Sprintf("bench/%06d", i), at); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	if _, err := db.ExecContext(ctx, "ANALYZE raw_queue"); err != nil {
+		return nil, nil, err
+	}
+	sts, err := s.prepare(ctx, db, sqlRawClaim, sqlRawFinish)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ours, &sqliteClaims{db: db, claimSt: sts[0], finishSt: sts[1]}, nil
+}
+
+func (r *sqliteClaims) claim(ctx context.Context, owner string) (string, bool, error) {
+	now := time.Now().UTC()
+	var id string
+	err := r.claimSt.QueryRowContext(ctx, owner, now.Format(sqliteTimeFormat), now.Add(time.Minute).Format(sqliteTimeFormat)).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	return id, err == nil, err
+}
+
+func (r *sqliteClaims) finish(ctx context.Context, id string) error {
+	res, err := r.finishSt.ExecContext(ctx, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("raw: job %s was not running", id)
+	}
+	return nil
+}
+
+func (r *sqliteClaims) done(ctx context.Context) (int, error) {
+	var n int
+	err := r.db.QueryRowContext(ctx, sqlRawDone).Scan(&n)
+	return n, err
+}

@@ -28,8 +28,8 @@ type Inspector interface {
 }
 
 // Backend is everything one store offers the command line: the Store
-// contract, the operator and inspection methods, the outbox and the
-// schedules. Each backend asserts it: var _ checkpoint.Backend = (*Store)(nil).
+// contract, the operator and inspection methods, the outbox, the
+// schedules and the run queue. Each backend asserts it: var _ checkpoint.Backend = (*Store)(nil).
 type Backend interface {
 	Store
 	Operator
@@ -37,4 +37,5 @@ type Backend interface {
 	OutboxStore
 	ScheduleStore
 	IdempotencyStore
+	QueueStore
 }

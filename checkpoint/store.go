@@ -154,6 +154,10 @@ type ClaimRequest struct {
 	// and nothing changes. An API start that must answer "created" or
 	// "existed" exactly, and never resume a run, claims so.
 	CreateOnly bool
+	// Limit is the concurrency limit the run counts against: the claim is
+	// refused with a *LimitReachedError when Limit.Max other runs under
+	// Limit.Key hold live leases. The zero Limit is none.
+	Limit Limit
 	// OwnerGone reports whether the runner named by a lease owner is known
 	// to be dead (its process is surely gone); its lease is then taken over
 	// at once instead of waiting for it to expire. Nil means never.
@@ -221,6 +225,17 @@ type Run struct {
 	UpdatedAt  time.Time
 	FinishedAt time.Time // zero while unfinished
 	PrunedAt   time.Time // set when prune removed its checkpoints
+	// Queue is the queue the run was enqueued in; empty for a run never
+	// enqueued (started by Claim), which ClaimNext never takes.
+	Queue string
+	// Priority orders the queue: higher first.
+	Priority int
+	// AvailableAt is when a queued run may be claimed (zero when never
+	// enqueued).
+	AvailableAt time.Time
+	// Limit is the concurrency limit recorded with the run (the zero Limit
+	// when none).
+	Limit Limit
 }
 
 // Stale reports whether the run is marked running but its lease expired: its
@@ -303,5 +318,5 @@ func (r ClaimRequest) Validate(needNow bool) error {
 		return fmt.Errorf("checkpoint: a claim needs a RunID, an Owner, a positive LeaseFor and, on the caller's clock, Now (got %q, %q, %s, %v)",
 			r.RunID, r.Owner, r.LeaseFor, r.Now)
 	}
-	return nil
+	return r.Limit.validate()
 }

@@ -22,7 +22,7 @@ type BackfillCmd struct {
 	Params      map[string]string `short:"p" mapsep:"none" placeholder:"NAME=VALUE" help:"Other job parameters, the same for every date."`
 	Reprocess   string            `default:"none" enum:"none,failed,all" help:"Dates that already have a run: none (skip them: only dates without a run start), failed (also resume failed, interrupted and stale runs), all (also rerun succeeded and abandoned runs, forced; checkpointed steps are still skipped)."`
 	DryRun      bool              `name:"dry-run" help:"List what would be started, start nothing (and create no file: --db must exist)."`
-	MaxParallel int               `name:"max-parallel" default:"1" nonzero:"" help:"Runs going at once (at least 1)."`
+	MaxParallel int               `name:"max-parallel" default:"1" nonzero:"" help:"Runs going at once (at least 1); a job's concurrency limit still holds (settle: one run per ledger), runs over it wait for room."`
 	Lease       time.Duration     `default:"30s" nonzero:"" help:"Lease length of each run."`
 	JSON        bool              `name:"json" help:"Print the plan per date and each run's outcome as one JSON document on stdout, instead of a table and a line per run."`
 }
@@ -105,8 +105,10 @@ func (c *BackfillCmd) Run(env *Env) error {
 		fmt.Fprintln(env.Stdout, "dry run: nothing started")
 		return nil
 	}
+	// Runs over their job's concurrency limit (one settlement per ledger)
+	// wait for room: --max-parallel never runs more at once than it allows.
 	r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
-		TracerProvider: env.tracing(true)})
+		WaitForLimit: true, TracerProvider: env.tracing(true)})
 	if err != nil {
 		return err
 	}
@@ -174,6 +176,8 @@ func backfillAction(run checkpoint.Run, reprocess string, now time.Time) (action
 		return "skip (pruned)", false
 	case run.Status == checkpoint.RunRunning && !stale(run, now):
 		return "skip (running)", false
+	case run.Status == checkpoint.RunQueued:
+		return "skip (queued for a worker)", false
 	case run.Status == checkpoint.RunSucceeded || run.Status == checkpoint.RunAbandoned:
 		if reprocess == "all" {
 			return "rerun (forced)", true

@@ -22,6 +22,8 @@ type CLI struct {
 	Resume   ResumeCmd   `cmd:"" help:"Resume a run by ID with its stored parameters."`
 	Runs     RunsCmd     `cmd:"" help:"List runs, newest first; stale runs (dead runner, lease expired) are marked."`
 	Show     ShowCmd     `cmd:"" help:"Show one run: its attempts and steps with status, timings and output."`
+	Enqueue  EnqueueCmd  `cmd:"" group:"Workers" help:"Queue a run of JOB for a pool of workers; an existing run key is left as it is."`
+	Worker   WorkerCmd   `cmd:"" group:"Workers" help:"Take queued runs (and runs whose worker died) and drive them, --concurrency at a time, until SIGTERM."`
 	Dispatch DispatchCmd `cmd:"" help:"Deliver queued notifications (at least once, with stable keys), once or --every interval; several may run at once."`
 	Outbox   OutboxCmd   `cmd:"" help:"List notifications: queued, sent or dead (failed --max-tries times), oldest first."`
 

@@ -173,7 +173,7 @@ func TestHelpListsEnumValues(t *testing.T) {
 		{[]string{"--help"}, "Log level ($STEPWISE_LOG_LEVEL). One of: debug, info, warn, error."},
 		{[]string{"--help"}, "One of: full, normal."},
 		{[]string{"resolve", "--help"}, "One of: done, retry."},
-		{[]string{"runs", "--help"}, "One of: running, succeeded, failed, interrupted, abandoned."},
+		{[]string{"runs", "--help"}, "One of: queued, running, succeeded, failed, interrupted, abandoned."},
 		{[]string{"backfill", "--help"}, "One of: none, failed, all."},
 	} {
 		if out := oneLine(cliRun(t, c.args).stdout); !strings.Contains(out, c.want) {

@@ -35,8 +35,10 @@ const exitCodesHelp = `Exit codes (each means one thing):
      rerun without --wait; recover, abandon, reset and resolve on a live run), this
      runner lost its lease mid-run, this runner could not renew its lease in time and
      stopped itself (self-fenced: the database unreachable or too slow for a third
-     of --lease), or the database is locked (another process held SQLite's write
-     lock longer than --busy-timeout; --wait waits for it).
+     of --lease), the job's concurrency limit is full (as many of its runs as it
+     allows are running: run and resume without --wait), or the database is
+     locked (another process held SQLite's write lock longer than
+     --busy-timeout; --wait waits for it).
   5  refused, needs an operator decision: a changed step; a batch item whose source
      changed since it was processed; an outside call of unknown outcome; an
      abandoned or pruned run; rerun of a succeeded run without --force; reset or
@@ -61,6 +63,7 @@ func UsageError(err error) error { return usageError{err} }
 func ExitCode(err error) int {
 	var (
 		held     *checkpoint.LeaseHeldError
+		reached  *checkpoint.LimitReachedError
 		mismatch *checkpoint.ParamsMismatchError
 		usage    usageError
 	)
@@ -71,7 +74,7 @@ func ExitCode(err error) int {
 		return ExitOK
 	case runner.NeedsOperator(err), errors.Is(err, checkpoint.ErrAbandoned), errors.Is(err, checkpoint.ErrPruned):
 		return ExitOperator
-	case errors.As(err, &held), errors.Is(err, checkpoint.ErrFenced), errors.Is(err, runner.ErrLeaseLost),
+	case errors.As(err, &held), errors.As(err, &reached), errors.Is(err, checkpoint.ErrFenced), errors.Is(err, runner.ErrLeaseLost),
 		errors.Is(err, checkpoint.ErrLocked):
 		return ExitHeld
 	case errors.Is(err, runner.ErrInterrupted):
@@ -99,8 +102,17 @@ const (
 // hint is what the user can do about err, beyond what the error says:
 // library errors carry data, the command line names its own flags.
 func hint(err error, name string, wait waitFlag) string {
-	var held *checkpoint.LeaseHeldError
+	var (
+		held    *checkpoint.LeaseHeldError
+		reached *checkpoint.LimitReachedError
+	)
 	switch {
+	case errors.As(err, &reached):
+		h := "run it again when one of those runs has ended"
+		if wait == waitNotGiven {
+			h = "add --wait to wait for room, or " + h
+		}
+		return h + ", or queue it for a worker (`" + name + " enqueue`), which starts it when there is room"
 	case errors.Is(err, checkpoint.ErrAlreadySucceeded) && !errors.Is(err, ErrNeedsDecision):
 		return "--force runs it again, still skipping completed steps"
 	case errors.Is(err, checkpoint.ErrNotFound):

@@ -64,7 +64,7 @@ func (c *JobsCmd) Run(env *Env) error {
 // RunsCmd lists runs.
 type RunsCmd struct {
 	Job    string `help:"Only runs of this job."`
-	Status string `enum:",running,succeeded,failed,interrupted,abandoned" default:"" help:"Only runs with this status; every status if empty."`
+	Status string `enum:",queued,running,succeeded,failed,interrupted,abandoned" default:"" help:"Only runs with this status (queued: waiting for a worker); every status if empty."`
 	Limit  int    `default:"100" nonzero:"" help:"At most this many runs (at least 1)."`
 	JSON   bool   `name:"json" help:"Print JSON instead of a table."`
 }
@@ -81,6 +81,12 @@ func statusText(r checkpoint.Run, now time.Time) string {
 		return fmt.Sprintf("stale (runner %s silent since %s)", checkpoint.OwnerName(r.LeaseOwner), ago(r.LeaseUntil, now))
 	case stale(r, now):
 		return fmt.Sprintf("stale (runner %s is gone: its process exited)", checkpoint.OwnerName(r.LeaseOwner))
+	case r.Status == checkpoint.RunQueued:
+		text := fmt.Sprintf("queued (%s, priority %d", r.Queue, r.Priority)
+		if r.AvailableAt.After(now) {
+			text += ", not before " + r.AvailableAt.Format(time.RFC3339)
+		}
+		return text + ")"
 	}
 	return r.Status
 }

@@ -251,6 +251,9 @@ type Env struct {
 	// the environment asks for none); traceInit says it was tried.
 	tracer    *sdktrace.TracerProvider
 	traceInit bool
+	// maxConns, if set, is the PostgreSQL store's pool size (a worker
+	// driving many runs at once needs more than the default).
+	maxConns int32
 }
 
 func (e *Env) now() time.Time {

@@ -68,6 +68,7 @@ func testRegistry() *jobs.Registry {
 	reg.MustRegister(crashyJob)
 	reg.MustRegister(failureJobs...) // failures_test.go
 	reg.MustRegister(callJobs...)    // calls_test.go
+	reg.MustRegister(limitedJob)     // worker_test.go
 	return &reg
 }
 

@@ -26,6 +26,8 @@ type ServeCmd struct {
 	Grace            time.Duration `default:"20s" help:"After SIGTERM or SIGINT, how long running runs may take to finish before they are interrupted, resumably: the next serve fires them again as missed fires (under the misfire policy), or resume them by hand. Keep it under STEPWISE_GRACE, after which the process exits anyway."`
 	Lease            time.Duration `default:"30s" nonzero:"" help:"Lease length of the runs started and of the schedules fired; a standby serve takes a schedule over when its lease expires (at once if its owner ran on this host and is gone)."`
 	MisfireThreshold time.Duration `name:"misfire-threshold" default:"1m" help:"How late a fire may be noticed and still count as on time; later ones follow the schedule's misfire policy."`
+	Enqueue          bool          `help:"Queue each fire's run for a pool of workers ('${name} worker', on any host) instead of running it in this process; the fire is settled once its run is queued."`
+	Queue            string        `default:"default" help:"With --enqueue: the queue the fires' runs go to."`
 
 	schedules func() ([]runner.Schedule, error)
 }
@@ -36,7 +38,7 @@ func (c *ServeCmd) Run(env *Env) error {
 	if err != nil {
 		return usageError{err}
 	}
-	if err := c.checkGrace(); err != nil {
+	if err := checkGrace(c.Grace); err != nil {
 		return usageError{err}
 	}
 	var tokens *httpapi.Tokens
@@ -66,6 +68,8 @@ func (c *ServeCmd) Run(env *Env) error {
 		Grace:            c.Grace,
 		MisfireThreshold: c.MisfireThreshold,
 		Metrics:          metrics,
+		Enqueue:          c.Enqueue,
+		Queue:            c.Queue,
 	})
 	if err != nil {
 		return usageError{err}
@@ -108,6 +112,9 @@ func (c *ServeCmd) Run(env *Env) error {
 		}
 		where = "; /healthz and /metrics on http://" + addr + ", the API under /api/v1/ (" + auth + "), the dashboard at /"
 	}
+	if c.Enqueue {
+		where += "; runs go to queue " + c.Queue + " for '" + env.Name + " worker'"
+	}
 	fmt.Fprintf(env.Stdout, "%s serve: firing %d schedules from %s%s\n", env.Name, len(scheds), env.storeName(), where)
 	if err := sched.Run(env.Ctx); err != nil {
 		return err
@@ -132,16 +139,16 @@ func loopback(addr string) bool {
 
 // checkGrace refuses a grace period Main's own would cut short: after the
 // signal, Main ends the process once STEPWISE_GRACE has passed.
-func (c *ServeCmd) checkGrace() error {
+func checkGrace(grace time.Duration) error {
 	process := 30 * time.Second
 	if v := os.Getenv(GraceEnv); v != "" {
 		if d, err := time.ParseDuration(v); err == nil && d > 0 {
 			process = d
 		}
 	}
-	if c.Grace >= process {
+	if grace >= process {
 		return fmt.Errorf("--grace %s is not under %s (%s), after which the process exits regardless; "+
-			"lower --grace or raise %s", c.Grace, GraceEnv, process, GraceEnv)
+			"lower --grace or raise %s", grace, GraceEnv, process, GraceEnv)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -37,6 +38,10 @@ type Settings struct {
 	// Deadline bounds a whole attempt; 0 means none. A run past its
 	// deadline fails (resumable by a rerun).
 	Deadline time.Duration
+	// Limit is how many of the job's runs (LimitBy: sharing one key) may
+	// run at once; 0 means no limit. Decoded.Limit is the limit of one
+	// run.
+	Limit int
 }
 
 // Option configures a job definition.
@@ -45,6 +50,7 @@ type Option func(*options)
 type options struct {
 	help     string
 	settings Settings
+	limitBy  any // func(P) string, checked by Define
 }
 
 // Help sets the one-line description shown by `stepwise jobs`.
@@ -56,12 +62,32 @@ func Retry(p steps.RetryPolicy) Option { return func(o *options) { o.settings.Re
 // Deadline bounds each attempt of the job's runs.
 func Deadline(d time.Duration) Option { return func(o *options) { o.settings.Deadline = d } }
 
+// Limit lets at most n runs of the job run at once, counted on every
+// path that starts a run (run, resume, backfill, serve, worker) and on
+// every host using the store: a run over it waits queued (worker), or is
+// refused with a *checkpoint.LimitReachedError (run). Its key is
+// "job:NAME".
+func Limit(n int) Option {
+	return func(o *options) { o.settings.Limit, o.limitBy = n, nil }
+}
+
+// LimitBy lets at most n runs of the job that share a key run at once, as
+// Limit does for all of them: key names the resource a run uses from its
+// parameters (a ledger, an account). Its type must be func(P) string for
+// the job's parameter type P (Define panics otherwise); runs whose key is
+// "" count against the job's key. The limit's key is "NAME:" + key(p).
+func LimitBy[P any](n int, key func(P) string) Option {
+	return func(o *options) { o.settings.Limit, o.limitBy = n, key }
+}
+
 // Definition is a job with parameters of type P. Create it with Define.
 type Definition[P any] struct {
 	name   string
 	fn     func(context.Context, *steps.Run, P) error
 	params []Param
 	opts   options
+	// limitKey is LimitBy's function, nil for Limit or no limit.
+	limitKey func(P) string
 }
 
 var _ Job = (*Definition[struct{}])(nil)
@@ -87,6 +113,17 @@ func Define[P any](name string, fn func(ctx context.Context, run *steps.Run, p P
 	if err := d.opts.settings.Retry.Validate(); err != nil {
 		panic(fmt.Sprintf("jobs: job %s: %v", name, err))
 	}
+	if d.opts.settings.Limit < 0 {
+		panic(fmt.Sprintf("jobs: job %s: negative limit %d", name, d.opts.settings.Limit))
+	}
+	if d.opts.limitBy != nil {
+		key, ok := d.opts.limitBy.(func(P) string)
+		if !ok {
+			panic(fmt.Sprintf("jobs: job %s: LimitBy's function is %T; it must take the job's parameters (func(%s) string)",
+				name, d.opts.limitBy, reflect.TypeFor[P]()))
+		}
+		d.limitKey = key
+	}
 	if d.opts.settings.Deadline < 0 {
 		panic(fmt.Sprintf("jobs: job %s: negative deadline %s", name, d.opts.settings.Deadline))
 	}
@@ -111,12 +148,29 @@ func (d *Definition[P]) Decode(values map[string]string, file []byte) (Decoded, 
 	if err != nil {
 		return Decoded{}, err
 	}
-	return canonical(d.params, v)
+	return d.decoded(v.Interface().(P))
 }
 
 // Encode returns the canonical parameters for p, as Decode would.
 func (d *Definition[P]) Encode(p P) (Decoded, error) {
-	return canonical(d.params, reflect.ValueOf(p))
+	return d.decoded(p)
+}
+
+// decoded is the Decoded of validated parameters p, with their limit.
+func (d *Definition[P]) decoded(p P) (Decoded, error) {
+	dec, err := canonical(d.params, reflect.ValueOf(p))
+	if err != nil {
+		return Decoded{}, err
+	}
+	if n := d.opts.settings.Limit; n > 0 {
+		dec.Limit = checkpoint.Limit{Key: "job:" + d.name, Max: n}
+		if d.limitKey != nil {
+			if k := d.limitKey(p); k != "" {
+				dec.Limit.Key = d.name + ":" + k
+			}
+		}
+	}
+	return dec, nil
 }
 
 // Execute implements Job.

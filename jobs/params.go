@@ -85,6 +85,9 @@ type Decoded struct {
 	Hash string
 	// RunKey is the identifying parameters' values joined with "/".
 	RunKey string
+	// Limit is the concurrency limit the run counts against (the job's
+	// Limit or LimitBy option); the zero Limit when it has none.
+	Limit checkpoint.Limit
 }
 
 const dateLayout = "2006-01-02"

@@ -24,6 +24,13 @@ type RunView struct {
 	CreatedAt  time.Time       `json:"created_at"`
 	UpdatedAt  time.Time       `json:"updated_at"`
 	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+	// Queue, Priority and AvailableAt are set for a run enqueued for
+	// workers; Limit and LimitMax for a run under a concurrency limit.
+	Queue       string     `json:"queue,omitempty"`
+	Priority    int        `json:"priority,omitempty"`
+	AvailableAt *time.Time `json:"available_at,omitempty"`
+	Limit       string     `json:"limit,omitempty"`
+	LimitMax    int        `json:"limit_max,omitempty"`
 }
 
 // ViewRun is r as operators see it at now.
@@ -32,6 +39,7 @@ func ViewRun(r checkpoint.Run, now time.Time) RunView {
 		ID: r.ID, Job: r.Job, RunKey: r.RunKey, Status: r.Status, Stale: Stale(r, now), Params: r.Params,
 		Fence: r.Fence, LeaseOwner: r.LeaseOwner, LeaseUntil: OptTime(r.LeaseUntil), Error: r.Error,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, FinishedAt: OptTime(r.FinishedAt),
+		Queue: r.Queue, Priority: r.Priority, AvailableAt: OptTime(r.AvailableAt), Limit: r.Limit.Key, LimitMax: r.Limit.Max,
 	}
 }
 

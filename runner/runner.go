@@ -44,7 +44,9 @@ type Config struct {
 	// Defaults to 30s.
 	Lease time.Duration
 	// Wait makes a claim of a run held by another runner wait for it
-	// instead of failing with *checkpoint.LeaseHeldError, and every write
+	// instead of failing with *checkpoint.LeaseHeldError (and one over its
+	// job's concurrency limit wait for room instead of failing with
+	// *checkpoint.LimitReachedError), and every write
 	// of the run (its claim, its steps' checkpoints, its end) that finds
 	// the database locked by another process wait for the lock, retrying
 	// every WaitPoll until the run's context ends, instead of failing
@@ -52,6 +54,10 @@ type Config struct {
 	// (with the write's error), and the next run or resume goes on from
 	// the checkpoints.
 	Wait bool
+	// WaitForLimit makes a claim over its job's concurrency limit wait for
+	// room, retrying every WaitPoll until the run's context ends, instead
+	// of failing with *checkpoint.LimitReachedError (Wait implies it).
+	WaitForLimit bool
 	// WaitPoll is how often a waiting claim retries. Defaults to 500ms.
 	WaitPoll time.Duration
 	// OnProgress, if set, receives batch steps' progress after each chunk
@@ -335,11 +341,11 @@ func (r *Runner) attempt(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 
 func (r *Runner) claimRun(ctx context.Context, job jobs.Job, dec jobs.Decoded, req Request) (*Claimed, error) {
 	runID := jobs.RunID(job.Name(), dec.RunKey)
-	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Logger()
-	log := jobLog.With().Str(steps.FieldRunID, runID).Logger()
+	log := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Str(steps.FieldRunID, runID).Logger()
 	claim, claimedAt, err := r.claim(ctx, checkpoint.ClaimRequest{
 		RunID: runID, Job: job.Name(), RunKey: dec.RunKey, Params: dec.JSON, ParamsHash: dec.Hash,
 		Owner: r.cfg.Owner, LeaseFor: r.cfg.Lease, Force: req.Force, CreateOnly: req.CreateOnly, OwnerGone: OwnerGone,
+		Limit: dec.Limit,
 	}, log)
 	if err != nil {
 		return nil, err
@@ -354,6 +360,42 @@ func (r *Runner) claimRun(ctx context.Context, job jobs.Job, dec jobs.Decoded, r
 		log.Info().Str("previous_status", claim.PreviousStatus).Msg("run resumed")
 	}
 	return &Claimed{r: r, job: job, dec: dec, req: req, claim: claim, claimedAt: claimedAt, log: log}, nil
+}
+
+// Drive runs an attempt already claimed (by checkpoint.QueueStore's
+// ClaimNext, say): it looks the run's job up, decodes its stored
+// parameters, heartbeats the lease and records the attempt's end, as Run
+// does after its own claim. claimedAt is a time read just before the
+// claim was sent, on the runner's Clock: the lease lasts at least until
+// then plus Config.Lease, the lease the claim must have asked for. A panic
+// in job code fails this attempt only (*PanicError). A run whose job or
+// parameters no longer decode is recorded failed.
+func (r *Runner) Drive(ctx context.Context, claim checkpoint.Claim, claimedAt time.Time) (Result, error) {
+	run := claim.Run
+	job, err := r.cfg.Jobs.Lookup(run.Job)
+	if err == nil {
+		var dec jobs.Decoded
+		if dec, err = job.Decode(nil, run.Params); err == nil {
+			log := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Str(steps.FieldRunID, claim.Lease.RunID).
+				Int(steps.FieldAttempt, claim.Lease.Attempt).Logger()
+			if claim.TookOverFrom != "" {
+				log.Warn().Str("previous_owner", claim.TookOverFrom).Msg("took over a run whose runner is gone or whose lease expired")
+			} else {
+				log.Info().Str("previous_status", claim.PreviousStatus).Msg("run claimed from the queue")
+			}
+			c := &Claimed{r: r, job: job, dec: dec, req: Request{Job: run.Job}, claim: claim, claimedAt: claimedAt, log: log}
+			return c.Execute(ctx)
+		}
+		err = fmt.Errorf("stored parameters no longer decode: %w", err)
+	}
+	err = fmt.Errorf("run %s: %w", claim.Lease.RunID, err)
+	end := checkpoint.Ending{Status: checkpoint.RunFailed, Error: err.Error(), At: r.cfg.Clock.Now()}
+	res := Result{RunID: claim.Lease.RunID, Attempt: claim.Lease.Attempt, Status: checkpoint.RunFailed}
+	if ferr := r.cfg.Store.Finish(context.WithoutCancel(ctx), claim.Lease, end); ferr != nil {
+		res.Status = checkpoint.RunRunning
+		return res, fmt.Errorf("%w; and its end could not be recorded: %w", err, ferr)
+	}
+	return res, err
 }
 
 // Execute runs the claimed attempt to its end and says how it ended, as
@@ -549,9 +591,15 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 		if err != nil && ctx.Err() != nil {
 			return c, req.Now, fmt.Errorf("%w while claiming %s: %w", ErrInterrupted, req.RunID, context.Cause(ctx))
 		}
-		var held *checkpoint.LeaseHeldError
+		var (
+			held    *checkpoint.LeaseHeldError
+			reached *checkpoint.LimitReachedError
+		)
 		wait := r.cfg.WaitPoll
 		switch {
+		case errors.As(err, &reached) && (r.cfg.Wait || r.cfg.WaitForLimit):
+			log.Info().Str("limit", reached.Limit.Key).Int("max", reached.Limit.Max).Strs("holders", reached.Holders).
+				Msg("concurrency limit reached; waiting for a run holding it to end")
 		case !r.cfg.Wait:
 			return c, req.Now, err
 		case errors.As(err, &held):

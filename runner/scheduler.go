@@ -79,6 +79,16 @@ type SchedulerConfig struct {
 	RetryDelay time.Duration
 	// Metrics, if set, receives the scheduler's and its runs' series.
 	Metrics *Metrics
+	// Enqueue makes each fire queue its run (Runner.Enqueue, in queue
+	// Queue) for a pool of workers instead of running it in this process:
+	// the fire is settled once the run is queued, or found to exist. The
+	// overlap policy then orders the enqueues only; the run key still
+	// makes a fire's run the same run however often it fires. Runner.Store
+	// must be a checkpoint.QueueStore.
+	Enqueue bool
+	// Queue is the queue Enqueue puts runs in; empty means
+	// checkpoint.DefaultQueue.
+	Queue string
 }
 
 func (c *SchedulerConfig) validate() error {
@@ -87,6 +97,9 @@ func (c *SchedulerConfig) validate() error {
 	}
 	if c.Runner.Store == nil {
 		return errors.New("runner: SchedulerConfig.Runner.Store is nil; open a checkpoint store")
+	}
+	if _, ok := c.Runner.Store.(checkpoint.QueueStore); c.Enqueue && !ok {
+		return fmt.Errorf("runner: SchedulerConfig.Enqueue is set but Runner.Store (%T) has no run queue", c.Runner.Store)
 	}
 	if c.Store == nil {
 		ss, ok := c.Runner.Store.(checkpoint.ScheduleStore)
@@ -603,9 +616,29 @@ func (l *loop) start(sc *scheduled, pf *pendingFire, now time.Time) {
 		Float64(fieldLagSeconds, lag.Seconds()).Bool("catch_up", pf.catchUp).Interface("params", params).Msg("fire")
 	e := ended{sc: sc, pf: pf, gen: sc.gen, job: sc.Job}
 	l.wg.Go(func() {
-		e.res, e.err = s.runner.Run(l.runsCtx, Request{Job: e.job, Values: params})
+		if s.cfg.Enqueue {
+			e.res, e.err = s.enqueue(l.runsCtx, e.job, params)
+		} else {
+			e.res, e.err = s.runner.Run(l.runsCtx, Request{Job: e.job, Values: params})
+		}
 		l.done <- e
 	})
+}
+
+// enqueue queues a fire's run for the workers. A run that exists already
+// is a duplicate fire, reported as Run reports one.
+func (s *Scheduler) enqueue(ctx context.Context, job string, params map[string]string) (Result, error) {
+	res, err := s.runner.Enqueue(ctx, EnqueueRequest{Job: job, Values: params, Queue: s.cfg.Queue})
+	out := Result{RunID: res.Run.ID, Status: res.Run.Status}
+	switch {
+	case err != nil:
+		return out, err
+	case !res.Created:
+		s.log.Info().Str(steps.FieldRunID, res.Run.ID).Str("status", res.Run.Status).Msg("fire's run exists already; nothing enqueued")
+	default:
+		s.log.Info().Str(steps.FieldRunID, res.Run.ID).Str("queue", res.Run.Queue).Msg("fire's run enqueued for the workers")
+	}
+	return out, nil
 }
 
 // ended settles a fire by how its run ended.
@@ -749,6 +782,25 @@ func countClaims(st checkpoint.Store, m *Metrics) checkpoint.Store {
 type claimCounter struct {
 	checkpoint.Store
 	m *Metrics
+}
+
+// Enqueue passes an enqueue on to the wrapped store's run queue
+// (SchedulerConfig.Enqueue): the wrapper must not hide it.
+func (c *claimCounter) Enqueue(ctx context.Context, req checkpoint.EnqueueRequest) (checkpoint.EnqueueResult, error) {
+	q, ok := c.Store.(checkpoint.QueueStore)
+	if !ok {
+		return checkpoint.EnqueueResult{}, fmt.Errorf("runner: the store %T has no run queue", c.Store)
+	}
+	return q.Enqueue(ctx, req)
+}
+
+// ClaimNext passes a claim on to the wrapped store's run queue.
+func (c *claimCounter) ClaimNext(ctx context.Context, req checkpoint.ClaimNextRequest) (checkpoint.Claim, bool, error) {
+	q, ok := c.Store.(checkpoint.QueueStore)
+	if !ok {
+		return checkpoint.Claim{}, false, fmt.Errorf("runner: the store %T has no run queue", c.Store)
+	}
+	return q.ClaimNext(ctx, req)
 }
 
 func (c *claimCounter) Claim(ctx context.Context, req checkpoint.ClaimRequest) (checkpoint.Claim, error) {

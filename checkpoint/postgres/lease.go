@@ -17,10 +17,12 @@ const (
 	// sqlCreateRun creates the run with fence 1 and its first attempt in
 	// one statement, or does nothing when the run exists.
 	sqlCreateRun = `WITH r AS (
-    INSERT INTO runs (id, job, run_key, params, params_hash, status, fence, lease_owner, lease_until, created_at, updated_at)
+    INSERT INTO runs (id, job, run_key, params, params_hash, status, fence, lease_owner, lease_until, created_at, updated_at,
+                      limit_key, limit_max)
     VALUES ($1, $2, $3, $4, $5, 'running', 1, $6,
             coalesce($7::timestamptz, now()) + $8::bigint * interval '1 microsecond',
-            coalesce($7::timestamptz, now()), coalesce($7::timestamptz, now()))
+            coalesce($7::timestamptz, now()), coalesce($7::timestamptz, now()),
+            nullif($9::text, ''), $10::integer)
     ON CONFLICT (id) DO NOTHING
     RETURNING ` + runCols + `
 ), a AS (
@@ -33,11 +35,14 @@ SELECT ` + runCols + ` FROM r`
 	// a claim holding it makes writers wait, then see the raised fence.
 	sqlLockRun = `SELECT ` + runCols + `, coalesce($2::timestamptz, now()) FROM runs WHERE id = $1 FOR UPDATE`
 	// sqlTakeRun raises the fence, takes the lease, marks unfinished
-	// attempts lost and records the new attempt, in one statement.
+	// attempts lost and records the new attempt, in one statement. A
+	// limit $7 (not '') is recorded with the run.
 	sqlTakeRun = `WITH r AS (
     UPDATE runs SET status = 'running', fence = fence + 1, lease_owner = $2,
         lease_until = coalesce($3::timestamptz, now()) + $4::bigint * interval '1 microsecond',
-        error = '', updated_at = coalesce($3::timestamptz, now()), finished_at = NULL
+        error = '', updated_at = coalesce($3::timestamptz, now()), finished_at = NULL,
+        limit_key = CASE WHEN $7::text = '' THEN limit_key ELSE $7::text END,
+        limit_max = CASE WHEN $7::text = '' THEN limit_max ELSE $8::integer END
     WHERE id = $1 AND fence = $5
     RETURNING ` + runCols + `
 ), lost AS (
@@ -96,7 +101,8 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimR
 	lease := req.LeaseFor.Microseconds()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(sqlCreateRun, req.RunID, req.Job, req.RunKey, string(req.Params), req.ParamsHash, req.Owner, now, lease)
+	b.Queue(sqlCreateRun, req.RunID, req.Job, req.RunKey, string(req.Params), req.ParamsHash, req.Owner, now, lease,
+		req.Limit.Key, req.Limit.Max)
 	b.Queue(sqlLockRun, req.RunID, now)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
@@ -111,6 +117,9 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimR
 	}
 	switch {
 	case cerr == nil:
+		if err := s.checkLimit(ctx, conn, req.RunID, req.Limit, now); err != nil {
+			return checkpoint.Claim{}, err
+		}
 		if err := commit(ctx, conn); err != nil {
 			return checkpoint.Claim{}, err
 		}
@@ -129,10 +138,17 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimR
 		return checkpoint.Claim{}, err
 	}
 	tookOver, prevUntil := take.From, take.LeaseUntil
+	limit := req.Limit
+	if limit.IsZero() {
+		limit = run.Limit
+	}
+	if err := s.checkLimit(ctx, conn, run.ID, limit, now); err != nil {
+		return checkpoint.Claim{}, err
+	}
 	previous := run.Status
 	var number int
 	taken, err := scanRun(conn.QueryRow(ctx, sqlTakeRun, run.ID, req.Owner, now, lease, run.Fence,
-		checkpoint.OwnerName(req.Owner)), &number)
+		checkpoint.OwnerName(req.Owner), req.Limit.Key, req.Limit.Max), &number)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Unreachable while the row is locked FOR UPDATE; kept as a guard.
 		return checkpoint.Claim{}, fmt.Errorf("%w: run %s changed while being claimed", checkpoint.ErrFenced, run.ID)

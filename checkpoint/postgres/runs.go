@@ -13,7 +13,8 @@ import (
 
 const (
 	runCols = `id, job, run_key, params, params_hash, status, fence,
-       lease_owner, lease_until, error, created_at, updated_at, finished_at, pruned_at`
+       lease_owner, lease_until, error, created_at, updated_at, finished_at, pruned_at,
+       queue, priority, available_at, limit_key, limit_max`
 	sqlSelectRun = `SELECT ` + runCols + ` FROM runs WHERE id = $1`
 	sqlListRuns  = `SELECT ` + runCols + ` FROM runs
 WHERE ($1::text = '' OR job = $1) AND ($2::text = '' OR status = $2)
@@ -30,13 +31,20 @@ FROM attempts WHERE run_id = $1 ORDER BY number`
 // scanRun reads the runCols of one row, followed by extra destinations.
 func scanRun(row pgx.Row, extra ...any) (checkpoint.Run, error) {
 	var r checkpoint.Run
-	var owner pgtype.Text
+	var owner, queue, limitKey pgtype.Text
 	var params string
-	var until, created, updated, finished, pruned pgtype.Timestamptz
+	var until, created, updated, finished, pruned, avail pgtype.Timestamptz
 	dest := append([]any{&r.ID, &r.Job, &r.RunKey, &params, &r.ParamsHash, &r.Status, &r.Fence,
-		&owner, &until, &r.Error, &created, &updated, &finished, &pruned}, extra...)
+		&owner, &until, &r.Error, &created, &updated, &finished, &pruned,
+		&queue, &r.Priority, &avail, &limitKey, &r.Limit.Max}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return checkpoint.Run{}, err
+	}
+	r.Queue = queue.String
+	r.AvailableAt = tm(avail)
+	r.Limit.Key = limitKey.String
+	if r.Limit.Key == "" {
+		r.Limit.Max = 0
 	}
 	r.Params = []byte(params)
 	r.LeaseOwner = owner.String

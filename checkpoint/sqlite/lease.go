@@ -11,15 +11,25 @@ import (
 )
 
 const (
-	sqlSelectRun = `SELECT id, job, run_key, params, params_hash, status, fence,
-       lease_owner, lease_until, error, created_at, updated_at, finished_at, pruned_at
-FROM runs WHERE id = ?`
+	runCols = `id, job, run_key, params, params_hash, status, fence,
+       lease_owner, lease_until, error, created_at, updated_at, finished_at, pruned_at,
+       queue, priority, available_at, limit_key, limit_max`
+	sqlSelectRun = `SELECT ` + runCols + ` FROM runs WHERE id = ?`
 	sqlInsertRun = `INSERT INTO runs (id, job, run_key, params, params_hash, status, fence,
-                  lease_owner, lease_until, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?)`
-	sqlTakeRun = `UPDATE runs SET status = 'running', fence = fence + 1, lease_owner = ?, lease_until = ?,
-    error = '', updated_at = ?, finished_at = NULL
-WHERE id = ? AND fence = ?`
+                  lease_owner, lease_until, created_at, updated_at, limit_key, limit_max)
+VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?, NULLIF(?, ''), ?)`
+	// sqlTakeRun raises the fence and takes the lease; a claim that names
+	// a limit records it with the run (ClaimNext keeps the run's own).
+	sqlTakeRun = `UPDATE runs SET status = 'running', fence = fence + 1, lease_owner = ?1, lease_until = ?2,
+    error = '', updated_at = ?3, finished_at = NULL,
+    limit_key = CASE WHEN ?6 = '' THEN limit_key ELSE ?6 END,
+    limit_max = CASE WHEN ?6 = '' THEN limit_max ELSE ?7 END
+WHERE id = ?4 AND fence = ?5`
+	// sqlLimitHolders lists the runs other than ?3 holding limit ?1 with
+	// a live lease at ?2.
+	sqlLimitHolders = `SELECT id FROM runs
+WHERE limit_key = ?1 AND status = 'running' AND lease_until > ?2 AND id <> ?3
+ORDER BY id`
 	sqlLoseAttempts = `UPDATE attempts SET status = 'lost', finished_at = ?,
     error = 'runner stopped without recording an end; taken over by ' || ?
 WHERE run_id = ? AND finished_at IS NULL`
@@ -39,12 +49,19 @@ type rowScanner interface{ Scan(dest ...any) error }
 
 func scanRun(row rowScanner) (checkpoint.Run, error) {
 	var r checkpoint.Run
-	var owner, until, created, updated, finished, pruned sql.NullString
+	var owner, until, created, updated, finished, pruned, queue, avail, limitKey sql.NullString
 	var params string
 	err := row.Scan(&r.ID, &r.Job, &r.RunKey, &params, &r.ParamsHash, &r.Status, &r.Fence,
-		&owner, &until, &r.Error, &created, &updated, &finished, &pruned)
+		&owner, &until, &r.Error, &created, &updated, &finished, &pruned,
+		&queue, &r.Priority, &avail, &limitKey, &r.Limit.Max)
 	if err != nil {
 		return checkpoint.Run{}, err
+	}
+	r.Queue = queue.String
+	r.AvailableAt = parseTime(avail)
+	r.Limit.Key = limitKey.String
+	if r.Limit.Key == "" {
+		r.Limit.Max = 0
 	}
 	r.Params = []byte(params)
 	r.LeaseOwner = owner.String
@@ -76,8 +93,11 @@ func claimTx(ctx context.Context, tx *sql.Tx, req checkpoint.ClaimRequest) (chec
 	run, err := scanRun(tx.QueryRowContext(ctx, sqlSelectRun, req.RunID))
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
+		if err := checkLimit(ctx, tx, req.RunID, req.Limit, now); err != nil {
+			return checkpoint.Claim{}, err
+		}
 		if _, err := tx.ExecContext(ctx, sqlInsertRun, req.RunID, req.Job, req.RunKey, string(req.Params),
-			req.ParamsHash, req.Owner, until, now, now); err != nil {
+			req.ParamsHash, req.Owner, until, now, now, req.Limit.Key, req.Limit.Max); err != nil {
 			return checkpoint.Claim{}, err
 		}
 		if _, err := tx.ExecContext(ctx, sqlInsertAttempt, req.RunID, 1, 1, req.Owner, now); err != nil {
@@ -95,15 +115,30 @@ func claimTx(ctx context.Context, tx *sql.Tx, req checkpoint.ClaimRequest) (chec
 	if err != nil {
 		return checkpoint.Claim{}, err
 	}
-	tookOver, prevUntil := take.From, take.LeaseUntil
-	res, err := tx.ExecContext(ctx, sqlTakeRun, req.Owner, until, now, run.ID, run.Fence)
+	limit := req.Limit
+	if limit.IsZero() {
+		limit = run.Limit
+	}
+	if err := checkLimit(ctx, tx, run.ID, limit, now); err != nil {
+		return checkpoint.Claim{}, err
+	}
+	return takeTx(ctx, tx, run, take, req.Owner, req.Now, req.LeaseFor, req.Limit)
+}
+
+// takeTx takes over run (as read in the transaction): raises its fence,
+// takes the lease, marks unfinished attempts lost and records the new
+// attempt. A non-zero limit is recorded with the run.
+func takeTx(ctx context.Context, tx *sql.Tx, run checkpoint.Run, take checkpoint.Takeover, owner string,
+	at time.Time, leaseFor time.Duration, limit checkpoint.Limit) (checkpoint.Claim, error) {
+	now, until := fmtTime(at), fmtTime(at.Add(leaseFor))
+	res, err := tx.ExecContext(ctx, sqlTakeRun, owner, until, now, run.ID, run.Fence, limit.Key, limit.Max)
 	if err != nil {
 		return checkpoint.Claim{}, err
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
 		return checkpoint.Claim{}, fmt.Errorf("%w: run %s changed while being claimed", checkpoint.ErrFenced, run.ID)
 	}
-	if _, err := tx.ExecContext(ctx, sqlLoseAttempts, now, checkpoint.OwnerName(req.Owner), run.ID); err != nil {
+	if _, err := tx.ExecContext(ctx, sqlLoseAttempts, now, checkpoint.OwnerName(owner), run.ID); err != nil {
 		return checkpoint.Claim{}, err
 	}
 	var number int
@@ -111,21 +146,57 @@ func claimTx(ctx context.Context, tx *sql.Tx, req checkpoint.ClaimRequest) (chec
 		return checkpoint.Claim{}, err
 	}
 	fence := run.Fence + 1
-	if _, err := tx.ExecContext(ctx, sqlInsertAttempt, run.ID, number, fence, req.Owner, now); err != nil {
+	if _, err := tx.ExecContext(ctx, sqlInsertAttempt, run.ID, number, fence, owner, now); err != nil {
 		return checkpoint.Claim{}, err
 	}
 	previous := run.Status
-	run, err = scanRun(tx.QueryRowContext(ctx, sqlSelectRun, req.RunID))
+	run, err = scanRun(tx.QueryRowContext(ctx, sqlSelectRun, run.ID))
 	if err != nil {
 		return checkpoint.Claim{}, err
 	}
 	return checkpoint.Claim{
-		Lease:              checkpoint.Lease{RunID: run.ID, Fence: fence, Attempt: number, Owner: req.Owner},
+		Lease:              checkpoint.Lease{RunID: run.ID, Fence: fence, Attempt: number, Owner: owner},
 		Run:                run,
-		TookOverFrom:       tookOver,
+		TookOverFrom:       take.From,
 		PreviousStatus:     previous,
-		PreviousLeaseUntil: prevUntil,
+		PreviousLeaseUntil: take.LeaseUntil,
 	}, nil
+}
+
+// checkLimit refuses to start runID when limit's holders other than it
+// (live leases at now) already number limit.Max. The caller's BEGIN
+// IMMEDIATE transaction keeps every other claim out until it commits.
+func checkLimit(ctx context.Context, tx *sql.Tx, runID string, limit checkpoint.Limit, now string) error {
+	if limit.IsZero() {
+		return nil
+	}
+	holders, err := limitHolders(ctx, tx, limit.Key, now, runID)
+	if err != nil {
+		return err
+	}
+	if len(holders) >= limit.Max {
+		return &checkpoint.LimitReachedError{RunID: runID, Limit: limit, Holders: holders}
+	}
+	return nil
+}
+
+// limitHolders lists the runs other than runID holding key with a live
+// lease at now.
+func limitHolders(ctx context.Context, tx *sql.Tx, key, now, runID string) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, sqlLimitHolders, key, now, runID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
 }
 
 // Heartbeat implements checkpoint.Store.

@@ -10,8 +10,7 @@ import (
 )
 
 const (
-	sqlListRuns = `SELECT id, job, run_key, params, params_hash, status, fence,
-       lease_owner, lease_until, error, created_at, updated_at, finished_at, pruned_at
+	sqlListRuns = `SELECT ` + runCols + `
 FROM runs
 WHERE (?1 = '' OR job = ?1) AND (?2 = '' OR status = ?2)
   AND (?4 = '' OR substr(run_key, 1, length(?4)) = ?4)

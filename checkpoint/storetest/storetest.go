@@ -104,6 +104,7 @@ const (
 	ChunkPlans     Concept = "ChunkPlans"
 	Targets        Concept = "Targets"
 	Outbox         Concept = "Outbox"
+	Queue          Concept = "Queue"
 	Schedules      Concept = "Schedules"
 	Operations     Concept = "Operations"
 	ErrorsAndClock Concept = "ErrorsAndClock"
@@ -113,14 +114,14 @@ const (
 var concepts = map[Concept]func(*testing.T, Harness){
 	Migration: testMigration, ClaimAndLease: testClaimAndLease, FenceRace: testFenceRace,
 	Steps: testSteps, Items: testItems, ChunkPlans: testChunkPlans, Targets: testTargets,
-	Outbox: testOutbox, Schedules: testSchedules, Operations: testOperations, ErrorsAndClock: testErrorsAndClock,
+	Outbox: testOutbox, Queue: testQueue, Schedules: testSchedules, Operations: testOperations, ErrorsAndClock: testErrorsAndClock,
 	API: testAPI,
 }
 
 // Concepts returns every concept of the suite: what a complete store
 // passes.
 func Concepts() []Concept {
-	return []Concept{Migration, ClaimAndLease, FenceRace, Steps, Items, ChunkPlans, Targets, Outbox, Schedules, Operations, ErrorsAndClock, API}
+	return []Concept{Migration, ClaimAndLease, FenceRace, Steps, Items, ChunkPlans, Targets, Outbox, Queue, Schedules, Operations, ErrorsAndClock, API}
 }
 
 // RunConcepts runs the named concepts only: for a store still being

@@ -21,16 +21,19 @@ type benchCmd struct {
 	Items int  `default:"200000" help:"Transfers settled by the chunked posting and rerun workloads (the goals are stated at 1000000)."`
 	Steps int  `default:"2000" help:"Steps in each per-step workload."`
 	// Accounts is fixed by the goals' workload; tests make it small.
-	Accounts int    `default:"10000" help:"Accounts in the benchmark ledger."`
-	Dir      string `help:"Directory for the temporary SQLite databases; defaults to the system's temporary directory. With a postgres:// --db the benchmark works in fresh schemas of that database, dropped at the end." type:"path"`
+	Accounts  int      `default:"10000" help:"Accounts in the benchmark ledger."`
+	Claims    int      `default:"2000" help:"Runs claimed (and raw queue rows) per claimer count (1, 4, 16) by the claims workload, on each side."`
+	Workloads []string `sep:"," placeholder:"NAME" help:"Workloads to run, comma-separated: steps, effects, chunked, claims; all when omitted."`
+	Dir       string   `help:"Directory for the temporary SQLite databases; defaults to the system's temporary directory. With a postgres:// --db the benchmark works in fresh schemas of that database, dropped at the end." type:"path"`
 }
 
 func (c *benchCmd) Run(env *cmd.Env) error {
-	if c.Items < 1 || c.Steps < 1 || c.Accounts < 2 {
-		return cmd.UsageError(fmt.Errorf("--items (%d) and --steps (%d) must be at least 1, --accounts (%d) at least 2", c.Items, c.Steps, c.Accounts))
+	if c.Items < 1 || c.Steps < 1 || c.Accounts < 2 || c.Claims < 1 {
+		return cmd.UsageError(fmt.Errorf("--items (%d), --steps (%d) and --claims (%d) must be at least 1, --accounts (%d) at least 2",
+			c.Items, c.Steps, c.Claims, c.Accounts))
 	}
 	cfg := bench.Config{Dir: c.Dir, Synchronous: env.Globals.Synchronous, Items: c.Items, Steps: c.Steps,
-		Accounts: c.Accounts, Log: env.Stderr}
+		Accounts: c.Accounts, Claims: c.Claims, Workloads: c.Workloads, Log: env.Stderr}
 	if stores.IsURL(env.Globals.DB) {
 		cfg.DB = env.Globals.DB
 	}

@@ -88,7 +88,19 @@ var ErrBadAmount = errors.New("amount is not positive")
 const MaxListed = 20
 
 // Job is the settle job, registered by cmd/stepwise.
-var Job = jobs.Define("settle", Settle, jobs.Help("settles a business day's transfers over the ledger, exactly once"))
+var Job = jobs.Define("settle", Settle, jobs.Help("settles a business day's transfers over the ledger, exactly once"),
+	jobs.LimitBy(1, LedgerKey))
+
+// LedgerKey is the resource a settlement uses: its ledger. One settlement
+// per ledger runs at a time (jobs.LimitBy), on every path that starts one
+// and on every host: two days settled at once over one ledger would make
+// which transfer an overdraft rejects depend on timing.
+func LedgerKey(p Params) string {
+	if p.Ledger == "" {
+		return "ledger=(checkpoint store)"
+	}
+	return "ledger=" + p.Ledger
+}
 
 // Settle is the settle job's function.
 func Settle(ctx context.Context, r *steps.Run, p Params) error {

@@ -1,0 +1,178 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/runner"
+)
+
+// Claimers are the numbers of concurrent claimers the claims workload
+// measures, each in its own goroutine (one connection each on
+// PostgreSQL; SQLite serialises them on its one writer).
+var Claimers = []int{1, 4, 16}
+
+// rawClaims is the queue-claim baseline: a minimal queue table of its
+// own, claimed by one UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP
+// LOCKED LIMIT 1) and finished by one UPDATE, each in its own
+// transaction.
+type rawClaims interface {
+	// claim takes the next queued job for owner; ok false when none.
+	claim(ctx context.Context, owner string) (id string, ok bool, err error)
+	// finish marks a claimed job done.
+	finish(ctx context.Context, id string) error
+	// done counts the jobs marked done.
+	done(ctx context.Context) (int, error)
+}
+
+// claims: ClaimNext + Finish of trivial queued runs, against the raw
+// SKIP LOCKED claim + finish, with 1, 4 and 16 claimers. Every run must
+// be claimed exactly once on each side.
+func (b *bench) claims(n int) error {
+	for _, c := range Claimers {
+		b.say("queue claims with %d claimers: %d queued runs, %d raw queue rows", c, n, n)
+		ours, raw, err := b.be.claimSides(b.ctx, fmt.Sprintf("claims%d", c), c, n)
+		if err != nil {
+			return err
+		}
+		q, ok := ours.Store.(checkpoint.QueueStore)
+		if !ok {
+			return fmt.Errorf("the store %T has no run queue", ours.Store)
+		}
+		if err := enqueueRuns(b.ctx, q, n); err != nil {
+			return fmt.Errorf("enqueue: %w", err)
+		}
+		// Statistics as a queue in service has them, on both sides (the
+		// raw side's are taken when it is seeded): a table just filled
+		// looks empty to the planner, which then sorts every due run
+		// instead of reading the queue's index in order.
+		for _, table := range []string{"runs", "attempts"} {
+			if _, err := ours.db.ExecContext(b.ctx, "ANALYZE "+table); err != nil {
+				return fmt.Errorf("analyze %s: %w", table, err)
+			}
+		}
+		var (
+			mu   sync.Mutex
+			seen = make(map[string]bool, n)
+		)
+		oursOne := func(owner string) (bool, error) {
+			now := time.Now()
+			cl, ok, err := q.ClaimNext(b.ctx, checkpoint.ClaimNextRequest{Owner: owner, Now: now, LeaseFor: time.Minute})
+			if err != nil || !ok {
+				return false, err
+			}
+			mu.Lock()
+			dup := seen[cl.Lease.RunID]
+			seen[cl.Lease.RunID] = true
+			mu.Unlock()
+			if dup {
+				return false, fmt.Errorf("run %s claimed twice", cl.Lease.RunID)
+			}
+			return true, ours.Finish(b.ctx, cl.Lease, checkpoint.Ending{Status: checkpoint.RunSucceeded, At: time.Now()})
+		}
+		rawSeen := make(map[string]bool, n)
+		rawOne := func(owner string) (bool, error) {
+			id, ok, err := raw.claim(b.ctx, owner)
+			if err != nil || !ok {
+				return false, err
+			}
+			mu.Lock()
+			dup := rawSeen[id]
+			rawSeen[id] = true
+			mu.Unlock()
+			if dup {
+				return false, fmt.Errorf("raw job %s claimed twice", id)
+			}
+			return true, raw.finish(b.ctx, id)
+		}
+		// Two halves each, alternating, so drift in the machine's load
+		// hits both sides alike.
+		var tOurs, tRaw time.Duration
+		var doneOurs, doneRaw atomic.Int64
+		for _, target := range []int64{int64(n / 2), int64(n)} {
+			d, err := claimUntil(c, &doneOurs, target, oursOne)
+			if err != nil {
+				return err
+			}
+			tOurs += d
+			if d, err = claimUntil(c, &doneRaw, target, rawOne); err != nil {
+				return err
+			}
+			tRaw += d
+		}
+		if len(seen) != n || len(rawSeen) != n {
+			return fmt.Errorf("%d runs and %d raw jobs claimed; want %d of each", len(seen), len(rawSeen), n)
+		}
+		if got, err := raw.done(b.ctx); err != nil || got != n {
+			return fmt.Errorf("raw: %d jobs done, want %d (%v)", got, n, err)
+		}
+		b.rate(fmt.Sprintf("queue claims, %d claimers (ClaimNext + Finish)", c), "claims/s", n, tOurs, tRaw, b.goals.claims,
+			"raw: UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED LIMIT 1), then an UPDATE marking it done")
+	}
+	return nil
+}
+
+// enqueueRuns queues n trivial runs, from 8 goroutines.
+func enqueueRuns(ctx context.Context, q checkpoint.QueueStore, n int) error {
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+		errs = make(chan error, 8)
+	)
+	for range 8 {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < int64(n); i = next.Add(1) - 1 {
+				key := fmt.Sprintf("%06d", i)
+				if _, err := q.Enqueue(ctx, checkpoint.EnqueueRequest{RunID: "bench/" + key, Job: "bench", RunKey: key,
+					Params: []byte("{}"), ParamsHash: "bench", Now: time.Now().Add(-time.Second)}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// claimUntil runs c claimers of one until done reaches target and returns
+// how long it took. A claimer that finds nothing claimable while the
+// target is not reached (another claimer holds the last rows for an
+// instant) tries again; one that finds nothing for a thousand tries in a
+// row fails.
+func claimUntil(c int, done *atomic.Int64, target int64, one func(owner string) (bool, error)) (time.Duration, error) {
+	var (
+		wg   sync.WaitGroup
+		errs = make(chan error, c)
+	)
+	start := time.Now()
+	for i := range c {
+		owner := fmt.Sprintf("%s claimer-%d", runner.DefaultOwner(), i)
+		wg.Go(func() {
+			for misses := 0; done.Load() < target; {
+				ok, err := one(owner)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if !ok {
+					if misses++; misses > 1000 {
+						errs <- fmt.Errorf("claimer %d found nothing to claim a thousand times with %d of %d done", i, done.Load(), target)
+						return
+					}
+					continue
+				}
+				misses = 0
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return time.Since(start), <-errs
+}

@@ -1,0 +1,340 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// queueChannel is the LISTEN/NOTIFY channel Enqueue notifies; the payload
+// is the queue's name.
+const queueChannel = "stepwise_queue"
+
+const (
+	// sqlEnqueueRun creates the queued run, notifying listeners at commit,
+	// or does nothing when the run exists.
+	sqlEnqueueRun = `WITH r AS (
+    INSERT INTO runs (id, job, run_key, params, params_hash, status, fence, created_at, updated_at,
+                      queue, priority, available_at, limit_key, limit_max)
+    VALUES ($1, $2, $3, $4, $5, 'queued', 0, coalesce($6::timestamptz, now()), coalesce($6::timestamptz, now()),
+            $7, $8, greatest(coalesce($6::timestamptz, now()), $9::timestamptz), nullif($10::text, ''), $11::integer)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING ` + runCols + `
+)
+SELECT ` + runCols + `, (SELECT count(*) FROM (SELECT pg_notify('` + queueChannel + `', $7::text) FROM r) n) FROM r`
+
+	// sqlClaimNext picks the first due run of the queues $2 and jobs $3
+	// (empty arrays match all) whose limit is not full, skipping rows
+	// other claims hold, and takes it in the same statement, unless it
+	// has a limit: then it only returns it, for claimNext to lock it again
+	// and count the limit's holders under the limit's lock. Limits in $6
+	// were found full by this call already.
+	sqlClaimNext = `WITH c AS (
+    SELECT ` + runCols + ` FROM runs
+    WHERE queue IS NOT NULL AND status IN ('queued', 'interrupted', 'running')
+      AND ((status IN ('queued', 'interrupted') AND available_at <= coalesce($1::timestamptz, now()))
+        OR (status = 'running' AND lease_until <= coalesce($1::timestamptz, now())))
+      AND (cardinality($2::text[]) = 0 OR queue = ANY ($2::text[]))
+      AND (cardinality($3::text[]) = 0 OR job = ANY ($3::text[]))
+      AND (limit_key IS NULL OR (NOT limit_key = ANY ($6::text[]) AND limit_max > (SELECT count(*) FROM runs h
+          WHERE h.limit_key = runs.limit_key AND h.status = 'running'
+            AND h.lease_until > coalesce($1::timestamptz, now()) AND h.id <> runs.id)))
+    ORDER BY priority DESC, available_at, id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), r AS (
+    UPDATE runs SET status = 'running', fence = runs.fence + 1, lease_owner = $4,
+        lease_until = coalesce($1::timestamptz, now()) + $5::bigint * interval '1 microsecond',
+        error = '', updated_at = coalesce($1::timestamptz, now()), finished_at = NULL
+    FROM c WHERE runs.id = c.id AND c.limit_key IS NULL
+    RETURNING runs.fence AS new_fence, runs.lease_until AS new_until, runs.updated_at AS new_updated
+), lost AS (
+    UPDATE attempts SET status = 'lost', finished_at = coalesce($1::timestamptz, now()),
+        error = 'runner stopped without recording an end; taken over by ' || $7::text
+    FROM c WHERE attempts.run_id = c.id AND attempts.finished_at IS NULL AND EXISTS (SELECT 1 FROM r)
+), a AS (
+    INSERT INTO attempts (run_id, number, fence, owner, status, started_at)
+    SELECT c.id, (SELECT coalesce(max(number), 0) + 1 FROM attempts WHERE run_id = c.id), r.new_fence, $4, 'running', r.new_updated
+    FROM c, r
+    RETURNING number
+)
+SELECT ` + runCols + `, r.new_fence, r.new_until, r.new_updated, a.number FROM c LEFT JOIN r ON true LEFT JOIN a ON true`
+
+	// sqlRelockDue locks run $1 again for a claim if it is as sqlClaimNext
+	// found it (fence $2, status $3) and still due.
+	sqlRelockDue = `SELECT id FROM runs
+WHERE id = $1 AND fence = $2 AND status = $3 AND (status <> 'running' OR lease_until <= coalesce($4::timestamptz, now()))
+FOR UPDATE SKIP LOCKED`
+	// sqlLimitLock serialises the claims of one limit's runs, on every
+	// host, until the transaction ends.
+	sqlLimitLock = `SELECT pg_advisory_xact_lock(hashtextextended('stepwise limit ' || coalesce(current_schema(), '') || ' ' || $1::text, 0))`
+	// sqlLimitHolders lists the runs other than $3 holding limit $1 with a
+	// live lease. Sent after sqlLimitLock, it sees every claim of the
+	// limit committed before the lock was granted.
+	sqlLimitHolders = `SELECT id FROM runs
+WHERE limit_key = $1 AND status = 'running' AND lease_until > coalesce($2::timestamptz, now()) AND id <> $3
+ORDER BY id`
+)
+
+// Enqueue implements checkpoint.QueueStore. A run it creates notifies
+// the workers listening (WakeOnEnqueue) when it commits.
+func (s *Store) Enqueue(ctx context.Context, req checkpoint.EnqueueRequest) (checkpoint.EnqueueResult, error) {
+	if err := req.Validate(s.cfg.CallerClock); err != nil {
+		return checkpoint.EnqueueResult{}, err
+	}
+	var n int
+	run, err := scanRun(s.pool.QueryRow(ctx, sqlEnqueueRun, req.RunID, req.Job, req.RunKey, string(req.Params), req.ParamsHash,
+		s.clock(req.Now), req.QueueName(), req.Priority, ts(req.NotBefore), req.Limit.Key, req.Limit.Max), &n)
+	if err == nil {
+		return checkpoint.EnqueueResult{Run: run, Created: true}, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return checkpoint.EnqueueResult{}, s.wrap("enqueue run "+req.RunID, err)
+	}
+	run, err = scanRun(s.pool.QueryRow(ctx, sqlSelectRun, req.RunID))
+	if err != nil {
+		return checkpoint.EnqueueResult{}, s.wrap("enqueue run "+req.RunID, err)
+	}
+	if err := checkpoint.MayEnqueue(run, req); err != nil {
+		return checkpoint.EnqueueResult{}, err
+	}
+	return checkpoint.EnqueueResult{Run: run}, nil
+}
+
+// maxFullLimits is how many runs whose limit turned out full one
+// ClaimNext passes over before it reports no run due.
+const maxFullLimits = 8
+
+// ClaimNext implements checkpoint.QueueStore: a run without a limit is
+// picked and taken in one statement (FOR UPDATE SKIP LOCKED); one with a
+// limit is picked and locked by it, then taken under the limit's advisory
+// lock if its holders leave room.
+func (s *Store) ClaimNext(ctx context.Context, req checkpoint.ClaimNextRequest) (checkpoint.Claim, bool, error) {
+	if err := req.Validate(s.cfg.CallerClock); err != nil {
+		return checkpoint.Claim{}, false, err
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return checkpoint.Claim{}, false, s.wrap("claim the next queued run", err)
+	}
+	defer conn.Release()
+	full := []string{}
+	for range maxFullLimits {
+		// A try ends with a claim, nothing due, or a run with a limit that
+		// was full (its key is passed over next) or taken meanwhile.
+		c, ok, fullKey, retry, err := s.claimNext(ctx, conn.Conn(), req, full)
+		if err != nil {
+			rollback(ctx, conn.Conn())
+			return checkpoint.Claim{}, false, s.wrap("claim the next queued run", err)
+		}
+		switch {
+		case ok:
+			return c, true, nil
+		case fullKey != "":
+			full = append(full, fullKey)
+		case !retry:
+			return c, false, nil
+		}
+	}
+	return checkpoint.Claim{}, false, nil
+}
+
+// claimNext makes one try of ClaimNext. fullKey is the limit of the run
+// it picked when that limit was full; retry is set when the run it picked
+// was taken by another claim meanwhile.
+func (s *Store) claimNext(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimNextRequest, full []string) (c checkpoint.Claim, ok bool, fullKey string, retry bool, err error) {
+	now := s.clock(req.Now)
+	lease := req.LeaseFor.Microseconds()
+	var (
+		newFence         pgtype.Int8
+		newUntil, newUpd pgtype.Timestamptz
+		number           pgtype.Int4
+	)
+	// One statement in its own transaction: a run without a limit is
+	// taken and committed in one round trip.
+	run, err := scanRun(conn.QueryRow(ctx, sqlClaimNext, now, nonNil(req.Queues), nonNil(req.Jobs), req.Owner, lease, full,
+		checkpoint.OwnerName(req.Owner)), &newFence, &newUntil, &newUpd, &number)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, false, "", false, nil
+	}
+	if err != nil {
+		return c, false, "", false, err
+	}
+	var take checkpoint.Takeover
+	if run.Status == checkpoint.RunRunning {
+		take = checkpoint.Takeover{From: run.LeaseOwner, LeaseUntil: run.LeaseUntil}
+	}
+	previous := run.Status
+	if number.Valid { // taken by the statement
+		run.Status, run.Fence, run.LeaseOwner, run.LeaseUntil = checkpoint.RunRunning, newFence.Int64, req.Owner, tm(newUntil)
+		run.Error, run.UpdatedAt, run.FinishedAt = "", tm(newUpd), time.Time{}
+		return s.nextClaim(run, int(number.Int32), req.Owner, previous, take), true, "", false, nil
+	}
+	// A run with a limit: lock it again, unchanged and still due, then
+	// count the limit's holders under the limit's lock.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(sqlRelockDue, run.ID, run.Fence, run.Status, now)
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	var still string
+	if err == nil {
+		err = br.QueryRow().Scan(&still)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if errors.Is(err, pgx.ErrNoRows) { // claimed or changed meanwhile: try again
+		rollback(ctx, conn)
+		return c, false, "", true, nil
+	}
+	if err != nil {
+		return c, false, "", false, err
+	}
+	holders, err := s.limitHolders(ctx, conn, run.ID, run.Limit, now)
+	if err != nil {
+		return c, false, "", false, err
+	}
+	if len(holders) >= run.Limit.Max {
+		rollback(ctx, conn)
+		return c, false, run.Limit.Key, false, nil
+	}
+	taken, err := scanRun(conn.QueryRow(ctx, sqlTakeRun, run.ID, req.Owner, now, lease, run.Fence,
+		checkpoint.OwnerName(req.Owner), "", 0), &number)
+	if err != nil {
+		return c, false, "", false, err
+	}
+	if err := commit(ctx, conn); err != nil {
+		return c, false, "", false, err
+	}
+	return s.nextClaim(taken, int(number.Int32), req.Owner, previous, take), true, "", false, nil
+}
+
+// nextClaim is the Claim ClaimNext returns for a run it took.
+func (s *Store) nextClaim(run checkpoint.Run, attempt int, owner, previous string, take checkpoint.Takeover) checkpoint.Claim {
+	return checkpoint.Claim{
+		Lease:              checkpoint.Lease{RunID: run.ID, Fence: run.Fence, Attempt: attempt, Owner: owner},
+		Run:                run,
+		PreviousStatus:     previous,
+		TookOverFrom:       take.From,
+		PreviousLeaseUntil: take.LeaseUntil,
+	}
+}
+
+// limitHolders takes limit's advisory lock in conn's transaction and lists
+// the runs other than runID holding it with a live lease.
+func (s *Store) limitHolders(ctx context.Context, conn *pgx.Conn, runID string, limit checkpoint.Limit, now any) ([]string, error) {
+	b := &pgx.Batch{}
+	b.Queue(sqlLimitLock, limit.Key)
+	b.Queue(sqlLimitHolders, limit.Key, now, runID)
+	br := conn.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	return ids, br.Close()
+}
+
+// checkLimit refuses to start runID, in conn's open transaction, when
+// limit's other live holders already number limit.Max. Holding the
+// limit's lock until the commit keeps every other claim of it waiting.
+func (s *Store) checkLimit(ctx context.Context, conn *pgx.Conn, runID string, limit checkpoint.Limit, now any) error {
+	if limit.IsZero() {
+		return nil
+	}
+	holders, err := s.limitHolders(ctx, conn, runID, limit, now)
+	if err != nil {
+		return err
+	}
+	if len(holders) >= limit.Max {
+		return &checkpoint.LimitReachedError{RunID: runID, Limit: limit, Holders: holders}
+	}
+	return nil
+}
+
+// WakeOnEnqueue implements checkpoint.QueueWaker: it LISTENs on a
+// connection of its own (not one of the pool's), and reconnects with a
+// jittered backoff when that connection is lost.
+func (s *Store) WakeOnEnqueue(ctx context.Context) (<-chan struct{}, error) {
+	conn, err := s.listen(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ch := make(chan struct{}, 1)
+	wake := func() {
+		select {
+		case ch <- struct{}{}:
+		default: // a wake-up is pending already
+		}
+	}
+	go func() {
+		defer close(ch)
+		backoff := 100 * time.Millisecond
+		for {
+			if conn == nil {
+				t := time.NewTimer(backoff/2 + rand.N(backoff))
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+				backoff = min(2*backoff, 5*time.Second)
+				if conn, err = s.listen(ctx); err != nil {
+					conn = nil
+					continue
+				}
+				backoff = 100 * time.Millisecond
+				wake() // enqueues may have gone unheard meanwhile
+			}
+			_, err := conn.WaitForNotification(ctx)
+			if ctx.Err() != nil {
+				conn.Close(context.WithoutCancel(ctx))
+				return
+			}
+			if err != nil {
+				conn.Close(context.WithoutCancel(ctx))
+				conn = nil
+				continue
+			}
+			wake()
+		}
+	}()
+	return ch, nil
+}
+
+// listen opens a connection of its own listening on queueChannel.
+func (s *Store) listen(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return nil, s.wrap("listen for enqueued runs", err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+queueChannel); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, s.wrap("listen for enqueued runs", err)
+	}
+	return conn, nil
+}
+
+// nonNil returns ss, or an empty slice for nil (an empty array, not NULL).
+func nonNil(ss []string) []string {
+	if ss == nil {
+		return []string{}
+	}
+	return ss
+}
+
+var _ checkpoint.QueueWaker = (*Store)(nil)

@@ -1,0 +1,129 @@
+package cmd
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/runner"
+)
+
+// EnqueueCmd queues a run of a job for the workers.
+type EnqueueCmd struct {
+	Job        string            `arg:"" help:"Registered job name (see '${name} jobs')."`
+	Params     map[string]string `short:"p" mapsep:"none" placeholder:"NAME=VALUE" help:"A job parameter; repeat for several. Identifying parameters name the run: enqueueing a run key that exists changes nothing and says so."`
+	ParamsFile string            `type:"existingfile" placeholder:"FILE" help:"JSON object of job parameters; -p values override it."`
+	Queue      string            `default:"default" help:"Queue to put the run in; a worker takes runs from the queues its --queues names (all when omitted)."`
+	Priority   int               `default:"0" help:"Among a queue's due runs, higher priorities start first; equal ones oldest first."`
+	NotBefore  string            `name:"not-before" placeholder:"TIME" help:"Earliest start: an RFC 3339 time (2026-11-28T06:00:00Z) or a duration from now (90m)."`
+	JSON       bool              `name:"json" help:"Print the outcome as JSON on stdout."`
+}
+
+// enqueueView is enqueue's --json output.
+type enqueueView struct {
+	RunID       string    `json:"run_id"`
+	Created     bool      `json:"created"`
+	Status      string    `json:"status"`
+	Queue       string    `json:"queue,omitempty"`
+	Priority    int       `json:"priority"`
+	AvailableAt time.Time `json:"available_at,omitzero"`
+}
+
+// Run implements the enqueue command.
+func (c *EnqueueCmd) Run(env *Env) error {
+	var file []byte
+	if c.ParamsFile != "" {
+		var err error
+		if file, err = os.ReadFile(c.ParamsFile); err != nil {
+			return usageError{fmt.Errorf("read --params-file: %w", err)}
+		}
+	}
+	var notBefore time.Time
+	if c.NotBefore != "" {
+		if d, err := time.ParseDuration(c.NotBefore); err == nil {
+			notBefore = env.now().Add(d)
+		} else if notBefore, err = time.Parse(time.RFC3339, c.NotBefore); err != nil {
+			return usageError{fmt.Errorf("--not-before %q is neither an RFC 3339 time (2026-11-28T06:00:00Z) nor a duration (90m)", c.NotBefore)}
+		}
+	}
+	st, err := env.Store()
+	if err != nil {
+		return err
+	}
+	r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger()})
+	if err != nil {
+		return err
+	}
+	res, err := r.Enqueue(env.Ctx, runner.EnqueueRequest{Job: c.Job, Values: c.Params, ParamsFile: file,
+		Queue: c.Queue, Priority: c.Priority, NotBefore: notBefore})
+	if err != nil {
+		return err
+	}
+	run := res.Run
+	if c.JSON {
+		return writeJSON(env.Stdout, enqueueView{RunID: run.ID, Created: res.Created, Status: run.Status,
+			Queue: run.Queue, Priority: run.Priority, AvailableAt: run.AvailableAt})
+	}
+	if !res.Created {
+		fmt.Fprintf(env.Stdout, "run %s exists already (%s); nothing enqueued\n", run.ID, run.Status)
+		return nil
+	}
+	when := "a worker starts it when one is free"
+	if run.AvailableAt.After(env.now()) {
+		when = "a worker starts it at " + run.AvailableAt.Format(time.RFC3339) + " or later"
+	}
+	fmt.Fprintf(env.Stdout, "run %s enqueued in queue %s (priority %d): %s\n", run.ID, run.Queue, run.Priority, when)
+	return nil
+}
+
+// WorkerCmd claims queued runs and drives them until SIGTERM or SIGINT.
+type WorkerCmd struct {
+	Queues      []string      `sep:"," placeholder:"QUEUE" help:"Queues to take runs from, comma-separated; all queues when omitted."`
+	Concurrency int           `default:"1" nonzero:"" help:"Runs driven at once by this worker (at least 1); a panic in one run's job code fails that run's attempt only."`
+	Lease       time.Duration `default:"30s" nonzero:"" help:"Lease length of the runs claimed; the worker heartbeats every third of it. A run whose worker died is taken by another worker once its lease expires."`
+	Poll        time.Duration `default:"1s" nonzero:"" help:"How often an idle worker looks for due runs, jittered by a fifth: the only wake-up on SQLite; on PostgreSQL the fallback to LISTEN/NOTIFY, which wakes workers at each enqueue."`
+	Grace       time.Duration `default:"20s" help:"After SIGTERM or SIGINT: claim nothing more, let the runs in flight finish for this long, then interrupt them (recorded interrupted, leases released: due again for any worker). Keep it under STEPWISE_GRACE, after which the process exits anyway."`
+}
+
+// Run implements the worker command.
+func (c *WorkerCmd) Run(env *Env) error {
+	if c.Concurrency < 1 {
+		return usageError{fmt.Errorf("--concurrency %d: give at least 1", c.Concurrency)}
+	}
+	if err := checkGrace(c.Grace); err != nil {
+		return usageError{err}
+	}
+	// Each run in flight may hold a connection for a write and another
+	// for its heartbeat; claims need one more.
+	env.maxConns = int32(max(4, 2*c.Concurrency+1))
+	st, err := env.Store()
+	if err != nil {
+		return err
+	}
+	w, err := runner.NewWorker(runner.WorkerConfig{
+		Runner:      runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease},
+		Queues:      c.Queues,
+		Concurrency: c.Concurrency,
+		Poll:        c.Poll,
+		Grace:       c.Grace,
+	})
+	if err != nil {
+		return usageError{err}
+	}
+	queues := "every queue"
+	if len(c.Queues) > 0 {
+		queues = "queues " + strings.Join(c.Queues, ", ")
+	}
+	wake := "polling every " + c.Poll.String()
+	if _, ok := st.(checkpoint.QueueWaker); ok {
+		wake = "woken by LISTEN/NOTIFY, polling every " + c.Poll.String()
+	}
+	fmt.Fprintf(env.Stdout, "%s worker: taking runs of %s from %s, %d at a time (%s)\n", env.Name, queues, env.storeName(), c.Concurrency, wake)
+	if err := w.Run(env.Ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "%s worker: stopped\n", env.Name)
+	return nil
+}

@@ -1,0 +1,272 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/jobs"
+)
+
+// EnqueueRequest asks for a run of a job to be queued for a worker.
+type EnqueueRequest struct {
+	// Job is the registered job's name.
+	Job string
+	// Values and ParamsFile are the parameters, as for Request.
+	Values     map[string]string
+	ParamsFile []byte
+	// Queue is the queue's name; empty means checkpoint.DefaultQueue.
+	Queue string
+	// Priority orders the queue: higher first, then older first.
+	Priority int
+	// NotBefore is the earliest time a worker may start the run; zero
+	// means at once.
+	NotBefore time.Time
+}
+
+// Enqueue queues a run of req's job for the workers (Worker), validating
+// its parameters as Run does. An existing run key with the same
+// parameters is left as it is (Created false, and the run's status); with
+// other parameters it is refused with a *checkpoint.ParamsMismatchError.
+func (r *Runner) Enqueue(ctx context.Context, req EnqueueRequest) (checkpoint.EnqueueResult, error) {
+	q, ok := r.cfg.Store.(checkpoint.QueueStore)
+	if !ok {
+		return checkpoint.EnqueueResult{}, fmt.Errorf("runner: the store %T has no run queue", r.cfg.Store)
+	}
+	job, err := r.cfg.Jobs.Lookup(req.Job)
+	if err != nil {
+		return checkpoint.EnqueueResult{}, err
+	}
+	dec, err := job.Decode(req.Values, req.ParamsFile)
+	if err != nil {
+		return checkpoint.EnqueueResult{}, err
+	}
+	return q.Enqueue(ctx, checkpoint.EnqueueRequest{
+		RunID: jobs.RunID(job.Name(), dec.RunKey), Job: job.Name(), RunKey: dec.RunKey, Params: dec.JSON, ParamsHash: dec.Hash,
+		Queue: req.Queue, Priority: req.Priority, NotBefore: req.NotBefore, Now: r.cfg.Clock.Now(), Limit: dec.Limit,
+	})
+}
+
+// Task is one piece of work a Worker runs in one of its slots. ctx ends
+// when the worker's grace period after shutdown is over; a task must then
+// stop and record that it was interrupted (resumably).
+type Task func(ctx context.Context)
+
+// WorkSource finds one piece of work for a free slot of a Worker and
+// claims it: a queued run, a partition of a batch step. It returns nil
+// when it has none now. A worker tries its sources in order for each free
+// slot; an error is logged and the source tried again at the next poll.
+type WorkSource func(ctx context.Context) (Task, error)
+
+// WorkerConfig configures a Worker.
+type WorkerConfig struct {
+	// Runner configures the runs the worker drives, as for New; its Lease
+	// is each claim's lease and its Owner names the worker. Its Store must
+	// be a checkpoint.QueueStore.
+	Runner Config
+	// Queues are the queues the worker takes runs from; empty means all.
+	Queues []string
+	// Concurrency is how many runs (tasks) the worker drives at once.
+	// Defaults to 1.
+	Concurrency int
+	// Poll is how often an idle worker looks for work anyway, jittered by
+	// up to a fifth either way: the only wake-up on a store without
+	// checkpoint.QueueWaker (SQLite), the fallback on one with it.
+	// Defaults to 1s.
+	Poll time.Duration
+	// Debounce is how long the worker lets enqueue notifications gather
+	// before it claims, so a burst of enqueues costs one pass. Defaults
+	// to 100ms.
+	Debounce time.Duration
+	// Grace is how long Run, once its context ends, lets the runs in
+	// flight finish before it interrupts them (recorded interrupted,
+	// their leases released; a queued run interrupted so is due again for
+	// any worker). Zero interrupts them at once.
+	Grace time.Duration
+	// Sources are more kinds of work, tried after the run queue for each
+	// free slot.
+	Sources []WorkSource
+	// OnDone, if set, is called after each run the worker drove ended,
+	// with its result (tests, metrics).
+	OnDone func(Result, error)
+}
+
+// Worker claims queued runs, and runs whose runner's lease expired, and
+// drives them, up to Concurrency at once, until its context ends. Many
+// workers on many hosts may share one store: ClaimNext gives each run to
+// one of them, and the fence stops any stale one.
+type Worker struct {
+	cfg     WorkerConfig
+	runner  *Runner
+	queue   checkpoint.QueueStore
+	clock   WaitClock
+	log     zerolog.Logger
+	started atomic.Bool
+}
+
+// NewWorker returns a Worker for cfg.
+func NewWorker(cfg WorkerConfig) (*Worker, error) {
+	r, err := New(cfg.Runner)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Runner = r.cfg
+	q, ok := cfg.Runner.Store.(checkpoint.QueueStore)
+	if !ok {
+		return nil, fmt.Errorf("runner: the store %T has no run queue (checkpoint.QueueStore)", cfg.Runner.Store)
+	}
+	switch {
+	case cfg.Concurrency < 0 || cfg.Poll < 0 || cfg.Debounce < 0 || cfg.Grace < 0:
+		return nil, fmt.Errorf("runner: WorkerConfig.Concurrency (%d), Poll (%s), Debounce (%s) and Grace (%s) cannot be negative",
+			cfg.Concurrency, cfg.Poll, cfg.Debounce, cfg.Grace)
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 1
+	}
+	if cfg.Poll == 0 {
+		cfg.Poll = time.Second
+	}
+	if cfg.Debounce == 0 {
+		cfg.Debounce = 100 * time.Millisecond
+	}
+	clock, ok := cfg.Runner.Clock.(WaitClock)
+	if !ok {
+		clock = SystemClock{}
+	}
+	return &Worker{cfg: cfg, runner: r, queue: q, clock: clock, log: cfg.Runner.Logger}, nil
+}
+
+// claimRuns is the worker's first source of work: the run queue.
+func (w *Worker) claimRuns(jobNames []string) WorkSource {
+	return func(ctx context.Context) (Task, error) {
+		claimedAt := w.cfg.Runner.Clock.Now()
+		c, ok, err := w.queue.ClaimNext(ctx, checkpoint.ClaimNextRequest{
+			Queues: w.cfg.Queues, Jobs: jobNames, Owner: w.cfg.Runner.Owner, Now: claimedAt, LeaseFor: w.cfg.Runner.Lease,
+		})
+		if err != nil || !ok {
+			return nil, err
+		}
+		return func(ctx context.Context) {
+			res, err := w.runner.Drive(ctx, c, claimedAt)
+			if w.cfg.OnDone != nil {
+				w.cfg.OnDone(res, err)
+			}
+		}, nil
+	}
+}
+
+// Run claims and drives work until ctx ends, then stops claiming, lets
+// the work in flight finish within Grace, interrupts what is left and
+// returns once every task has returned. It returns an error only when it
+// cannot start.
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.started.CompareAndSwap(false, true) {
+		return errors.New("runner: Worker.Run called twice; make a new Worker")
+	}
+	var names []string
+	for _, j := range w.cfg.Runner.Jobs.Jobs() {
+		names = append(names, j.Name())
+	}
+	if len(names) == 0 {
+		return errors.New("runner: the worker's job registry is empty; it could run nothing")
+	}
+	sources := append([]WorkSource{w.claimRuns(names)}, w.cfg.Sources...)
+	var wake <-chan struct{}
+	if qw, ok := w.queue.(checkpoint.QueueWaker); ok {
+		listenCtx, stopListening := context.WithCancel(ctx)
+		defer stopListening()
+		ch, err := qw.WakeOnEnqueue(listenCtx)
+		if err != nil {
+			w.log.Warn().Err(err).Msg("cannot listen for enqueued runs; polling only")
+		} else {
+			wake = ch
+		}
+	}
+	tasksCtx, cancelTasks := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelTasks(nil)
+	var wg sync.WaitGroup
+	done := make(chan struct{}, w.cfg.Concurrency)
+	inFlight := 0
+	w.log.Info().Str("owner", w.cfg.Runner.Owner).Strs("queues", w.cfg.Queues).Int("concurrency", w.cfg.Concurrency).
+		Strs("jobs", names).Msg("worker started")
+
+	// fill claims work for the free slots, source by source, until every
+	// slot is busy or no source has any; after a source's error the next
+	// pass waits for the poll.
+	fill := func() {
+		for inFlight < w.cfg.Concurrency && ctx.Err() == nil {
+			var task Task
+			for _, src := range sources {
+				t, err := src(ctx)
+				if err != nil {
+					if ctx.Err() == nil {
+						w.log.Warn().Err(err).Msg("could not claim work; trying again at the next poll")
+					}
+					return
+				}
+				if t != nil {
+					task = t
+					break
+				}
+			}
+			if task == nil {
+				return
+			}
+			inFlight++
+			wg.Go(func() {
+				defer func() { done <- struct{}{} }()
+				task(tasksCtx)
+			})
+		}
+	}
+
+	for ctx.Err() == nil {
+		fill()
+		poll := w.cfg.Poll*4/5 + rand.N(w.cfg.Poll*2/5+1)
+		select {
+		case <-ctx.Done():
+		case <-done:
+			inFlight--
+		case <-w.clock.After(poll):
+		case _, ok := <-wake:
+			if !ok {
+				wake = nil
+				continue
+			}
+			select { // debounce: let a burst of enqueues gather
+			case <-ctx.Done():
+			case <-w.clock.After(w.cfg.Debounce):
+			}
+		}
+	}
+
+	var graceOver <-chan time.Time
+	if w.cfg.Grace > 0 && inFlight > 0 {
+		w.log.Info().Int("running", inFlight).Float64(fieldGraceSeconds, w.cfg.Grace.Seconds()).
+			Msg("worker stopping: claiming no more; waiting for the runs in flight")
+		graceOver = w.clock.After(w.cfg.Grace)
+	} else if inFlight > 0 {
+		cancelTasks(errors.New("worker stopped"))
+	}
+	for inFlight > 0 {
+		select {
+		case <-done:
+			inFlight--
+		case <-graceOver:
+			graceOver = nil
+			w.log.Warn().Int("running", inFlight).Float64(fieldGraceSeconds, w.cfg.Grace.Seconds()).
+				Msg("grace period over; interrupting the runs in flight (resumable: they are due again for any worker)")
+			cancelTasks(fmt.Errorf("worker stopped; grace period of %s over", w.cfg.Grace))
+		}
+	}
+	wg.Wait()
+	w.log.Info().Msg("worker stopped")
+	return nil
+}
