@@ -35,5 +35,6 @@ type Backend interface {
 	Operator
 	Inspector
 	OutboxStore
+	PartitionStore
 	ScheduleStore
 }
