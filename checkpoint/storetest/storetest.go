@@ -107,18 +107,20 @@ const (
 	Schedules      Concept = "Schedules"
 	Operations     Concept = "Operations"
 	ErrorsAndClock Concept = "ErrorsAndClock"
+	PartitionsOf   Concept = "Partitions"
 )
 
 var concepts = map[Concept]func(*testing.T, Harness){
 	Migration: testMigration, ClaimAndLease: testClaimAndLease, FenceRace: testFenceRace,
 	Steps: testSteps, Items: testItems, ChunkPlans: testChunkPlans, Targets: testTargets,
 	Outbox: testOutbox, Schedules: testSchedules, Operations: testOperations, ErrorsAndClock: testErrorsAndClock,
+	PartitionsOf: testPartitions,
 }
 
 // Concepts returns every concept of the suite: what a complete store
 // passes.
 func Concepts() []Concept {
-	return []Concept{Migration, ClaimAndLease, FenceRace, Steps, Items, ChunkPlans, Targets, Outbox, Schedules, Operations, ErrorsAndClock}
+	return []Concept{Migration, ClaimAndLease, FenceRace, Steps, Items, ChunkPlans, Targets, Outbox, Schedules, Operations, ErrorsAndClock, PartitionsOf}
 }
 
 // RunConcepts runs the named concepts only: for a store still being
