@@ -72,6 +72,55 @@ type showView struct {
 	ChunkPlansTotal int64           `json:"chunk_plans_total,omitempty"`
 	// Items (--items) is one page of the batch items of one status.
 	Items *itemsPage `json:"items,omitempty"`
+	// Partitions are the partitions of the run's partitioned batch steps.
+	Partitions []partitionView `json:"partitions,omitempty"`
+}
+
+// partitionView is one partition of a batch step in `show` and `runs`.
+type partitionView struct {
+	Step  string `json:"step"`
+	Index int    `json:"index"`
+	Count int    `json:"count"`
+	// Range is how items are assigned: "[from, to)" for key ranges,
+	// "hash mod N = I" for PartitionBy.
+	Range      string     `json:"range"`
+	State      string     `json:"state"`
+	Owner      string     `json:"owner,omitempty"`
+	Fence      int64      `json:"fence"`
+	LeaseUntil *time.Time `json:"lease_until,omitempty"`
+	Done       int64      `json:"done"` // finished items: completed, rejected, skipped
+	Rejected   int64      `json:"rejected"`
+	Skipped    int64      `json:"skipped"`
+	Total      int64      `json:"total"`
+	HighWater  string     `json:"high_water,omitempty"`
+	Error      string     `json:"error,omitempty"`
+}
+
+func viewPartition(p checkpoint.Partition) partitionView {
+	rng := fmt.Sprintf("hash mod %d = %d", p.Count, p.Index)
+	if p.Rule == checkpoint.PartitionRange {
+		to := "∞"
+		if p.To != "" {
+			to = fmt.Sprintf("%q", p.To)
+		}
+		rng = fmt.Sprintf("[%q, %s)", p.From, to)
+	}
+	return partitionView{Step: p.Step, Index: p.Index, Count: p.Count, Range: rng, State: p.State, Owner: checkpoint.OwnerName(p.Owner),
+		Fence: p.Fence, LeaseUntil: optTime(p.LeaseUntil), Done: p.Finished(), Rejected: p.Rejected, Skipped: p.Skipped,
+		Total: p.Total, HighWater: p.HighWater, Error: p.Error}
+}
+
+// runPartitions reads the partitions of a run's batch steps.
+func runPartitions(env *Env, st checkpoint.Backend, runID string) ([]partitionView, error) {
+	ps, err := st.Partitions(env.Ctx, runID, "")
+	if err != nil {
+		return nil, err
+	}
+	var out []partitionView
+	for _, p := range ps {
+		out = append(out, viewPartition(p))
+	}
+	return out, nil
 }
 
 // messageView is an outbox message; its payload, JSON, is shown as JSON.
@@ -200,6 +249,9 @@ func (c *ShowCmd) Run(env *Env) error {
 	}
 	for _, m := range msgs {
 		v.Outbox = append(v.Outbox, viewMessage(m))
+	}
+	if v.Partitions, err = runPartitions(env, st, c.RunID); err != nil {
+		return err
 	}
 	if c.Effects {
 		if err := c.chunkPlans(env, st, &v, limit); err != nil {
@@ -376,6 +428,13 @@ func (c *ShowCmd) print(env *Env, r checkpoint.Run, v showView, now time.Time) e
 					fmt.Fprintf(tw, "skipped %s/%s\t%s\n", b.Step, it.Key, preview(it.Error, 80))
 				}
 			}
+		}
+	}
+	if len(v.Partitions) > 0 {
+		fmt.Fprintln(tw, "\nPARTITION\tSTATE\tOWNER\tASSIGNS\tDONE/TOTAL\tREJECTED\tSKIPPED\tERROR")
+		for _, p := range v.Partitions {
+			fmt.Fprintf(tw, "%s#%d\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%s\n", p.Step, p.Index, p.State, p.Owner, p.Range,
+				p.Done, p.Total, p.Rejected, p.Skipped, preview(p.Error, 60))
 		}
 	}
 	if len(v.Outbox) > 0 {
