@@ -19,4 +19,16 @@
 // is returned, so later steps see the same data. Step IDs are a name plus an
 // optional business key (steps.ID("post", "T-1001") is "post/T-1001"), never
 // a counter of call order.
+//
+// # One batch step across many runners
+//
+// ForEach(…, Partitions(n)) splits a batch step into n partitions, recorded
+// once and worked by the run's own process on goroutines and by any
+// partition worker (runner.WorkPartition) on other hosts, each partition
+// under a fence of its own. Every item is still processed exactly once and
+// its effects applied exactly once. What changes: across partitions a
+// guard sees other partitions' effects in commit order, not in the
+// source's order, so which transfer an overdraft guard rejects can differ
+// from a one-partition run. PartitionBy (by debit account, say) keeps the
+// items one guard decides in one partition. One partition is the default.
 package steps
