@@ -35,6 +35,7 @@ type Backend interface {
 	Operator
 	Inspector
 	OutboxStore
+	PartitionStore
 	ScheduleStore
 	IdempotencyStore
 	QueueStore

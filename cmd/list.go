@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -131,7 +132,14 @@ func (c *RunsCmd) Run(env *Env) error {
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN\tSTATUS\tUPDATED\tERROR")
 	for _, r := range runs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, col.status(r, statusText(r, now), now), ago(r.UpdatedAt, now), preview(r.Error, 60))
+		status := col.status(r, statusText(r, now), now)
+		if r.Status == checkpoint.RunRunning {
+			// A running run's partitioned step: how far its partitions got.
+			if ps, err := ops.RunPartitions(env.Ctx, st, r.ID); err == nil && len(ps) > 0 {
+				status += partitionsNote(ps)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, status, ago(r.UpdatedAt, now), preview(r.Error, 60))
 	}
 	return tw.Flush()
 }
@@ -212,4 +220,31 @@ func (p palette) status(r checkpoint.Run, text string, now time.Time) string {
 		return "\x1b[39m" + text + "\x1b[0m"
 	}
 	return "\x1b[" + code + "m" + text + "\x1b[0m"
+}
+
+// partitionsNote sums up a running run's partitions for `runs`: how many
+// are done, and their items done of the total, by owner.
+func partitionsNote(ps []ops.PartitionView) string {
+	var done, items, total int64
+	owners := map[string]int{}
+	for _, p := range ps {
+		if p.State == checkpoint.PartitionDone {
+			done++
+		}
+		if p.State == checkpoint.PartitionRunning {
+			owners[p.Owner]++
+		}
+		items += p.Done
+		total += p.Total
+	}
+	note := fmt.Sprintf(" (partitions %d/%d done, items %d/%d", done, len(ps), items, total)
+	if len(owners) > 0 {
+		names := make([]string, 0, len(owners))
+		for o, n := range owners {
+			names = append(names, fmt.Sprintf("%s×%d", o, n))
+		}
+		slices.Sort(names)
+		note += ", running on " + strings.Join(names, " ")
+	}
+	return note + ")"
 }

@@ -129,6 +129,13 @@ func (c *ShowCmd) print(env *Env, r checkpoint.Run, v ops.ShowView, now time.Tim
 			}
 		}
 	}
+	if len(v.Partitions) > 0 {
+		fmt.Fprintln(tw, "\nPARTITION\tSTATE\tOWNER\tASSIGNS\tDONE/TOTAL\tREJECTED\tSKIPPED\tERROR")
+		for _, p := range v.Partitions {
+			fmt.Fprintf(tw, "%s#%d\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%s\n", p.Step, p.Index, p.State, p.Owner, p.Range,
+				p.Done, p.Total, p.Rejected, p.Skipped, preview(p.Error, 60))
+		}
+	}
 	if len(v.Outbox) > 0 {
 		fmt.Fprintln(tw, "\nNOTIFICATION\tTOPIC\tSTATE\tTRIES\tLAST ERROR")
 		for _, m := range v.Outbox {

@@ -61,6 +61,8 @@ type ShowView struct {
 	ChunkPlansTotal int64           `json:"chunk_plans_total,omitempty"`
 	// Items is one page of the batch items of one status (see Items).
 	Items *ItemsPage `json:"items,omitempty"`
+	// Partitions are the partitions of the run's partitioned batch steps.
+	Partitions []PartitionView `json:"partitions,omitempty"`
 }
 
 // BatchView is a batch step's progress: its item counts, its rate and
@@ -154,6 +156,9 @@ func Show(ctx context.Context, st checkpoint.Backend, runID string, opt ShowOpti
 	}
 	for _, m := range msgs {
 		v.Outbox = append(v.Outbox, ViewMessage(m))
+	}
+	if v.Partitions, err = RunPartitions(ctx, st, runID); err != nil {
+		return v, err
 	}
 	if opt.Effects {
 		if err := chunkPlans(ctx, st, runID, &v, opt.ChunkPlans); err != nil {

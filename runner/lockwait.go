@@ -37,6 +37,10 @@ func (r *Runner) waitingStore(st checkpoint.Store, log zerolog.Logger) checkpoin
 	return lockWaiter{Store: st, r: r, log: log}
 }
 
+// Unwrap returns the store waited on, for what it offers beyond
+// checkpoint.Store (partitions: checkpoint.AsPartitionStore).
+func (w lockWaiter) Unwrap() checkpoint.Store { return w.Store }
+
 // InTx implements checkpoint.Store, waiting out a locked database.
 func (w lockWaiter) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
 	return w.retry(ctx, "write", func() error { return w.Store.InTx(ctx, l, fn) })

@@ -526,8 +526,9 @@ func NeedsOperator(err error) bool {
 		changed *steps.StepChangedError
 		item    *steps.ItemChangedError
 		unknown *steps.OutcomeUnknownError
+		notRec  *steps.StepNotRecordedError
 	)
-	return errors.As(err, &changed) || errors.As(err, &item) || errors.As(err, &unknown)
+	return errors.As(err, &changed) || errors.As(err, &item) || errors.As(err, &unknown) || errors.As(err, &notRec)
 }
 
 // dispatch delivers the outbox messages due, when a delivery is set.
@@ -556,7 +557,8 @@ func (r *Runner) drive(ctx context.Context, store checkpoint.Store, job jobs.Job
 	lease, prevUntil := claim.Lease, claim.PreviousLeaseUntil
 	cfg := steps.Config{Store: store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
 		RetrySkipped: req.RetrySkipped, AcceptChanged: req.AcceptChanged, OnProgress: r.progressHook(lease, log), Retry: job.Settings().Retry,
-		LeaseFor: r.cfg.Lease, PreviousLeaseUntil: prevUntil, Tracer: r.tracer, OnStepEnd: r.cfg.Metrics.stepHook(job.Name())}
+		LeaseFor: r.cfg.Lease, PreviousLeaseUntil: prevUntil, Tracer: r.tracer, OnStepEnd: r.cfg.Metrics.stepHook(job.Name()),
+		OwnerGone: OwnerGone}
 	if s, ok := r.cfg.Clock.(Sleeper); ok {
 		cfg.Sleep = s.Sleep
 	}
@@ -617,4 +619,84 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 			return c, req.Now, fmt.Errorf("%w while waiting for %s: %w", ErrInterrupted, req.RunID, err)
 		}
 	}
+}
+
+// WorkPartition claims one claimable partition of a partitioned batch step
+// (steps.Partitions) of any running run, as owner, and works it: it
+// replays the run's job function from the top like any rerun (earlier
+// steps return their recorded outputs; a step not recorded, or changed,
+// stops it with the error exit 5 reports), processes the partition at the
+// matching ForEach and stops the job function there, recording nothing
+// for the run's later steps and leaving the run to its owner. worked is
+// false when no partition was claimable. The worker loop calls it.
+func (r *Runner) WorkPartition(ctx context.Context, owner string) (worked bool, err error) {
+	ps, ok := checkpoint.AsPartitionStore(r.cfg.Store)
+	if !ok {
+		return false, fmt.Errorf("runner: the checkpoint store (%T) has no partitions", r.cfg.Store)
+	}
+	if owner == "" {
+		owner = r.cfg.Owner
+	}
+	_, pl, ok, err := ps.ClaimPartition(ctx, checkpoint.PartitionClaim{Owner: owner, Now: r.cfg.Clock.Now(), LeaseFor: r.cfg.Lease})
+	if err != nil || !ok {
+		return false, err
+	}
+	log := r.cfg.Logger.With().Str(steps.FieldRunID, pl.RunID).Str(steps.FieldStepID, pl.Step).Int("partition", pl.Index).Logger()
+	release := func(cause error) {
+		end := checkpoint.PartitionProgress{State: checkpoint.PartitionPending}
+		if p, err := ps.Partitions(context.WithoutCancel(ctx), pl.RunID, pl.Step); err == nil {
+			for _, q := range p {
+				if q.Index == pl.Index {
+					end.HighWater, end.Done, end.Rejected, end.Skipped, end.Executed = q.HighWater, q.Done, q.Rejected, q.Skipped, q.Executed
+				}
+			}
+		}
+		w := checkpoint.PartitionWrite{Lease: pl, Now: r.cfg.Clock.Now(), LeaseFor: r.cfg.Lease}
+		if err := ps.EndPartition(context.WithoutCancel(ctx), w, end); err != nil {
+			log.Warn().Err(err).Msg("could not release the partition; it is claimable once its lease passes")
+		}
+		log.Warn().Err(cause).Msg("partition released without being worked")
+	}
+	info, err := r.cfg.Store.Run(ctx, pl.RunID)
+	if err != nil {
+		release(err)
+		return true, err
+	}
+	job, err := r.cfg.Jobs.Lookup(info.Run.Job)
+	if err != nil {
+		release(err)
+		return true, fmt.Errorf("run %s: %w", pl.RunID, err)
+	}
+	dec, err := job.Decode(nil, info.Run.Params)
+	if err != nil {
+		release(err)
+		return true, fmt.Errorf("run %s: stored parameters no longer decode: %w", pl.RunID, err)
+	}
+	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Logger()
+	cfg := steps.Config{Store: r.cfg.Store, Lease: checkpoint.Lease{RunID: pl.RunID, Fence: info.Run.Fence, Attempt: pl.Attempt, Owner: owner},
+		Logger: &jobLog, Now: r.cfg.Clock.Now, Retry: job.Settings().Retry, LeaseFor: r.cfg.Lease, Partition: &pl}
+	if s, ok := r.cfg.Clock.(Sleeper); ok {
+		cfg.Sleep = s.Sleep
+	}
+	run, err := steps.Begin(ctx, cfg)
+	if err != nil {
+		release(err)
+		return true, err
+	}
+	jobErr := callJob(ctx, job, run, dec.JSON)
+	if cerr := run.Close(); jobErr == nil {
+		jobErr = cerr
+	}
+	var notRec *steps.StepNotRecordedError
+	switch {
+	case errors.Is(jobErr, steps.ErrPartitionWorked):
+		log.Info().Msg("partition worked")
+		return true, nil
+	case jobErr == nil:
+		jobErr = fmt.Errorf("run %s: the job returned without reaching batch step %s: it may have changed since the run's owner ran it", pl.RunID, pl.Step)
+		release(jobErr)
+	case errors.As(jobErr, &notRec), NeedsOperator(jobErr) && !errors.Is(jobErr, checkpoint.ErrFenced):
+		release(jobErr)
+	}
+	return true, fmt.Errorf("partition %d of %s of run %s: %w", pl.Index, pl.Step, pl.RunID, jobErr)
 }

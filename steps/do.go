@@ -25,6 +25,9 @@ type doOptions struct {
 	target    *Target
 	skipLimit int
 	itemInput any // a func(I) any, see ItemInput
+	// Partitions and PartitionBy (partition.go).
+	partitions  int
+	partitionBy any // a func(I) string
 }
 
 // Input declares the step's input. Its JSON encoding is hashed and recorded
@@ -111,6 +114,11 @@ func start[T any](ctx context.Context, r *Run, id string, opts []Option, sp *ste
 	hash, err := o.hash(id)
 	if err != nil {
 		return cp, out, false, err
+	}
+	if r.worker != nil && r.worker.Step != id && !(recorded && (rec.Status == checkpoint.StepCompleted || rec.Status == checkpoint.StepRejected)) {
+		// A partition worker replays recorded steps only: the run's owner
+		// runs the rest.
+		return cp, out, false, &StepNotRecordedError{RunID: r.lease.RunID, Step: id, Status: rec.Status, Partition: r.worker.Step}
 	}
 	if recorded && rec.Status != checkpoint.StepFailed {
 		if rec.InputHash != hash {

@@ -24,4 +24,16 @@
 // (Config.Tracer; a batch step adds a span per chunk), so an outside call
 // made from it joins the run's trace: put InjectTrace on the request's
 // headers, or give the HTTP client a TraceTransport.
+//
+// # One batch step across many runners
+//
+// ForEach(…, Partitions(n)) splits a batch step into n partitions, recorded
+// once and worked by the run's own process on goroutines and by any
+// partition worker (runner.WorkPartition) on other hosts, each partition
+// under a fence of its own. Every item is still processed exactly once and
+// its effects applied exactly once. What changes: across partitions a
+// guard sees other partitions' effects in commit order, not in the
+// source's order, so which transfer an overdraft guard rejects can differ
+// from a one-partition run. PartitionBy (by debit account, say) keeps the
+// items one guard decides in one partition. One partition is the default.
 package steps

@@ -406,7 +406,7 @@ func (b *batch[I, O]) settleChanges(ctx context.Context) error {
 		for i, ch := range c.refuse {
 			rec[i] = ch.record(b.name)
 		}
-		err := b.r.store.InTx(context.WithoutCancel(ctx), b.r.lease, func(tx checkpoint.Tx) error {
+		err := b.r.inTx(context.WithoutCancel(ctx), func(tx checkpoint.Tx) error {
 			return tx.RefuseItemChanges(b.name, b.r.now(), rec)
 		})
 		if err != nil {
@@ -443,7 +443,7 @@ func (b *batch[I, O]) acceptNow(ctx context.Context) error {
 	}
 	audit := checkpoint.Audit{RunID: b.r.lease.RunID, At: b.r.now(), Operator: a.Operator, Command: "accept-changed " + b.name,
 		Reason: a.Reason, Details: details}
-	err := b.r.store.InTx(context.WithoutCancel(ctx), b.r.lease, func(tx checkpoint.Tx) error {
+	err := b.r.inTx(context.WithoutCancel(ctx), func(tx checkpoint.Tx) error {
 		return tx.AcceptItemChanges(audit, items, decisions)
 	})
 	if err != nil {

@@ -111,6 +111,9 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 	if err != nil {
 		return sum, err
 	}
+	if (o.partitions > 1 || (r.worker != nil && r.worker.Step == name)) && !r.dryRun {
+		return forEachPartitioned(ctx, r, name, src, fn, o, cp, done)
+	}
 	if done && !(r.retrySkipped && sum.Skipped > 0) {
 		return sum, nil
 	}
@@ -171,7 +174,7 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 		head.Output, _ = json.Marshal(BatchSummary{Total: src.total, Target: b.sum.Target})
 		// A step reopened to retry its skipped items swaps its finished
 		// checkpoint for the running one in one transaction.
-		err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error {
+		err := r.inTx(ctx, func(tx checkpoint.Tx) error {
 			if done {
 				if err := tx.ResetStep(name); err != nil {
 					return err
@@ -213,7 +216,7 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 		return b.sum, err
 	}
 	if !r.dryRun {
-		if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
+		if err := r.inTx(ctx, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
 			return b.sum, fmt.Errorf("steps: finish batch step %s: %w", name, err)
 		}
 	}
@@ -239,7 +242,7 @@ func (b *batch[I, O]) stopped(ctx context.Context, head checkpoint.Step, err err
 	sum.Total = b.declared // as the running checkpoint says: the declared total, or -1
 	head.FinishedAt = b.r.now()
 	head.Output, _ = json.Marshal(sum)
-	perr := b.r.store.InTx(context.WithoutCancel(ctx), b.r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(head) })
+	perr := b.r.inTx(context.WithoutCancel(ctx), func(tx checkpoint.Tx) error { return tx.PutStep(head) })
 	if errors.Is(perr, checkpoint.ErrFenced) {
 		return errors.Join(err, fmt.Errorf("steps: record progress of batch step %s: %w", b.name, perr))
 	}
@@ -291,6 +294,11 @@ type batch[I, O any] struct {
 
 	sum  BatchSummary
 	prog Progress
+
+	// In a partition's view (partition.go): the partition worked, and
+	// the last key of its last committed chunk.
+	part *checkpoint.Partition
+	hwm  string
 }
 
 func (b *batch[I, O]) reserve() {
@@ -376,6 +384,7 @@ func (b *batch[I, O]) flushChunk(ctx context.Context) error {
 		if err := b.commit(ctx); err != nil {
 			return err
 		}
+		b.hwm = b.keys[len(b.keys)-1]
 	}
 	b.report()
 	return failure
@@ -463,7 +472,7 @@ func (b *batch[I, O]) doneKeys(ctx context.Context) (map[string]doneItem, error)
 		b.seenOld++
 		// Only unordered reads carry the attempt; an ascending source
 		// cannot yield a key twice.
-		if !b.ordered && it.Attempt == b.r.lease.Attempt && !b.resumed[it.Key] && !b.r.dryRun {
+		if !b.ordered && it.Attempt == b.r.lease.Attempt && !b.resumed[it.Key] && !b.r.dryRun && b.part == nil {
 			return fmt.Errorf("%w: item %q of %s was already processed by this attempt: the source yielded it twice",
 				ErrDuplicateStep, it.Key, b.name)
 		}
@@ -495,7 +504,7 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 		}
 	case b.target == nil || len(b.groups) == 0:
 		crashStep(point, "before-commit")
-		if err := b.r.store.InTx(ctx, b.r.lease, func(tx checkpoint.Tx) error { return tx.PutItems(b.recs) }); err != nil {
+		if err := b.r.inTx(ctx, func(tx checkpoint.Tx) error { return tx.PutItems(b.recs) }); err != nil {
 			return fmt.Errorf("steps: commit chunk %d of %s: %w", b.chunk, b.name, err)
 		}
 	case b.target.same:
@@ -534,6 +543,9 @@ func (b *batch[I, O]) samePlan(writes []checkpoint.Write) (checkpoint.ChunkPlan,
 	}
 	pr := chunkPlanRecord{Target: b.target.name, Writes: writes,
 		EffectID: fmt.Sprintf("%s/%s@%d.s%d", b.r.lease.RunID, b.name, b.r.lease.Fence, b.chunk)}
+	if b.part != nil {
+		pr.EffectID = fmt.Sprintf("%s/%s@%s.s%d", b.r.lease.RunID, b.name, b.partitionEffectTag(), b.chunk)
+	}
 	pr.Items = b.planItems(false)
 	raw, err := json.Marshal(pr)
 	if err != nil {
@@ -591,6 +603,11 @@ func (u *chunkUnit[I, O]) superseded(effectID string)   { u.supersedes = effectI
 func (u *chunkUnit[I, O]) planned(res PlanResult) error { u.b.pinRejected(res.Rejected); return nil }
 
 func (u *chunkUnit[I, O]) effectID(replan int) string {
+	if u.b.part != nil {
+		// A partition's chunk: the partition and its fence in place of
+		// the run's fence, so every holder's IDs differ.
+		return fmt.Sprintf("%s/%s@%s.%s.%d", u.b.r.lease.RunID, u.b.name, u.b.partitionEffectTag(), u.tag, replan)
+	}
 	return fmt.Sprintf("%s/%s@%d.%s.%d", u.b.r.lease.RunID, u.b.name, u.b.r.lease.Fence, u.tag, replan)
 }
 
@@ -678,6 +695,9 @@ func (b *batch[I, O]) resumePlanned(ctx context.Context) error {
 		return err
 	}
 	for _, p := range plans {
+		if b.part != nil && !strings.HasPrefix(p.EffectID, fmt.Sprintf("%s/%s@p%d.", b.r.lease.RunID, b.name, b.part.Index)) {
+			continue // another partition's: its holder finishes it
+		}
 		var pr chunkPlanRecord
 		if err := json.Unmarshal(p.Plan, &pr); err != nil {
 			return fmt.Errorf("steps: decode chunk plan %s: %w", p.EffectID, err)

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
@@ -49,7 +51,7 @@ type effectUnit interface {
 // *GuardError.
 func (r *Run) applySame(ctx context.Context, ot *openTarget, u effectUnit) error {
 	writes := 0
-	err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error {
+	err := r.inTx(ctx, func(tx checkpoint.Tx) error {
 		tgt, err := tx.Target(ot.table)
 		if err != nil {
 			return err
@@ -84,12 +86,26 @@ func (r *Run) applySame(ctx context.Context, ot *openTarget, u effectUnit) error
 	return nil
 }
 
+// partitionReplans bounds the re-plans of a partition's separate-store
+// chunk: other processes' partitions may move its keys meanwhile.
+const partitionReplans = 8 * MaxReplans
+
 // applySeparate plans the unit against the target's current state, records
 // the plan in the checkpoint store, applies it in one target transaction
 // with its effect ID, and records it applied. A version conflict (another
 // writer moved a key) re-plans, at most MaxReplans times in all, then
 // returns the *checkpoint.VersionConflictError.
 func (r *Run) applySeparate(ctx context.Context, ot *openTarget, u effectUnit) error {
+	limit := MaxReplans
+	if r.part != nil {
+		// Partitions of one process take turns on a separate target
+		// (their reads and applies would only race each other); those of
+		// other processes may still move its keys, so they re-plan more
+		// often, after a jittered pause.
+		ot.mu.Lock()
+		defer ot.mu.Unlock()
+		limit = partitionReplans
+	}
 	for replan := 0; ; replan++ {
 		groups := u.groups()
 		cur, err := readTarget(ctx, ot, keysOf(groups...))
@@ -104,7 +120,7 @@ func (r *Run) applySeparate(ctx context.Context, ot *openTarget, u effectUnit) e
 			return err
 		}
 		id := u.effectID(replan)
-		err = r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return u.record(tx, id, res.Writes, false) })
+		err = r.inTx(ctx, func(tx checkpoint.Tx) error { return u.record(tx, id, res.Writes, false) })
 		if err != nil {
 			return fmt.Errorf("steps: %s: record plan: %w", u.label(), err)
 		}
@@ -115,8 +131,13 @@ func (r *Run) applySeparate(ctx context.Context, ot *openTarget, u effectUnit) e
 			return err
 		}
 		r.count(func(s *Stats) { s.Conflicts++ })
-		if replan+1 >= MaxReplans {
+		if replan+1 >= limit {
 			return err
+		}
+		if r.part != nil {
+			if err := r.sleep(ctx, time.Duration(rand.Int64N(int64(replan+1)*int64(5*time.Millisecond)))); err != nil {
+				return err
+			}
 		}
 		r.count(func(s *Stats) { s.Replans++ })
 		r.log.Warn().Str(FieldStepID, u.stepID()).Str("key", conflict.Key).Int64("expected", conflict.Expected).
@@ -179,7 +200,7 @@ func (r *Run) finishRecorded(ctx context.Context, ot *openTarget, u effectUnit, 
 	}
 	crashStep(u.stepID()+"#"+effectID, "after-apply")
 	crashStep(u.stepID(), "after-apply")
-	if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return u.finish(tx, effectID) }); err != nil {
+	if err := r.inTx(ctx, func(tx checkpoint.Tx) error { return u.finish(tx, effectID) }); err != nil {
 		return fmt.Errorf("steps: %s: record plan %s applied: %w", u.label(), effectID, err)
 	}
 	return nil
@@ -192,6 +213,10 @@ func (r *Run) finishRecorded(ctx context.Context, ot *openTarget, u effectUnit, 
 // recorded plan once; the new owner then finds its effect ID, so the effect
 // is still applied exactly once.)
 func (r *Run) checkFence(ctx context.Context) error {
+	if h := r.part; h != nil {
+		// A partition's chunk: its holder must still hold the partition.
+		return h.ps.HeartbeatPartition(ctx, h.lease, r.now(), h.leaseFor)
+	}
 	fence, err := r.store.Fence(ctx, r.lease.RunID)
 	if err != nil {
 		return err

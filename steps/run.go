@@ -76,6 +76,20 @@ type Config struct {
 	// OnStepEnd, if set, is called as each step returns, replayed ones
 	// included (the runner's duration histograms).
 	OnStepEnd func(StepEnd)
+	// Partition, when set, makes this attempt a partition worker's replay
+	// (see Partitions): it holds that partition of a running run, not the
+	// run's lease. Every step before the partitioned batch step must be
+	// recorded (it returns its recorded output; one that is not recorded,
+	// or changed, stops the job with a *StepNotRecordedError or
+	// *StepChangedError); at that batch step only the partition is
+	// processed, and the step returns ErrPartitionWorked, which stops the
+	// job function there.
+	Partition *checkpoint.PartitionLease
+	// OwnerGone reports whether the runner named by a partition's owner is
+	// known to be dead, so the run's owner takes its partitions over at
+	// once instead of waiting for their leases (checkpoint.ClaimRequest
+	// has the same). Nil means never.
+	OwnerGone func(owner string) bool
 }
 
 // Run is one attempt's view of a run, passed to job code. It is safe for use
@@ -108,6 +122,15 @@ type Run struct {
 	dryRun   bool
 	dryState map[string]checkpoint.State // values planned by earlier dry-run steps
 	dryPlans []DryPlan
+
+	// Partitions (partition.go).
+	worker    *checkpoint.PartitionLease // Config.Partition
+	ownerGone func(string) bool
+	// part, in a view of the run that works one partition (the
+	// coordinator's goroutines and workers), fences its writes by the
+	// partition; parent is the attempt's own Run, which counts.
+	part   *partHold
+	parent *Run
 }
 
 // Stats counts what an attempt did with its steps.
@@ -159,6 +182,8 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 		leaseFor:     cfg.LeaseFor,
 		callMargin:   cfg.CallMargin,
 		prevUntil:    cfg.PreviousLeaseUntil,
+		worker:       cfg.Partition,
+		ownerGone:    cfg.OwnerGone,
 		tracer:       cfg.Tracer,
 		onStepEnd:    cfg.OnStepEnd,
 	}
@@ -255,6 +280,10 @@ func (r *Run) use(id string) (checkpoint.Step, bool, error) {
 }
 
 func (r *Run) count(f func(*Stats)) {
+	if r.parent != nil {
+		r.parent.count(f)
+		return
+	}
 	r.mu.Lock()
 	f(&r.stats)
 	r.mu.Unlock()

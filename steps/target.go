@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
@@ -45,6 +46,9 @@ func (t Target) String() string {
 
 // openTarget is a Target opened for this attempt.
 type openTarget struct {
+	// mu makes the partitions of one attempt take turns applying to a
+	// separate target (applySeparate).
+	mu    sync.Mutex
 	et    checkpoint.EffectTarget
 	table Table
 	same  bool // lives in the checkpoint database

@@ -42,6 +42,7 @@ WHERE run_id = $1 AND finished_at IS NULL`
 	sqlResetItems      = `DELETE FROM items WHERE run_id = $1 AND step_id = ANY($2::text[])`
 	sqlResetChunkPlans = `DELETE FROM chunk_plans WHERE run_id = $1 AND step_id = ANY($2::text[])`
 	sqlResetChanges    = `DELETE FROM item_changes WHERE run_id = $1 AND step_id = ANY($2::text[])`
+	sqlResetPartitions = `DELETE FROM partitions WHERE run_id = $1 AND step_id = ANY($2::text[])`
 	sqlStepStatus      = `SELECT status FROM steps WHERE run_id = $1 AND step_id = $2 FOR UPDATE`
 	sqlResolveStep     = `UPDATE steps SET status = $3, output = $4, error = $5, finished_at = coalesce($6::timestamptz, now())
 WHERE run_id = $1 AND step_id = $2`
@@ -65,6 +66,7 @@ FROM unnest($1::text[]) WITH ORDINALITY AS r(id, n) ORDER BY r.n`
 	sqlPruneItems      = `DELETE FROM items WHERE run_id = ANY($1::text[])`
 	sqlPruneChunkPlans = `DELETE FROM chunk_plans WHERE run_id = ANY($1::text[])`
 	sqlPruneChanges    = `DELETE FROM item_changes WHERE run_id = ANY($1::text[])`
+	sqlPrunePartitions = `DELETE FROM partitions WHERE run_id = ANY($1::text[])`
 	sqlMarkPruned      = `UPDATE runs SET pruned_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now()),
     fence = fence + 1 WHERE id = ANY($1::text[])`
 	sqlPruneAudits = `INSERT INTO audit (run_id, at, operator, command, reason, details)
@@ -153,7 +155,7 @@ func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Tim
 			ids = []string{}
 		}
 		b := &pgx.Batch{}
-		for _, q := range []string{sqlResetSteps, sqlResetItems, sqlResetChunkPlans, sqlResetChanges} {
+		for _, q := range []string{sqlResetSteps, sqlResetItems, sqlResetChunkPlans, sqlResetChanges, sqlResetPartitions} {
 			b.Queue(q, run.ID, ids)
 		}
 		b.Queue(sqlReopenRun, run.ID, run.Fence, msg, s.clock(now))
@@ -283,7 +285,7 @@ func (s *Store) Prune(ctx context.Context, a checkpoint.Audit, cutoff time.Time,
 			details[i] = fmt.Sprintf("%d steps, %d items, %d bytes", z.steps, z.items, z.stepBytes+z.itemBy)
 		}
 		b := &pgx.Batch{}
-		for _, q := range []string{sqlPruneSteps, sqlPruneItems, sqlPruneChunkPlans, sqlPruneChanges} {
+		for _, q := range []string{sqlPruneSteps, sqlPruneItems, sqlPruneChunkPlans, sqlPruneChanges, sqlPrunePartitions} {
 			b.Queue(q, ids)
 		}
 		b.Queue(sqlMarkPruned, ids, ts(a.At))

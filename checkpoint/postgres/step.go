@@ -51,6 +51,9 @@ FROM steps WHERE run_id = $1 ORDER BY started_at NULLS FIRST, step_id`
 // fence check ahead of it in the same round trip when it opens the
 // transaction).
 func (t *pgTx) PutStep(st checkpoint.Step) error {
+	if t.part != nil {
+		return t.fail(errPartitionStep(t.lease.RunID, st.ID))
+	}
 	if !t.deferring() && !t.pipelining() {
 		return t.putStep(st)
 	}
@@ -115,6 +118,9 @@ func (t *pgTx) explainRefusedPut(st checkpoint.Step) error {
 
 // ResetStep implements checkpoint.Tx.
 func (t *pgTx) ResetStep(id string) error {
+	if t.part != nil {
+		return t.fail(errPartitionStep(t.lease.RunID, id))
+	}
 	b := &pgx.Batch{}
 	b.Queue(sqlDeleteStep, t.lease.RunID, id)
 	return t.write(b, nil)

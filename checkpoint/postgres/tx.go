@@ -27,6 +27,9 @@ const (
 	codeFenced  = "SWF01" // the run is at another fence; DETAIL holds it
 	codeNoRun   = "SWF02" // the run does not exist
 	codeRefused = "SWR01" // a checkpoint write changed fewer rows than it must
+	// codePartitionFenced: a partition's write found it claimed since, no
+	// longer running, or gone (migration 0008); MESSAGE says which.
+	codePartitionFenced = "SWF03"
 )
 
 // pgTx is the checkpoint.Tx of one InTx call.
@@ -70,6 +73,10 @@ type pgTx struct {
 	// see every write made before it: from then on writes are sent as they
 	// are made, never held.
 	direct bool
+	// part, in a partition's chunk transaction (InPartitionTx), is the
+	// partition written: the transaction is fenced by its row, not the
+	// run's, and refuses step checkpoints.
+	part *checkpoint.PartitionWrite
 	// failed is the error that ended the transaction's usefulness (fenced,
 	// or a statement failed, aborting it on the server): every later call
 	// returns it and InTx rolls back whatever fn returns.
@@ -107,10 +114,19 @@ func (s *Store) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint
 		return s.wrap("write run "+l.RunID, err)
 	}
 	defer conn.Release()
-	t := &pgTx{ctx: ctx, s: s, conn: conn.Conn(), lease: l}
+	return s.runTx(&pgTx{ctx: ctx, s: s, conn: conn.Conn(), lease: l}, fn)
+}
+
+// runTx runs fn on t and ends t: one round trip for queued writes only,
+// else COMMIT with the pending ones (see pgTx).
+func (s *Store) runTx(t *pgTx, fn func(checkpoint.Tx) error) error {
+	ctx, l := t.ctx, t.lease
 	ferr := fn(t)
 	if ferr == nil {
 		ferr = t.failed
+	}
+	if ferr == nil && t.part != nil && t.part.Progress != nil {
+		ferr = t.partitionProgress(t.part.Progress())
 	}
 	if ferr == nil && !t.begun && len(t.queued) > 0 {
 		ferr = t.sendQueued()
@@ -210,7 +226,7 @@ func (t *pgTx) pend(q *pgx.QueuedQuery, explain func(error) error) {
 // that call's own.
 func (t *pgTx) sendQueued() error {
 	b := &pgx.Batch{}
-	b.Queue(sqlFence, t.lease.RunID, t.lease.Fence)
+	t.queueFence(b)
 	for _, w := range t.queued {
 		b.QueuedQueries = append(b.QueuedQueries, w.lone...)
 	}
@@ -258,6 +274,8 @@ func (t *pgTx) fenceError(err error) error {
 			checkpoint.ErrFenced, t.lease.RunID, fence, t.lease.Attempt, t.lease.Fence)
 	case codeNoRun:
 		return fmt.Errorf("%w: run %s is not in %s", checkpoint.ErrNotFound, t.lease.RunID, t.s.where)
+	case codePartitionFenced:
+		return fmt.Errorf("%w: %s; this holder writes nothing more", checkpoint.ErrFenced, pe.Message)
 	}
 	return err
 }
@@ -363,7 +381,7 @@ func (t *pgTx) send(b *pgx.Batch) (pgx.BatchResults, error) {
 	t.begun = true
 	ob := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2+len(b.QueuedQueries))}
 	ob.Queue("BEGIN")
-	ob.Queue(sqlFence, t.lease.RunID, t.lease.Fence)
+	t.queueFence(ob)
 	ob.QueuedQueries = append(ob.QueuedQueries, b.QueuedQueries...)
 	br := t.conn.SendBatch(t.ctx, ob)
 	if _, err := br.Exec(); err != nil {

@@ -27,6 +27,7 @@ const (
 WHERE run_id = ? AND finished_at IS NULL`
 	sqlDeleteItems      = `DELETE FROM items WHERE run_id = ? AND step_id = ?`
 	sqlDeleteChunkPlans = `DELETE FROM chunk_plans WHERE run_id = ? AND step_id = ?`
+	sqlDeletePartitions = `DELETE FROM partitions WHERE run_id = ? AND step_id = ?`
 	sqlPrunable         = `SELECT id FROM runs
 WHERE status IN ('succeeded', 'abandoned') AND pruned_at IS NULL AND finished_at IS NOT NULL AND finished_at < ?
 ORDER BY finished_at`
@@ -38,6 +39,7 @@ ORDER BY finished_at`
 	sqlPruneSteps      = `UPDATE steps SET output = NULL, plan = NULL WHERE run_id = ?`
 	sqlPruneItems      = `DELETE FROM items WHERE run_id = ?`
 	sqlPruneChunkPlans = `DELETE FROM chunk_plans WHERE run_id = ?`
+	sqlPrunePartitions = `DELETE FROM partitions WHERE run_id = ?`
 	sqlMarkPruned      = `UPDATE runs SET pruned_at = ?, updated_at = ? WHERE id = ?`
 )
 
@@ -111,7 +113,7 @@ func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Tim
 			return err
 		}
 		for _, id := range stepIDs {
-			for _, q := range []string{sqlDeleteStep, sqlDeleteItems, sqlDeleteChunkPlans, sqlDeleteChanges} {
+			for _, q := range []string{sqlDeleteStep, sqlDeleteItems, sqlDeleteChunkPlans, sqlDeleteChanges, sqlDeletePartitions} {
 				if _, err := tx.ExecContext(ctx, q, run.ID, id); err != nil {
 					return err
 				}
@@ -193,7 +195,7 @@ func (s *Store) Prune(ctx context.Context, a checkpoint.Audit, cutoff time.Time,
 				run.FinishedAt.IsZero() || !run.FinishedAt.Before(cutoff) {
 				return errSkipPrune
 			}
-			for _, q := range []string{sqlPruneSteps, sqlPruneItems, sqlPruneChunkPlans, sqlPruneChanges} {
+			for _, q := range []string{sqlPruneSteps, sqlPruneItems, sqlPruneChunkPlans, sqlPruneChanges, sqlPrunePartitions} {
 				if _, err := tx.ExecContext(ctx, q, id); err != nil {
 					return err
 				}

@@ -61,6 +61,9 @@ type sqliteTx struct {
 	lease  checkpoint.Lease
 	put    *sql.Stmt
 	fenced bool // the fence was checked in this transaction
+	// part marks a partition's chunk transaction (InPartitionTx): fenced
+	// by the partition's row, and refusing step checkpoints.
+	part bool
 }
 
 // InTx implements checkpoint.Store.
@@ -71,6 +74,9 @@ func (s *Store) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint
 }
 
 func (t *sqliteTx) PutStep(st checkpoint.Step) error {
+	if t.part {
+		return errPartitionStep(t.lease.RunID, st.ID)
+	}
 	res, err := t.put.ExecContext(t.ctx, t.lease.RunID, st.ID, st.Status, st.Output, st.InputHash, st.Error,
 		st.Tries, t.lease.Attempt, fmtTime(st.StartedAt), fmtTime(st.FinishedAt), t.lease.Fence, st.Plan)
 	if err != nil {
@@ -91,6 +97,9 @@ func (t *sqliteTx) PutStep(st checkpoint.Step) error {
 
 // ResetStep implements checkpoint.Tx.
 func (t *sqliteTx) ResetStep(id string) error {
+	if t.part {
+		return errPartitionStep(t.lease.RunID, id)
+	}
 	if err := t.checkFence(); err != nil {
 		return err
 	}

@@ -109,19 +109,20 @@ const (
 	Operations     Concept = "Operations"
 	ErrorsAndClock Concept = "ErrorsAndClock"
 	API            Concept = "API"
+	PartitionsOf   Concept = "Partitions"
 )
 
 var concepts = map[Concept]func(*testing.T, Harness){
 	Migration: testMigration, ClaimAndLease: testClaimAndLease, FenceRace: testFenceRace,
 	Steps: testSteps, Items: testItems, ChunkPlans: testChunkPlans, Targets: testTargets,
 	Outbox: testOutbox, Queue: testQueue, Schedules: testSchedules, Operations: testOperations, ErrorsAndClock: testErrorsAndClock,
-	API: testAPI,
+	API: testAPI, PartitionsOf: testPartitions,
 }
 
 // Concepts returns every concept of the suite: what a complete store
 // passes.
 func Concepts() []Concept {
-	return []Concept{Migration, ClaimAndLease, FenceRace, Steps, Items, ChunkPlans, Targets, Outbox, Queue, Schedules, Operations, ErrorsAndClock, API}
+	return []Concept{Migration, ClaimAndLease, FenceRace, Steps, Items, ChunkPlans, Targets, Outbox, Queue, Schedules, Operations, ErrorsAndClock, API, PartitionsOf}
 }
 
 // RunConcepts runs the named concepts only: for a store still being

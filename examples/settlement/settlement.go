@@ -36,6 +36,8 @@ type Params struct {
 	Date   string `param:"date,key" format:"date" help:"business date to settle, YYYY-MM-DD"`
 	Ledger string `param:"ledger" format:"database" help:"ledger database: an existing SQLite file (stored as an absolute path) or a postgres:// URL without a password; empty means the checkpoint database"`
 	Chunk  int    `param:"chunk" default:"1000" help:"transfers committed together"`
+	// Partitions splits the post step across runners, by debit account.
+	Partitions int `param:"partitions" default:"1" help:"partitions of the post step, by debit account (1 to 256); several let workers share it"`
 }
 
 // Validate checks the parameters beyond their types.
@@ -43,8 +45,14 @@ func (p *Params) Validate() error {
 	if p.Chunk < 1 || p.Chunk > steps.MaxChunkSize {
 		return fmt.Errorf("parameter \"chunk\" is %d; use 1 to %d", p.Chunk, steps.MaxChunkSize)
 	}
+	if p.Partitions < 1 || p.Partitions > MaxPartitions {
+		return fmt.Errorf("parameter \"partitions\" is %d; use 1 to %d", p.Partitions, MaxPartitions)
+	}
 	return nil
 }
+
+// MaxPartitions is the most partitions the post step may have.
+const MaxPartitions = 256
 
 // Accounts is the ledger's accounts table as an effect target.
 var Accounts = steps.Table{Name: "accounts", Key: "id", Value: "balance", Version: "version"}
@@ -143,7 +151,13 @@ WHERE business_date = $1 AND id > $2 ORDER BY id LIMIT $3`, p.Date, after, limit
 			}
 			return page, rows.Err()
 		}, day.Transfers)
-	if _, err := steps.ForEach(ctx, r, "post", src, post, steps.WithTarget(target), steps.ChunkSize(p.Chunk)); err != nil {
+	opts := []steps.Option{steps.WithTarget(target), steps.ChunkSize(p.Chunk)}
+	if p.Partitions > 1 {
+		// By debit account: one account's debits stay in one partition,
+		// in ID order, so its overdraft guard decides as in one partition.
+		opts = append(opts, steps.Partitions(p.Partitions), steps.PartitionBy(func(t Transfer) string { return t.From }))
+	}
+	if _, err := steps.ForEach(ctx, r, "post", src, post, opts...); err != nil {
 		return err
 	}
 	_, err = steps.Do(ctx, r, steps.ID("summary"), func(ctx context.Context) (Summary, error) {

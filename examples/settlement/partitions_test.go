@@ -1,0 +1,260 @@
+package settlement_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/cmd"
+	"github.com/stepwise-run/stepwise/examples/settlement"
+	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/steps/crashtest"
+)
+
+// partitionInvariants returns every way a partitioned settlement of date
+// breaks what holds whatever order partitions committed in: money
+// conserved, no balance below zero, every transfer exactly one finished
+// item, every balance its opening plus the effects of its posted
+// transfers (so the items and the target agree), bad amounts rejected.
+// (settlement.Check replays in ID order, which partitions do not promise
+// for credits.)
+func partitionInvariants(t *testing.T, s store, date string) []string {
+	t.Helper()
+	var bad []string
+	db := openLedger(t, s.ledgerLoc())
+	defer db.Close()
+	ctx := context.Background()
+	want := map[string]int64{}
+	rows, err := db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = $1`, date)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opening int64
+	for rows.Next() {
+		var id string
+		var b int64
+		if err := rows.Scan(&id, &b); err != nil {
+			t.Fatal(err)
+		}
+		want[id] = b
+		opening += b
+	}
+	rows.Close()
+	items := s.items(t, date)
+	rows, err = db.QueryContext(ctx, `SELECT id, from_account, to_account, amount FROM transfers WHERE business_date = $1`, date)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		var tr settlement.Transfer
+		if err := rows.Scan(&tr.ID, &tr.From, &tr.To, &tr.Amount); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		switch st := items[tr.ID]; {
+		case st == checkpoint.StepCompleted && tr.Amount > 0:
+			want[tr.From] -= tr.Amount
+			want[tr.To] += tr.Amount
+		case st == checkpoint.StepRejected:
+		default:
+			bad = append(bad, fmt.Sprintf("transfer %s (amount %d) is %q, want one finished item", tr.ID, tr.Amount, st))
+		}
+		delete(items, tr.ID)
+	}
+	rows.Close()
+	for k, st := range items {
+		bad = append(bad, fmt.Sprintf("item %s (%s) is no transfer of %s", k, st, date))
+	}
+	var total int64
+	for id, a := range readAccounts(t, s.ledgerLoc()) {
+		total += a[0]
+		if a[0] < 0 {
+			bad = append(bad, fmt.Sprintf("account %s is below zero: %d", id, a[0]))
+		}
+		if a[0] != want[id] {
+			bad = append(bad, fmt.Sprintf("account %s is %d, want opening plus its posted transfers' effects %d", id, a[0], want[id]))
+		}
+	}
+	if total != opening {
+		bad = append(bad, fmt.Sprintf("money not conserved: total %d, opening %d", total, opening))
+	}
+	if n == 0 {
+		bad = append(bad, "no transfers")
+	}
+	return bad
+}
+
+// settleWith runs the settle job with partitions in this process.
+func (s store) settleWith(t testing.TB, date string, chunk, parts int, cfg runner.Config, force bool) (runner.Result, error) {
+	t.Helper()
+	st := s.open(t)
+	defer st.Close()
+	cfg.Store, cfg.Jobs = st, registry()
+	r, err := runner.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := s.values(date, chunk)
+	v["partitions"] = strconv.Itoa(parts)
+	return r.Run(context.Background(), runner.Request{Job: settlement.Job.Name(), Values: v, Force: force})
+}
+
+func partitionsOf(t testing.TB, s store, date string) []checkpoint.Partition {
+	t.Helper()
+	st := s.open(t)
+	defer st.Close()
+	ps, err := st.Partitions(context.Background(), jobs.RunID(settlement.Job.Name(), date), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ps
+}
+
+// TestPartitionedSettlement settles with 4 and 8 partitions on every
+// layout, the run's own process working every partition.
+func TestPartitionedSettlement(t *testing.T) {
+	t.Parallel()
+	for _, l := range layouts(t) {
+		for _, parts := range []int{4, 8} {
+			t.Run(fmt.Sprintf("%s/%d", l.name, parts), func(t *testing.T) {
+				t.Parallel()
+				s := newStore(t, l, smallLedger)
+				res, err := s.settleWith(t, testDate, 50, parts, runner.Config{}, false)
+				if err != nil || res.Status != checkpoint.RunSucceeded {
+					t.Fatalf("settle: %q, %v", res.Status, err)
+				}
+				for _, p := range partitionInvariants(t, s, testDate) {
+					t.Error(p)
+				}
+				ps := partitionsOf(t, s, testDate)
+				if len(ps) != parts {
+					t.Fatalf("%d partitions recorded, want %d", len(ps), parts)
+				}
+				var fin, total int64
+				for _, p := range ps {
+					if p.State != checkpoint.PartitionDone || p.Finished() != p.Total || p.Rule != checkpoint.PartitionHash {
+						t.Errorf("partition %+v: want done, every one of its items finished, by hash", p)
+					}
+					fin += p.Finished()
+					total += p.Total
+				}
+				sum := s.summary(t, testDate)
+				if fin != int64(smallLedger.Transfers) || total != fin || sum.Transfers != fin {
+					t.Errorf("partitions finished %d of %d; summary %d; want %d", fin, total, sum.Transfers, smallLedger.Transfers)
+				}
+				// A rerun of the succeeded run changes nothing.
+				before := readAccounts(t, s.ledgerLoc())
+				if res, err := s.settleWith(t, testDate, 50, parts, runner.Config{}, true); err != nil || res.Status != checkpoint.RunSucceeded {
+					t.Fatalf("rerun: %q, %v", res.Status, err)
+				}
+				if after := readAccounts(t, s.ledgerLoc()); !mapsEqual(before, after) {
+					t.Error("a rerun of the succeeded run moved balances")
+				}
+			})
+		}
+	}
+}
+
+// TestPartitionWorkers has three more runners, each on its own store
+// handle, work partitions while the run's own process does: every
+// partition is worked by someone, and the invariants hold.
+func TestPartitionWorkers(t *testing.T) {
+	t.Parallel()
+	for _, l := range layouts(t) {
+		t.Run(l.name, func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, l, smallLedger)
+			ctx, stop := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			worked := make([]int, 3)
+			for i := range worked {
+				st := s.open(t)
+				t.Cleanup(func() { st.Close() })
+				w, err := runner.New(runner.Config{Store: st, Jobs: registry(), Owner: fmt.Sprintf("worker-%d", i)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for ctx.Err() == nil {
+						ok, err := w.WorkPartition(ctx, "")
+						if err != nil && ctx.Err() == nil {
+							t.Errorf("worker %d: %v", i, err)
+						}
+						if ok {
+							worked[i]++
+						} else {
+							time.Sleep(5 * time.Millisecond)
+						}
+					}
+				}()
+			}
+			res, err := s.settleWith(t, testDate, 20, 8, runner.Config{}, false)
+			stop()
+			wg.Wait()
+			if err != nil || res.Status != checkpoint.RunSucceeded {
+				t.Fatalf("settle: %q, %v", res.Status, err)
+			}
+			for _, p := range partitionInvariants(t, s, testDate) {
+				t.Error(p)
+			}
+			owners := map[string]int{}
+			for _, p := range partitionsOf(t, s, testDate) {
+				owners[checkpoint.OwnerName(p.Owner)]++
+				if p.State != checkpoint.PartitionDone {
+					t.Errorf("partition %d is %s", p.Index, p.State)
+				}
+			}
+			t.Logf("partitions by owner: %v; worked by the workers: %v", owners, worked)
+		})
+	}
+}
+
+// TestPartitionedSettlementSurvivesSIGKILL kills the run's process in the
+// middle of the partitioned step, then resumes it: the partitions are not
+// split again, done ones stay done, and the invariants hold.
+func TestPartitionedSettlementSurvivesSIGKILL(t *testing.T) {
+	t.Parallel()
+	for _, l := range layouts(t) {
+		t.Run(l.name, func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, l, smallLedger)
+			args := []string{"--db", s.db, "--log-level", "error", "run", "settle", "--progress", "none", "-p", "partitions=4"}
+			for k, v := range s.values(testDate, 20) {
+				args = append(args, "-p", k+"="+v)
+			}
+			c := crashtest.Start(t, crashtest.Spec{Args: args, Env: []string{childEnv + "=1"}, Timeout: 2 * time.Minute})
+			waitForItems(t, c, s, 200)
+			if err := c.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			c.Wait()
+			before := partitionsOf(t, s, testDate)
+			if len(before) != 4 {
+				t.Fatalf("%d partitions recorded before the kill, want 4", len(before))
+			}
+			if !slices.ContainsFunc(before, func(p checkpoint.Partition) bool { return p.State != checkpoint.PartitionDone }) {
+				t.Fatal("every partition was done before the kill; it did not land mid-step")
+			}
+			c = crashtest.Start(t, crashtest.Spec{Args: args, Env: []string{childEnv + "=1"}, Timeout: 2 * time.Minute})
+			c.WantCode(cmd.ExitOK)
+			for _, p := range partitionInvariants(t, s, testDate) {
+				t.Error(p)
+			}
+			after := partitionsOf(t, s, testDate)
+			for i, p := range after {
+				if p.Rule != before[i].Rule || p.Total != before[i].Total || p.State != checkpoint.PartitionDone {
+					t.Errorf("partition %d: %+v after resume, was %+v", i, p, before[i])
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,522 @@
+package steps
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+)
+
+// ErrPartitionWorked is returned by the partitioned ForEach a partition
+// worker's replay reaches (Config.Partition) once its partition is done:
+// it stops the job function there, before any later step, without
+// finishing the run. Job code that wraps a ForEach's error keeps it
+// matchable with errors.Is.
+var ErrPartitionWorked = errors.New("steps: partition worked; the job stops here for this worker")
+
+// StepNotRecordedError is returned to a partition worker's replay by a
+// step before the partitioned batch step that is not recorded finished:
+// only the run's owner runs steps, so the worker stops (exit 5, like a
+// changed step) and leaves the partition to another runner.
+type StepNotRecordedError struct {
+	RunID     string
+	Step      string
+	Status    string // the step's recorded status, "" when none
+	Partition string // the batch step whose partition the worker holds
+}
+
+func (e *StepNotRecordedError) Error() string {
+	st := e.Status
+	if st == "" {
+		st = "not recorded"
+	}
+	return fmt.Sprintf("step %s of run %s is %s, but a worker of a partition of %s replays recorded steps only; "+
+		"the job may have changed since the run's owner ran it: run the worker with the binary the run's owner uses", e.Step, e.RunID, st, e.Partition)
+}
+
+// Partitions splits a ForEach across n partitions, each worked by one
+// runner at a time: goroutines of the run's own process (which works
+// every partition by itself if no one else does) and any partition
+// worker (runner.WorkPartition, `stepwise worker`) on other hosts. One
+// partition (the default, or n < 2) is the plain ForEach, unchanged.
+//
+// The run's owner splits the step once, when it first reaches it: by key
+// ranges holding equal item counts (the source is read once to find
+// them), or with PartitionBy by a hash of the job's value. The split is
+// recorded with the step and never recomputed: a rerun or a takeover reads
+// it. Each partition has a fence of its own and a lease: a runner that
+// dies leaves its partition to be claimed once the lease passes (at once
+// by the run's owner, when the dead runner was on its host), and the
+// chunks it committed stay done. When every partition is done, the run's
+// owner writes the step's summary from the partitions' counters and the
+// job goes on. A partition whose item fails (beyond SkipFailures) fails
+// the step; the next attempt reopens failed partitions and keeps done
+// ones.
+//
+// Every partition reads the whole source and processes its own items, in
+// the source's order, a chunk at a time, with the step's chunk size,
+// target and options: exactly once, as in one partition.
+//
+// What changes with several partitions: guards see other partitions'
+// effects in commit order, not in the source's order, so which transfer an
+// overdraft guard rejects can differ from a one-partition run (and from
+// run to run); every item is still processed exactly once, its effects
+// applied exactly once, its outcome pinned. PartitionBy (by debit account,
+// say) keeps every item that debits one account in one partition, in
+// source order, so such guards decide as in one partition. A rerun of a
+// partitioned step holds finished items to their fingerprints, but does
+// not notice finished items its source no longer yields, nor a source
+// yielding more than its declared total. RetrySkipped does not reopen a
+// finished partitioned step. Partitions are ignored by a dry run.
+func Partitions(n int) Option { return func(o *doOptions) { o.partitions = n } }
+
+// PartitionBy assigns a partitioned ForEach's items to partitions by a
+// hash of key(item) (checkpoint.PartitionHashOf) in place of key ranges:
+// items with the same value share a partition, e.g. transfers by debit
+// account. I must be the ForEach's item type. Without Partitions(n > 1)
+// it changes nothing.
+func PartitionBy[I any](key func(I) string) Option {
+	return func(o *doOptions) { o.partitionBy = key }
+}
+
+// partHold is what a view of the run working one partition writes with.
+type partHold struct {
+	ps       checkpoint.PartitionStore
+	lease    checkpoint.PartitionLease
+	leaseFor time.Duration
+	// progress says what the partition's next write records.
+	progress func() checkpoint.PartitionProgress
+}
+
+// inTx runs fn in one write transaction: fenced by the run's lease, or in
+// a partition's view by the partition (recording its progress with it).
+func (r *Run) inTx(ctx context.Context, fn func(checkpoint.Tx) error) error {
+	if h := r.part; h != nil {
+		return h.ps.InPartitionTx(ctx, h.write(r.now()), fn)
+	}
+	return r.store.InTx(ctx, r.lease, fn)
+}
+
+func (h *partHold) write(now time.Time) checkpoint.PartitionWrite {
+	return checkpoint.PartitionWrite{Lease: h.lease, Now: now, LeaseFor: h.leaseFor, Progress: h.progress}
+}
+
+// partitionView is a view of r that works one partition: its writes are
+// fenced by the partition, its counts go to r.
+func (r *Run) partitionView(h *partHold) *Run {
+	return &Run{store: r.store, lease: checkpoint.Lease{RunID: r.lease.RunID, Fence: r.lease.Fence, Attempt: h.lease.Attempt, Owner: h.lease.Owner},
+		log: r.log.With().Int("partition", h.lease.Index).Logger(), now: r.now, recorded: r.recorded, seen: map[string]struct{}{},
+		retrySkipped: r.retrySkipped, accept: r.accept, retry: r.retry, sleepFn: r.sleepFn,
+		leaseFor: r.leaseFor, callMargin: r.callMargin, prevUntil: r.prevUntil, part: h, parent: r}
+}
+
+// partitionLease is how long a partition's lease lasts: the run's.
+func (r *Run) partitionLease() time.Duration {
+	if r.leaseFor > 0 {
+		return r.leaseFor
+	}
+	return 30 * time.Second
+}
+
+// partitionSpec decides which items one partition holds.
+type partitionSpec[I any] struct {
+	p  checkpoint.Partition
+	by func(I) string
+}
+
+func (s partitionSpec[I]) holds(key string, item I) bool {
+	if s.p.Rule == checkpoint.PartitionHash {
+		return int(checkpoint.PartitionHashOf(s.by(item))%uint64(s.p.Count)) == s.p.Index
+	}
+	return s.p.Holds(key)
+}
+
+// forEachPartitioned is ForEach with Partitions(n > 1): the coordinator
+// (the run's owner) or, in a partition worker's replay, that partition.
+func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
+	o doOptions, cp checkpoint.Step, done bool) (BatchSummary, error) {
+	var sum BatchSummary
+	ps, ok := checkpoint.AsPartitionStore(r.store)
+	if !ok {
+		return sum, fmt.Errorf("steps: batch step %s: the checkpoint store (%T) cannot record partitions; drop steps.Partitions", name, r.store)
+	}
+	var by func(I) string
+	if o.partitionBy != nil {
+		if by, ok = o.partitionBy.(func(I) string); !ok {
+			return sum, fmt.Errorf("steps: batch step %s: PartitionBy takes a %T, the items are %T", name, o.partitionBy, *new(I))
+		}
+	}
+	if o.chunkSize <= 0 {
+		o.chunkSize = DefaultChunkSize
+	}
+	if o.chunkSize > MaxChunkSize {
+		return sum, fmt.Errorf("steps: batch step %s: ChunkSize(%d) is over the limit of %d", name, o.chunkSize, MaxChunkSize)
+	}
+	var ot *openTarget
+	if o.target != nil {
+		var err error
+		if ot, err = r.target(ctx, *o.target); err != nil {
+			return sum, err
+		}
+		sum.Target = ot.name
+	}
+	if done {
+		if r.worker != nil {
+			return sum, ErrPartitionWorked
+		}
+		return sum, nil // a finished partitioned step is not reopened (RetrySkipped)
+	}
+	if w := r.worker; w != nil {
+		// A worker's replay: its one partition, then stop the job here.
+		parts, err := ps.Partitions(ctx, r.lease.RunID, name)
+		if err != nil {
+			return sum, err
+		}
+		i := slices.IndexFunc(parts, func(p checkpoint.Partition) bool { return p.Index == w.Index })
+		if i < 0 {
+			return sum, fmt.Errorf("%w: partition %d of %s of run %s is not recorded", checkpoint.ErrFenced, w.Index, name, r.lease.RunID)
+		}
+		if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: parts[i], by: by}, *w); err != nil {
+			return sum, err
+		}
+		return sum, ErrPartitionWorked
+	}
+	split, err := recordedOrSplit(ctx, r, ps, name, src, o.partitions, by)
+	if err != nil {
+		return sum, err
+	}
+	head := cp
+	head.Status, head.FinishedAt = checkpoint.StepRunning, r.now()
+	head.Output, _ = json.Marshal(BatchSummary{Total: src.total, Target: sum.Target})
+	parts, err := ps.StartPartitioned(ctx, r.lease, head, split)
+	if err != nil {
+		return sum, fmt.Errorf("steps: start batch step %s: %w", name, err)
+	}
+	if len(parts) > 0 && len(split) > 0 && parts[0].Count != o.partitions {
+		r.log.Info().Str(FieldStepID, name).Int("recorded", parts[0].Count).Int("asked", o.partitions).
+			Msg("the step's recorded split stands; it is never recomputed")
+	}
+	specs := map[int]partitionSpec[I]{}
+	for _, p := range parts {
+		specs[p.Index] = partitionSpec[I]{p: p, by: by}
+	}
+	r.log.Info().Str(FieldStepID, name).Int("partitions", len(parts)).Msg("batch step partitioned; working its partitions")
+	if err := coordinate(ctx, r, ps, name, src, fn, o, ot, specs); err != nil {
+		return sum, err
+	}
+	parts, err = ps.Partitions(ctx, r.lease.RunID, name)
+	if err != nil {
+		return sum, err
+	}
+	for _, p := range parts {
+		sum.Completed += p.Done
+		sum.Rejected += p.Rejected
+		sum.Skipped += p.Skipped
+		sum.Executed += p.Executed
+	}
+	sum.Total = sum.Completed + sum.Rejected + sum.Skipped
+	ctx = context.WithoutCancel(ctx)
+	cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
+	if cp.Output, err = json.Marshal(sum); err != nil {
+		return sum, err
+	}
+	if err := r.inTx(ctx, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
+		return sum, fmt.Errorf("steps: finish batch step %s: %w", name, err)
+	}
+	r.count(func(s *Stats) { s.Executed++ })
+	r.log.Info().Str(FieldStepID, name).Int("partitions", len(parts)).Int64("completed", sum.Completed).Int64("rejected", sum.Rejected).
+		Int64("skipped", sum.Skipped).Int64("executed", sum.Executed).Float64(FieldTookSeconds, cp.FinishedAt.Sub(cp.StartedAt).Seconds()).
+		Msg("batch step completed")
+	return sum, nil
+}
+
+// recordedOrSplit returns nil when the step's partitions are recorded
+// (they stand), or else its split into n: key ranges of equal item counts,
+// or by PartitionBy's hash. It reads the source once.
+func recordedOrSplit[I any](ctx context.Context, r *Run, ps checkpoint.PartitionStore, name string, src Source[I], n int, by func(I) string) ([]checkpoint.Partition, error) {
+	have, err := ps.Partitions(ctx, r.lease.RunID, name)
+	if err != nil || len(have) > 0 {
+		return nil, err
+	}
+	var keys []string
+	counts := make([]int64, n)
+	err = src.all(ctx, func(key string, item I) bool {
+		if by != nil {
+			counts[checkpoint.PartitionHashOf(by(item))%uint64(n)]++
+		} else {
+			keys = append(keys, key)
+		}
+		return true
+	})
+	if err != nil {
+		return nil, fmt.Errorf("steps: split batch step %s: %w", name, err)
+	}
+	if by != nil {
+		out := make([]checkpoint.Partition, n)
+		for i := range out {
+			out[i] = checkpoint.Partition{Index: i, Count: n, Rule: checkpoint.PartitionHash, Total: counts[i]}
+		}
+		return out, nil
+	}
+	slices.Sort(keys) // bytewise, as stores compare keys
+	keys = slices.Compact(keys)
+	bounds := []string{""}
+	for i := 1; i < n; i++ {
+		b := keys[i*len(keys)/n]
+		if len(keys) > 0 && b > bounds[len(bounds)-1] {
+			bounds = append(bounds, b)
+		}
+	}
+	out := make([]checkpoint.Partition, len(bounds))
+	for i, from := range bounds {
+		p := checkpoint.Partition{Index: i, Count: len(bounds), Rule: checkpoint.PartitionRange, From: from}
+		if i+1 < len(bounds) {
+			p.To = bounds[i+1]
+		}
+		lo, _ := slices.BinarySearch(keys, p.From)
+		hi := len(keys)
+		if p.To != "" {
+			hi, _ = slices.BinarySearch(keys, p.To)
+		}
+		p.Total = int64(hi - lo)
+		out[i] = p
+	}
+	return out, nil
+}
+
+// coordinate works the step's partitions on goroutines until every one is
+// done: it claims pending and lease-expired ones, and those whose holder is
+// known gone, waiting while others hold live leases. A failed partition
+// fails the step once the goroutines stopped.
+func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionStore, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
+	o doOptions, ot *openTarget, specs map[int]partitionSpec[I]) error {
+	poll := min(r.partitionLease()/10, time.Second)
+	for {
+		gctx, cancel := context.WithCancelCause(ctx)
+		var (
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			first error
+		)
+		claim := checkpoint.PartitionClaim{RunID: r.lease.RunID, Step: name, Owner: r.lease.Owner, LeaseFor: r.partitionLease()}
+		for range len(specs) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for gctx.Err() == nil {
+					claim := claim
+					claim.Now = r.now()
+					p, pl, ok, err := ps.ClaimPartition(gctx, claim)
+					if err == nil && !ok {
+						return
+					}
+					if err == nil {
+						err = workPartition(gctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: p, by: specs[p.Index].by}, pl)
+					}
+					if errors.Is(err, checkpoint.ErrFenced) && ctx.Err() == nil {
+						r.log.Warn().Str(FieldStepID, name).Int("partition", pl.Index).Err(err).Msg("partition taken over by another runner")
+						continue
+					}
+					if err != nil {
+						mu.Lock()
+						if first == nil {
+							first = err
+						}
+						mu.Unlock()
+						cancel(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		cancel(nil)
+		if first != nil {
+			return first
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("%w in batch step %s: %w", ErrInterrupted, name, context.Cause(ctx))
+		}
+		parts, err := ps.Partitions(ctx, r.lease.RunID, name)
+		if err != nil {
+			return err
+		}
+		var failed []string
+		left := 0
+		for _, p := range parts {
+			switch p.State {
+			case checkpoint.PartitionFailed:
+				failed = append(failed, fmt.Sprintf("partition %d: %s", p.Index, p.Error))
+			case checkpoint.PartitionRunning:
+				left++
+				if r.ownerGone != nil && p.Owner != r.lease.Owner && r.ownerGone(p.Owner) {
+					c := claim
+					c.Now, c.Index, c.AtFence = r.now(), p.Index, p.Fence
+					np, pl, ok, err := ps.ClaimPartition(ctx, c)
+					if err != nil {
+						return err
+					}
+					if ok {
+						r.log.Warn().Str(FieldStepID, name).Int("partition", p.Index).Str("previous_owner", checkpoint.OwnerName(p.Owner)).
+							Msg("took over a partition whose runner is gone")
+						if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: np, by: specs[np.Index].by}, pl); err != nil &&
+							!errors.Is(err, checkpoint.ErrFenced) {
+							return err
+						}
+					}
+				}
+			case checkpoint.PartitionPending:
+				left++
+			}
+		}
+		if len(failed) > 0 {
+			return &StepError{RunID: r.lease.RunID, Step: name, Err: fmt.Errorf("%d of %d partitions failed: %s", len(failed), len(parts), strings.Join(failed, "; "))}
+		}
+		if left == 0 {
+			return nil
+		}
+		if err := r.sleep(ctx, poll); err != nil {
+			return fmt.Errorf("%w in batch step %s: %w", ErrInterrupted, name, err)
+		}
+	}
+}
+
+// workPartition processes the items of one claimed partition, a chunk at a
+// time, each chunk fenced by the partition, and records it done; an item
+// failure records it failed, an interruption releases it. The partition's
+// lease is renewed every third of its length meanwhile.
+func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionStore, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
+	o doOptions, ot *openTarget, spec partitionSpec[I], pl checkpoint.PartitionLease) error {
+	h := &partHold{ps: ps, lease: pl, leaseFor: r.partitionLease()}
+	pr := r.partitionView(h)
+	fps, err := newFingerprinter[I](name, o.itemInput)
+	if err != nil {
+		return err
+	}
+	maxKey := ""
+	err = r.store.Items(ctx, checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, KeysOnly: true, Limit: 1, Last: true},
+		func(it checkpoint.Item) error { maxKey = it.Key; return nil })
+	if err != nil {
+		return err
+	}
+	b := &batch[I, O]{r: pr, name: name, fn: fn, opts: o, target: ot, fresh: pl.Fence == 1, ordered: true,
+		resumed: map[string]bool{}, prog: Progress{Step: name, Total: spec.p.Total, StartedAt: r.now()},
+		fp: fps, declared: -1, maxKey: maxKey, part: &spec.p, hwm: spec.p.HighWater}
+	if ot != nil {
+		b.sum.Target = ot.name
+	}
+	h.progress = b.partitionProgress
+	pctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	beat := make(chan struct{})
+	go func() {
+		defer close(beat)
+		for pr.sleep(pctx, h.leaseFor/3) == nil {
+			if err := ps.HeartbeatPartition(pctx, pl, r.now(), h.leaseFor); err != nil {
+				if errors.Is(err, checkpoint.ErrFenced) {
+					stop(err)
+					return
+				}
+				pr.log.Warn().Err(err).Msg("could not renew the partition's lease")
+			}
+		}
+	}()
+	err = b.workPartition(pctx, src, spec)
+	stop(nil)
+	<-beat
+	end := func(p checkpoint.PartitionProgress) error {
+		return ps.EndPartition(context.WithoutCancel(ctx), h.write(r.now()), p)
+	}
+	prog := b.partitionProgressAt(b.sum)
+	switch {
+	case err == nil:
+		prog.State = checkpoint.PartitionDone
+		if err := end(prog); err != nil {
+			return fmt.Errorf("steps: record partition %d of %s done: %w", pl.Index, name, err)
+		}
+		pr.log.Info().Str(FieldStepID, name).Int64("completed", prog.Done).Int64("rejected", prog.Rejected).
+			Int64("skipped", prog.Skipped).Int64("executed", prog.Executed).Msg("partition done")
+		return nil
+	case errors.Is(err, checkpoint.ErrFenced) || errors.Is(context.Cause(pctx), checkpoint.ErrFenced):
+		return errors.Join(err, context.Cause(pctx))
+	case errors.Is(err, ErrInterrupted) || ctx.Err() != nil:
+		prog.State = checkpoint.PartitionPending
+		if eerr := end(prog); eerr != nil {
+			pr.log.Warn().Err(eerr).Msg("could not release the interrupted partition; it is claimable once its lease passes")
+		}
+		return err
+	default:
+		prog.State, prog.Error = checkpoint.PartitionFailed, err.Error()
+		if eerr := end(prog); eerr != nil {
+			return errors.Join(err, fmt.Errorf("steps: record partition %d of %s failed: %w", pl.Index, name, eerr))
+		}
+		return err
+	}
+}
+
+// workPartition reads the source and processes the items spec holds.
+func (b *batch[I, O]) workPartition(ctx context.Context, src Source[I], spec partitionSpec[I]) error {
+	if b.target != nil && !b.target.same && !b.fresh {
+		if err := b.resumePlanned(context.WithoutCancel(ctx)); err != nil {
+			return err
+		}
+	}
+	b.reserve()
+	var loopErr error
+	srcErr := src.all(ctx, func(key string, item I) bool {
+		if !spec.holds(key, item) {
+			return true
+		}
+		b.yielded++
+		b.keys = append(b.keys, key)
+		b.items = append(b.items, item)
+		if len(b.keys) < b.opts.chunkSize {
+			return true
+		}
+		loopErr = b.flush(ctx)
+		return loopErr == nil
+	})
+	if loopErr == nil && srcErr == nil && len(b.keys) > 0 {
+		loopErr = b.flush(ctx)
+	}
+	return errors.Join(loopErr, srcErr)
+}
+
+// partitionProgress is what the partition's chunk transaction records:
+// the counters with the chunk's items, and its last key.
+func (b *batch[I, O]) partitionProgress() checkpoint.PartitionProgress {
+	s := b.sum
+	for _, rec := range b.recs {
+		switch rec.Status {
+		case checkpoint.StepRejected:
+			s.Rejected++
+		case checkpoint.ItemSkipped:
+			s.Skipped++
+		default:
+			s.Completed++
+		}
+		s.Executed++
+	}
+	p := b.partitionProgressAt(s)
+	if len(b.keys) > 0 {
+		p.HighWater = b.keys[len(b.keys)-1]
+	}
+	return p
+}
+
+func (b *batch[I, O]) partitionProgressAt(s BatchSummary) checkpoint.PartitionProgress {
+	return checkpoint.PartitionProgress{HighWater: b.hwm, Done: s.Completed, Rejected: s.Rejected, Skipped: s.Skipped, Executed: s.Executed}
+}
+
+// partitionEffectTag is what a partition's effect IDs carry in place of
+// the run's fence: the partition and its fence.
+func (b *batch[I, O]) partitionEffectTag() string {
+	h := b.r.part
+	return fmt.Sprintf("p%d.%d", h.lease.Index, h.lease.Fence)
+}
