@@ -98,7 +98,10 @@ type PartitionClaim struct {
 	// RunID and Step narrow the claim to one run, or one batch step of it;
 	// empty claims from any running run.
 	RunID, Step string
-	Owner       string
+	// Jobs, when not empty, narrows the claim to partitions of runs of
+	// these jobs: those the claimer can replay.
+	Jobs  []string
+	Owner string
 	// Now is the caller's time; a store judging leases by its own clock
 	// (a server's now()) ignores it.
 	Now      time.Time

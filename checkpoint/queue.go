@@ -159,8 +159,9 @@ type QueueStore interface {
 type QueueWaker interface {
 	// WakeOnEnqueue returns a channel that receives a value soon after
 	// any Enqueue commits, in any process (several enqueues may share one
-	// value), and after a lost connection is reestablished (enqueues may
-	// have been missed). It listens on a connection of its own until ctx
+	// value), soon after partitions of a batch step become claimable
+	// (recorded, reopened or released: PartitionStore), and after a lost
+	// connection is reestablished (wake-ups may have been missed). It listens on a connection of its own until ctx
 	// ends, then closes the channel.
 	WakeOnEnqueue(ctx context.Context) (<-chan struct{}, error)
 }

@@ -78,13 +78,15 @@ func (c *EnqueueCmd) Run(env *Env) error {
 	return nil
 }
 
-// WorkerCmd claims queued runs and drives them until SIGTERM or SIGINT.
+// WorkerCmd claims queued runs, and partitions of batch steps, and works
+// them until SIGTERM or SIGINT.
 type WorkerCmd struct {
-	Queues      []string      `sep:"," placeholder:"QUEUE" help:"Queues to take runs from, comma-separated; all queues when omitted."`
-	Concurrency int           `default:"1" nonzero:"" help:"Runs driven at once by this worker (at least 1); a panic in one run's job code fails that run's attempt only."`
-	Lease       time.Duration `default:"30s" nonzero:"" help:"Lease length of the runs claimed; the worker heartbeats every third of it. A run whose worker died is taken by another worker once its lease expires."`
-	Poll        time.Duration `default:"1s" nonzero:"" help:"How often an idle worker looks for due runs, jittered by a fifth: the only wake-up on SQLite; on PostgreSQL the fallback to LISTEN/NOTIFY, which wakes workers at each enqueue."`
-	Grace       time.Duration `default:"20s" help:"After SIGTERM or SIGINT: claim nothing more, let the runs in flight finish for this long, then interrupt them (recorded interrupted, leases released: due again for any worker). Keep it under STEPWISE_GRACE, after which the process exits anyway."`
+	Queues       []string      `sep:"," placeholder:"QUEUE" help:"Queues to take runs from, comma-separated; all queues when omitted."`
+	Concurrency  int           `default:"1" nonzero:"" help:"Runs and partitions worked at once by this worker (at least 1); a panic in one run's job code fails that run's attempt only. A partitioned batch step of a run this worker drives works one partition in the run's slot; the worker's other slots, and other workers, take the rest."`
+	NoPartitions bool          `name:"no-partitions" help:"Take queued runs only, leaving the partitions of batch steps (steps.Partitions, settle -p partitions=N) to other runners."`
+	Lease        time.Duration `default:"30s" nonzero:"" help:"Lease length of the runs and partitions claimed; the worker heartbeats every third of it, and stops working one it could not renew by a third of the lease before it expires. A run or partition whose worker died is taken by another worker once its lease expires."`
+	Poll         time.Duration `default:"1s" nonzero:"" help:"How often an idle worker looks for due runs and claimable partitions, jittered by a fifth: the only wake-up on SQLite; on PostgreSQL the fallback to LISTEN/NOTIFY, which wakes workers at each enqueue and when partitions are recorded or released."`
+	Grace        time.Duration `default:"20s" help:"After SIGTERM or SIGINT: claim nothing more, let the runs in flight finish for this long, then interrupt them (recorded interrupted, leases released: due again for any worker). Keep it under STEPWISE_GRACE, after which the process exits anyway."`
 }
 
 // Run implements the worker command.
@@ -96,18 +98,20 @@ func (c *WorkerCmd) Run(env *Env) error {
 		return usageError{err}
 	}
 	// Each run in flight may hold a connection for a write and another
-	// for its heartbeat; claims need one more.
-	env.maxConns = int32(max(4, 2*c.Concurrency+1))
+	// for its heartbeat, and a partition of it two more (its chunk's
+	// transaction and its heartbeat); claims need one more.
+	env.maxConns = int32(max(4, 2*c.Concurrency+3))
 	st, err := env.Store()
 	if err != nil {
 		return err
 	}
 	w, err := runner.NewWorker(runner.WorkerConfig{
-		Runner:      runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease},
-		Queues:      c.Queues,
-		Concurrency: c.Concurrency,
-		Poll:        c.Poll,
-		Grace:       c.Grace,
+		Runner:       runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease},
+		Queues:       c.Queues,
+		Concurrency:  c.Concurrency,
+		Poll:         c.Poll,
+		Grace:        c.Grace,
+		NoPartitions: c.NoPartitions,
 	})
 	if err != nil {
 		return usageError{err}
@@ -120,7 +124,11 @@ func (c *WorkerCmd) Run(env *Env) error {
 	if _, ok := st.(checkpoint.QueueWaker); ok {
 		wake = "woken by LISTEN/NOTIFY, polling every " + c.Poll.String()
 	}
-	fmt.Fprintf(env.Stdout, "%s worker: taking runs of %s from %s, %d at a time (%s)\n", env.Name, queues, env.storeName(), c.Concurrency, wake)
+	what := "runs of " + queues + " and partitions of batch steps"
+	if c.NoPartitions {
+		what = "runs of " + queues
+	}
+	fmt.Fprintf(env.Stdout, "%s worker: taking %s from %s, %d at a time (%s)\n", env.Name, what, env.storeName(), c.Concurrency, wake)
 	if err := w.Run(env.Ctx); err != nil {
 		return err
 	}

@@ -81,6 +81,15 @@ type Config struct {
 	// before another runner may take the run over. Defaults to a third of
 	// Lease; at most half of it.
 	SelfFenceMargin time.Duration
+	// PartitionSlots is how many partitions of a partitioned batch step
+	// (steps.Partitions) a run this runner drives works at once, on
+	// goroutines of this process (steps.Config.PartitionSlots): the rest
+	// are left to partition workers (WorkPartition, `stepwise worker`) or
+	// to a goroutine once it is free. Zero means every partition at once.
+	// A Worker sets 1 when it is zero: the run takes one of the worker's
+	// slots, and the worker's other slots and other workers take the
+	// other partitions.
+	PartitionSlots int
 	// TracerProvider makes the spans of the runs: one per attempt (the
 	// parent of its steps' spans and, in a batch step, of a span per
 	// chunk), with the run ID, attempt, step ID, item counts and outcome
@@ -102,8 +111,9 @@ func (c *Config) validate() error {
 	if c.Jobs == nil {
 		return errors.New("runner: Config.Jobs is nil; give the job registry")
 	}
-	if c.Lease < 0 || c.WaitPoll < 0 {
-		return fmt.Errorf("runner: Config.Lease (%s) and Config.WaitPoll (%s) cannot be negative", c.Lease, c.WaitPoll)
+	if c.Lease < 0 || c.WaitPoll < 0 || c.PartitionSlots < 0 {
+		return fmt.Errorf("runner: Config.Lease (%s), Config.WaitPoll (%s) and Config.PartitionSlots (%d) cannot be negative",
+			c.Lease, c.WaitPoll, c.PartitionSlots)
 	}
 	if c.Lease > 0 && c.Lease < 100*time.Millisecond {
 		return fmt.Errorf("runner: Config.Lease is %s; use at least 100ms", c.Lease)
@@ -558,7 +568,7 @@ func (r *Runner) drive(ctx context.Context, store checkpoint.Store, job jobs.Job
 	cfg := steps.Config{Store: store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
 		RetrySkipped: req.RetrySkipped, AcceptChanged: req.AcceptChanged, OnProgress: r.progressHook(lease, log), Retry: job.Settings().Retry,
 		LeaseFor: r.cfg.Lease, PreviousLeaseUntil: prevUntil, Tracer: r.tracer, OnStepEnd: r.cfg.Metrics.stepHook(job.Name()),
-		OwnerGone: OwnerGone}
+		OwnerGone: OwnerGone, PartitionSlots: r.cfg.PartitionSlots, SelfFenceMargin: r.cfg.SelfFenceMargin}
 	if s, ok := r.cfg.Clock.(Sleeper); ok {
 		cfg.Sleep = s.Sleep
 	}
@@ -622,25 +632,50 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 }
 
 // WorkPartition claims one claimable partition of a partitioned batch step
-// (steps.Partitions) of any running run, as owner, and works it: it
-// replays the run's job function from the top like any rerun (earlier
-// steps return their recorded outputs; a step not recorded, or changed,
-// stops it with the error exit 5 reports), processes the partition at the
-// matching ForEach and stops the job function there, recording nothing
-// for the run's later steps and leaving the run to its owner. worked is
-// false when no partition was claimable. The worker loop calls it.
+// (steps.Partitions) of any running run of a job in the runner's registry,
+// as owner, and works it: it replays the run's job function from the top
+// like any rerun (earlier steps return their recorded outputs; a step not
+// recorded, or changed, stops it with the error exit 5 reports), processes
+// the partition at the matching ForEach and stops the job function there,
+// recording nothing for the run's later steps and leaving the run to its
+// owner. Meanwhile it heartbeats the partition every third of Config.Lease
+// and stops by itself (a *steps.PartitionLeaseLostError) if no renewal
+// succeeded by the lease's expiry less Config.SelfFenceMargin. worked is
+// false when no partition was claimable. A Worker calls it for its free
+// slots.
 func (r *Runner) WorkPartition(ctx context.Context, owner string) (worked bool, err error) {
+	task, ok, err := r.claimPartition(ctx, owner)
+	if err != nil || !ok {
+		return ok, err
+	}
+	return true, task(ctx)
+}
+
+// claimPartition claims a partition as WorkPartition does and returns the
+// work on it, not yet started.
+func (r *Runner) claimPartition(ctx context.Context, owner string) (task func(context.Context) error, ok bool, err error) {
 	ps, ok := checkpoint.AsPartitionStore(r.cfg.Store)
 	if !ok {
-		return false, fmt.Errorf("runner: the checkpoint store (%T) has no partitions", r.cfg.Store)
+		return nil, false, fmt.Errorf("runner: the checkpoint store (%T) has no partitions", r.cfg.Store)
 	}
 	if owner == "" {
 		owner = r.cfg.Owner
 	}
-	_, pl, ok, err := ps.ClaimPartition(ctx, checkpoint.PartitionClaim{Owner: owner, Now: r.cfg.Clock.Now(), LeaseFor: r.cfg.Lease})
-	if err != nil || !ok {
-		return false, err
+	var names []string
+	for _, j := range r.cfg.Jobs.Jobs() {
+		names = append(names, j.Name())
 	}
+	claimedAt := r.cfg.Clock.Now()
+	_, pl, ok, err := ps.ClaimPartition(ctx, checkpoint.PartitionClaim{Owner: owner, Jobs: names, Now: claimedAt, LeaseFor: r.cfg.Lease})
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	return func(ctx context.Context) error { return r.workPartition(ctx, ps, pl, claimedAt) }, true, nil
+}
+
+// workPartition works the claimed partition pl (see WorkPartition).
+func (r *Runner) workPartition(ctx context.Context, ps checkpoint.PartitionStore, pl checkpoint.PartitionLease, claimedAt time.Time) error {
+	owner := pl.Owner
 	log := r.cfg.Logger.With().Str(steps.FieldRunID, pl.RunID).Str(steps.FieldStepID, pl.Step).Int("partition", pl.Index).Logger()
 	release := func(cause error) {
 		end := checkpoint.PartitionProgress{State: checkpoint.PartitionPending}
@@ -660,28 +695,30 @@ func (r *Runner) WorkPartition(ctx context.Context, owner string) (worked bool, 
 	info, err := r.cfg.Store.Run(ctx, pl.RunID)
 	if err != nil {
 		release(err)
-		return true, err
+		return err
 	}
 	job, err := r.cfg.Jobs.Lookup(info.Run.Job)
 	if err != nil {
 		release(err)
-		return true, fmt.Errorf("run %s: %w", pl.RunID, err)
+		return fmt.Errorf("run %s: %w", pl.RunID, err)
 	}
 	dec, err := job.Decode(nil, info.Run.Params)
 	if err != nil {
 		release(err)
-		return true, fmt.Errorf("run %s: stored parameters no longer decode: %w", pl.RunID, err)
+		return fmt.Errorf("run %s: stored parameters no longer decode: %w", pl.RunID, err)
 	}
+	log.Info().Int64("fence", pl.Fence).Msg("partition claimed")
 	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Logger()
 	cfg := steps.Config{Store: r.cfg.Store, Lease: checkpoint.Lease{RunID: pl.RunID, Fence: info.Run.Fence, Attempt: pl.Attempt, Owner: owner},
-		Logger: &jobLog, Now: r.cfg.Clock.Now, Retry: job.Settings().Retry, LeaseFor: r.cfg.Lease, Partition: &pl}
+		Logger: &jobLog, Now: r.cfg.Clock.Now, Retry: job.Settings().Retry, LeaseFor: r.cfg.Lease, Partition: &pl,
+		PartitionClaimedAt: claimedAt, SelfFenceMargin: r.cfg.SelfFenceMargin}
 	if s, ok := r.cfg.Clock.(Sleeper); ok {
 		cfg.Sleep = s.Sleep
 	}
 	run, err := steps.Begin(ctx, cfg)
 	if err != nil {
 		release(err)
-		return true, err
+		return err
 	}
 	jobErr := callJob(ctx, job, run, dec.JSON)
 	if cerr := run.Close(); jobErr == nil {
@@ -691,12 +728,12 @@ func (r *Runner) WorkPartition(ctx context.Context, owner string) (worked bool, 
 	switch {
 	case errors.Is(jobErr, steps.ErrPartitionWorked):
 		log.Info().Msg("partition worked")
-		return true, nil
+		return nil
 	case jobErr == nil:
 		jobErr = fmt.Errorf("run %s: the job returned without reaching batch step %s: it may have changed since the run's owner ran it", pl.RunID, pl.Step)
 		release(jobErr)
 	case errors.As(jobErr, &notRec), NeedsOperator(jobErr) && !errors.Is(jobErr, checkpoint.ErrFenced):
 		release(jobErr)
 	}
-	return true, fmt.Errorf("partition %d of %s of run %s: %w", pl.Index, pl.Step, pl.RunID, jobErr)
+	return fmt.Errorf("partition %d of %s of run %s: %w", pl.Index, pl.Step, pl.RunID, jobErr)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/steps"
 )
 
 // EnqueueRequest asks for a run of a job to be queued for a worker.
@@ -90,12 +91,21 @@ type WorkerConfig struct {
 	// their leases released; a queued run interrupted so is due again for
 	// any worker). Zero interrupts them at once.
 	Grace time.Duration
-	// Sources are more kinds of work, tried after the run queue for each
-	// free slot.
+	// Sources are more kinds of work, tried after the run queue and the
+	// partitions for each free slot.
 	Sources []WorkSource
+	// NoPartitions leaves partitions of batch steps (steps.Partitions) to
+	// other runners: by default a free slot that finds no queued run
+	// claims a pending or lease-expired partition of any running run of a
+	// registered job and works it (Runner.WorkPartition).
+	NoPartitions bool
 	// OnDone, if set, is called after each run the worker drove ended,
 	// with its result (tests, metrics).
 	OnDone func(Result, error)
+	// OnPartitionDone, if set, is called after each partition the worker
+	// worked (not the runs it drove), with its error: nil once the
+	// partition is done (tests, metrics).
+	OnPartitionDone func(checkpoint.PartitionLease, error)
 }
 
 // Worker claims queued runs, and runs whose runner's lease expired, and
@@ -113,6 +123,11 @@ type Worker struct {
 
 // NewWorker returns a Worker for cfg.
 func NewWorker(cfg WorkerConfig) (*Worker, error) {
+	if cfg.Runner.PartitionSlots == 0 {
+		// A run the worker drives takes one slot; its other partitions
+		// go to the worker's other slots and to other workers.
+		cfg.Runner.PartitionSlots = 1
+	}
 	r, err := New(cfg.Runner)
 	if err != nil {
 		return nil, err
@@ -162,6 +177,46 @@ func (w *Worker) claimRuns(jobNames []string) WorkSource {
 	}
 }
 
+// claimPartitions is the worker's second source of work: partitions of
+// batch steps of running runs.
+func (w *Worker) claimPartitions() WorkSource {
+	ps, ok := checkpoint.AsPartitionStore(w.cfg.Runner.Store)
+	if !ok {
+		return func(context.Context) (Task, error) { return nil, nil }
+	}
+	return func(ctx context.Context) (Task, error) {
+		claimedAt := w.cfg.Runner.Clock.Now()
+		_, pl, ok, err := ps.ClaimPartition(ctx, checkpoint.PartitionClaim{Owner: w.cfg.Runner.Owner, Jobs: w.jobNames(),
+			Now: claimedAt, LeaseFor: w.cfg.Runner.Lease})
+		if err != nil || !ok {
+			return nil, err
+		}
+		return func(ctx context.Context) {
+			err := w.runner.workPartition(ctx, ps, pl, claimedAt)
+			log := w.log.With().Str(steps.FieldRunID, pl.RunID).Str(steps.FieldStepID, pl.Step).Int("partition", pl.Index).Logger()
+			switch {
+			case err == nil:
+			case errors.Is(err, checkpoint.ErrFenced), errors.Is(err, steps.ErrPartitionLeaseLost), errors.Is(err, ErrInterrupted):
+				log.Warn().Err(err).Msg("stopped working a partition; it is left to the runner holding it, or to the next claim")
+			default:
+				log.Error().Err(err).Msg("partition not worked")
+			}
+			if w.cfg.OnPartitionDone != nil {
+				w.cfg.OnPartitionDone(pl, err)
+			}
+		}, nil
+	}
+}
+
+// jobNames are the names of the worker's registered jobs.
+func (w *Worker) jobNames() []string {
+	var names []string
+	for _, j := range w.cfg.Runner.Jobs.Jobs() {
+		names = append(names, j.Name())
+	}
+	return names
+}
+
 // Run claims and drives work until ctx ends, then stops claiming, lets
 // the work in flight finish within Grace, interrupts what is left and
 // returns once every task has returned. It returns an error only when it
@@ -170,14 +225,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return errors.New("runner: Worker.Run called twice; make a new Worker")
 	}
-	var names []string
-	for _, j := range w.cfg.Runner.Jobs.Jobs() {
-		names = append(names, j.Name())
-	}
+	names := w.jobNames()
 	if len(names) == 0 {
 		return errors.New("runner: the worker's job registry is empty; it could run nothing")
 	}
-	sources := append([]WorkSource{w.claimRuns(names)}, w.cfg.Sources...)
+	sources := []WorkSource{w.claimRuns(names)}
+	if !w.cfg.NoPartitions {
+		sources = append(sources, w.claimPartitions())
+	}
+	sources = append(sources, w.cfg.Sources...)
 	var wake <-chan struct{}
 	if qw, ok := w.queue.(checkpoint.QueueWaker); ok {
 		listenCtx, stopListening := context.WithCancel(ctx)

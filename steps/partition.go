@@ -85,6 +85,52 @@ func PartitionBy[I any](key func(I) string) Option {
 	return func(o *doOptions) { o.partitionBy = key }
 }
 
+// ErrPartitionLeaseLost is matched (errors.Is) by a
+// *PartitionLeaseLostError.
+var ErrPartitionLeaseLost = errors.New("steps: the partition's lease could not be renewed in time")
+
+// PartitionLeaseLostError says the holder of a partition stopped working
+// it by itself (self-fenced): no renewal of the partition's lease (a
+// heartbeat or a chunk's commit) succeeded by its known expiry less
+// Config.SelfFenceMargin (the database unreachable, the process paused),
+// so it cancelled the partition's items, and with them their outside
+// calls, before another runner may claim the partition. Nobody need have
+// claimed it yet; its chunks committed so far stay done.
+type PartitionLeaseLostError struct {
+	RunID string
+	Step  string
+	Index int
+	Fence int64
+	// Expiry is when the lease expires as last renewed (or claimed), on
+	// the holder's clock: the renewal's send time plus the lease, so never
+	// later than the store's own expiry.
+	Expiry time.Time
+	// Margin is Config.SelfFenceMargin: the holder stopped at Expiry less
+	// Margin.
+	Margin time.Duration
+	// Failures counts the heartbeats that failed since the last renewal
+	// (zero when none was tried in time: the process was paused, say).
+	Failures int
+	// LastErr is the last failed heartbeat's error, or nil.
+	LastErr error
+}
+
+func (e *PartitionLeaseLostError) Error() string {
+	why := "no renewal was tried in time"
+	if e.LastErr != nil {
+		why = fmt.Sprintf("%d renewal(s) failed, the last with: %v", e.Failures, e.LastErr)
+	}
+	return fmt.Sprintf("partition %d of %s of run %s (fence %d) stopped by its holder (self-fenced): %s; its lease expires at %s, "+
+		"and the holder stopped %s before that, calling no outside system after it; any runner may claim the partition once the lease passes",
+		e.Index, e.Step, e.RunID, e.Fence, why, e.Expiry.UTC().Format(time.RFC3339Nano), e.Margin)
+}
+
+// Is reports whether target is ErrPartitionLeaseLost.
+func (e *PartitionLeaseLostError) Is(target error) bool { return target == ErrPartitionLeaseLost }
+
+// Unwrap returns the last failed heartbeat's error.
+func (e *PartitionLeaseLostError) Unwrap() error { return e.LastErr }
+
 // partHold is what a view of the run working one partition writes with.
 type partHold struct {
 	ps       checkpoint.PartitionStore
@@ -92,13 +138,41 @@ type partHold struct {
 	leaseFor time.Duration
 	// progress says what the partition's next write records.
 	progress func() checkpoint.PartitionProgress
+
+	mu sync.Mutex
+	// renewed is the send time of the latest write that extended the
+	// lease (a chunk's commit, a heartbeat): the lease lasts at least
+	// until renewed plus leaseFor.
+	renewed time.Time
+}
+
+// renewedAt notes a write sent at t that extended the lease.
+func (h *partHold) renewedAt(t time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if t.After(h.renewed) {
+		h.renewed = t
+	}
+}
+
+// expiry is when the lease expires as last renewed.
+func (h *partHold) expiry() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.renewed.Add(h.leaseFor)
 }
 
 // inTx runs fn in one write transaction: fenced by the run's lease, or in
-// a partition's view by the partition (recording its progress with it).
+// a partition's view by the partition (recording its progress with it,
+// and extending its lease).
 func (r *Run) inTx(ctx context.Context, fn func(checkpoint.Tx) error) error {
 	if h := r.part; h != nil {
-		return h.ps.InPartitionTx(ctx, h.write(r.now()), fn)
+		now := r.now()
+		err := h.ps.InPartitionTx(ctx, h.write(now), fn)
+		if err == nil {
+			h.renewedAt(now)
+		}
+		return err
 	}
 	return r.store.InTx(ctx, r.lease, fn)
 }
@@ -113,7 +187,7 @@ func (r *Run) partitionView(h *partHold) *Run {
 	return &Run{store: r.store, lease: checkpoint.Lease{RunID: r.lease.RunID, Fence: r.lease.Fence, Attempt: h.lease.Attempt, Owner: h.lease.Owner},
 		log: r.log.With().Int("partition", h.lease.Index).Logger(), now: r.now, recorded: r.recorded, seen: map[string]struct{}{},
 		retrySkipped: r.retrySkipped, accept: r.accept, retry: r.retry, sleepFn: r.sleepFn,
-		leaseFor: r.leaseFor, callMargin: r.callMargin, prevUntil: r.prevUntil, part: h, parent: r}
+		leaseFor: r.leaseFor, callMargin: r.callMargin, fenceAhead: r.fenceAhead, prevUntil: r.prevUntil, part: h, parent: r}
 }
 
 // partitionLease is how long a partition's lease lasts: the run's.
@@ -182,7 +256,7 @@ func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src 
 		if i < 0 {
 			return sum, fmt.Errorf("%w: partition %d of %s of run %s is not recorded", checkpoint.ErrFenced, w.Index, name, r.lease.RunID)
 		}
-		if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: parts[i], by: by}, *w); err != nil {
+		if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: parts[i], by: by}, *w, r.workerClaimedAt); err != nil {
 			return sum, err
 		}
 		return sum, ErrPartitionWorked
@@ -305,7 +379,11 @@ func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionSt
 			first error
 		)
 		claim := checkpoint.PartitionClaim{RunID: r.lease.RunID, Step: name, Owner: r.lease.Owner, LeaseFor: r.partitionLease()}
-		for range len(specs) {
+		slots := len(specs)
+		if r.partSlots > 0 && r.partSlots < slots {
+			slots = r.partSlots
+		}
+		for range slots {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -317,10 +395,18 @@ func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionSt
 						return
 					}
 					if err == nil {
-						err = workPartition(gctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: p, by: specs[p.Index].by}, pl)
+						err = workPartition(gctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: p, by: specs[p.Index].by}, pl, claim.Now)
 					}
 					if errors.Is(err, checkpoint.ErrFenced) && ctx.Err() == nil {
 						r.log.Warn().Str(FieldStepID, name).Int("partition", pl.Index).Err(err).Msg("partition taken over by another runner")
+						continue
+					}
+					if errors.Is(err, ErrPartitionLeaseLost) && ctx.Err() == nil {
+						// Claimable again once its lease passes, by this
+						// runner too: the next claim finds it then.
+						if r.sleep(gctx, min(r.partitionLease()/10, time.Second)) != nil {
+							return
+						}
 						continue
 					}
 					if err != nil {
@@ -365,8 +451,8 @@ func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionSt
 					if ok {
 						r.log.Warn().Str(FieldStepID, name).Int("partition", p.Index).Str("previous_owner", checkpoint.OwnerName(p.Owner)).
 							Msg("took over a partition whose runner is gone")
-						if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: np, by: specs[np.Index].by}, pl); err != nil &&
-							!errors.Is(err, checkpoint.ErrFenced) {
+						if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: np, by: specs[np.Index].by}, pl, c.Now); err != nil &&
+							!errors.Is(err, checkpoint.ErrFenced) && !errors.Is(err, ErrPartitionLeaseLost) {
 							return err
 						}
 					}
@@ -390,10 +476,12 @@ func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionSt
 // workPartition processes the items of one claimed partition, a chunk at a
 // time, each chunk fenced by the partition, and records it done; an item
 // failure records it failed, an interruption releases it. The partition's
-// lease is renewed every third of its length meanwhile.
+// lease is renewed every third of its length meanwhile (heartbeatPartition),
+// and the work stops by itself if no renewal succeeds in time. claimedAt
+// is the time read just before the partition's claim was sent.
 func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionStore, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
-	o doOptions, ot *openTarget, spec partitionSpec[I], pl checkpoint.PartitionLease) error {
-	h := &partHold{ps: ps, lease: pl, leaseFor: r.partitionLease()}
+	o doOptions, ot *openTarget, spec partitionSpec[I], pl checkpoint.PartitionLease, claimedAt time.Time) error {
+	h := &partHold{ps: ps, lease: pl, leaseFor: r.partitionLease(), renewed: claimedAt}
 	pr := r.partitionView(h)
 	fps, err := newFingerprinter[I](name, o.itemInput)
 	if err != nil {
@@ -417,15 +505,7 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 	beat := make(chan struct{})
 	go func() {
 		defer close(beat)
-		for pr.sleep(pctx, h.leaseFor/3) == nil {
-			if err := ps.HeartbeatPartition(pctx, pl, r.now(), h.leaseFor); err != nil {
-				if errors.Is(err, checkpoint.ErrFenced) {
-					stop(err)
-					return
-				}
-				pr.log.Warn().Err(err).Msg("could not renew the partition's lease")
-			}
-		}
+		heartbeatPartition(pctx, pr, h, stop)
 	}()
 	err = b.workPartition(pctx, src, spec)
 	stop(nil)
@@ -445,6 +525,18 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 		return nil
 	case errors.Is(err, checkpoint.ErrFenced) || errors.Is(context.Cause(pctx), checkpoint.ErrFenced):
 		return errors.Join(err, context.Cause(pctx))
+	case errors.Is(context.Cause(pctx), ErrPartitionLeaseLost) && ctx.Err() == nil:
+		// Stopped by itself: release the partition if the store answers
+		// (a fenced write: harmless if another runner claimed it), so it
+		// need not wait out its lease.
+		prog.State = checkpoint.PartitionPending
+		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
+		eerr := ps.EndPartition(rctx, h.write(r.now()), prog)
+		done()
+		if eerr != nil {
+			pr.log.Warn().Err(eerr).Msg("could not release the self-fenced partition; it is claimable once its lease passes")
+		}
+		return context.Cause(pctx)
 	case errors.Is(err, ErrInterrupted) || ctx.Err() != nil:
 		prog.State = checkpoint.PartitionPending
 		if eerr := end(prog); eerr != nil {
@@ -519,4 +611,83 @@ func (b *batch[I, O]) partitionProgressAt(s BatchSummary) checkpoint.PartitionPr
 func (b *batch[I, O]) partitionEffectTag() string {
 	h := b.r.part
 	return fmt.Sprintf("p%d.%d", h.lease.Index, h.lease.Fence)
+}
+
+// heartbeatPartition renews the partition's lease every third of its
+// length, through the run's clock, until ctx ends. A renewal refused with
+// checkpoint.ErrFenced (another runner claimed the partition) stops the
+// work at once with that error. Any other failure is retried, an eighth of
+// the interval later, doubling; if no renewal (a heartbeat or a chunk's
+// commit) succeeded by the lease's known expiry less the self-fence
+// margin, the work is stopped with a *PartitionLeaseLostError. Each
+// heartbeat's call is bounded by the self-fence time too, so a hung
+// connection cannot hold the check up.
+func heartbeatPartition(ctx context.Context, pr *Run, h *partHold, stop context.CancelCauseFunc) {
+	interval, margin := h.leaseFor/3, pr.fenceAhead
+	next := h.expiry().Add(-h.leaseFor).Add(interval)
+	var (
+		failures int
+		lastErr  error
+	)
+	for {
+		expiry := h.expiry()
+		if r := expiry.Add(interval - h.leaseFor); r.After(next) {
+			next = r // a chunk's commit renewed the lease: no heartbeat needed before then
+		}
+		fenceAt := expiry.Add(-margin)
+		now := pr.now()
+		if wake := minTime(next, fenceAt); now.Before(wake) {
+			if pr.sleep(ctx, wake.Sub(now)) != nil {
+				return
+			}
+			now = pr.now()
+			if e := h.expiry(); e.After(expiry) {
+				continue // a chunk's commit renewed it meanwhile
+			}
+		}
+		if !now.Before(fenceAt) {
+			pr.log.Error().AnErr("heartbeat_error", lastErr).Int("failures", failures).Time("lease_expires", expiry).
+				Msg("the partition's lease could not be renewed in time: its holder stops working it (self-fenced) " +
+					"and calls no outside system; any runner may claim it once the lease passes")
+			stop(&PartitionLeaseLostError{RunID: h.lease.RunID, Step: h.lease.Step, Index: h.lease.Index, Fence: h.lease.Fence,
+				Expiry: expiry, Margin: margin, Failures: failures, LastErr: lastErr})
+			return
+		}
+		if now.Before(next) {
+			continue
+		}
+		callCtx, done := context.WithTimeout(ctx, min(interval, fenceAt.Sub(now)))
+		err := h.ps.HeartbeatPartition(callCtx, h.lease, now, h.leaseFor)
+		done()
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err == nil:
+			if failures > 0 {
+				pr.log.Info().Int("failures", failures).Msg("the partition's heartbeat renewed its lease again")
+			}
+			h.renewedAt(now)
+			next, failures, lastErr = now.Add(interval), 0, nil
+		case errors.Is(err, checkpoint.ErrFenced):
+			stop(err)
+			return
+		default:
+			failures, lastErr = failures+1, err
+			d := interval / 8
+			for i := 1; i < failures && d < interval; i++ {
+				d *= 2
+			}
+			next = now.Add(min(d, interval))
+			pr.log.Warn().Err(err).Int("failures", failures).Time("self_fence_at", fenceAt).
+				Msg("the partition's heartbeat failed; retrying until its lease is nearly out")
+		}
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

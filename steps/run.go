@@ -85,11 +85,31 @@ type Config struct {
 	// processed, and the step returns ErrPartitionWorked, which stops the
 	// job function there.
 	Partition *checkpoint.PartitionLease
+	// PartitionClaimedAt is the time read just before Partition's claim
+	// was sent: its lease lasts at least until then plus LeaseFor, which
+	// the partition's self-fencing counts from. Zero means Begin's time.
+	PartitionClaimedAt time.Time
 	// OwnerGone reports whether the runner named by a partition's owner is
 	// known to be dead, so the run's owner takes its partitions over at
 	// once instead of waiting for their leases (checkpoint.ClaimRequest
 	// has the same). Nil means never.
 	OwnerGone func(owner string) bool
+	// PartitionSlots is how many partitions of a partitioned batch step
+	// the run's own attempt works at once, on goroutines; the rest wait
+	// for a partition worker (runner.WorkPartition, `stepwise worker`) or
+	// for one of those goroutines to be free. Zero means every partition
+	// at once (a lone `stepwise run`); a worker sets 1, so a run it drives
+	// takes one of its slots and its other slots, and other workers,
+	// take the other partitions.
+	PartitionSlots int
+	// SelfFenceMargin is how long before a held partition's lease expires
+	// its holder stops if no renewal succeeded since (the database
+	// unreachable, the process paused): it cancels the partition's work
+	// with a *PartitionLeaseLostError, calling no outside system after it,
+	// before another runner may claim the partition. Defaults to a third
+	// of LeaseFor (or of the 30s partition lease without it); at most
+	// half of it.
+	SelfFenceMargin time.Duration
 }
 
 // Run is one attempt's view of a run, passed to job code. It is safe for use
@@ -126,6 +146,10 @@ type Run struct {
 	// Partitions (partition.go).
 	worker    *checkpoint.PartitionLease // Config.Partition
 	ownerGone func(string) bool
+	partSlots int // Config.PartitionSlots
+	// workerClaimedAt is Config.PartitionClaimedAt.
+	workerClaimedAt time.Time
+	fenceAhead      time.Duration // Config.SelfFenceMargin
 	// part, in a view of the run that works one partition (the
 	// coordinator's goroutines and workers), fences its writes by the
 	// partition; parent is the attempt's own Run, which counts.
@@ -184,14 +208,24 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 		prevUntil:    cfg.PreviousLeaseUntil,
 		worker:       cfg.Partition,
 		ownerGone:    cfg.OwnerGone,
+		partSlots:    cfg.PartitionSlots,
+		fenceAhead:   cfg.SelfFenceMargin,
 		tracer:       cfg.Tracer,
 		onStepEnd:    cfg.OnStepEnd,
 	}
 	if r.tracer == nil {
 		r.tracer = defaultTracer()
 	}
-	if cfg.LeaseFor < 0 || cfg.CallMargin < 0 {
-		return nil, fmt.Errorf("steps: Config.LeaseFor (%s) and Config.CallMargin (%s) cannot be negative", cfg.LeaseFor, cfg.CallMargin)
+	if cfg.LeaseFor < 0 || cfg.CallMargin < 0 || cfg.PartitionSlots < 0 || cfg.SelfFenceMargin < 0 {
+		return nil, fmt.Errorf("steps: Config.LeaseFor (%s), CallMargin (%s), PartitionSlots (%d) and SelfFenceMargin (%s) cannot be negative",
+			cfg.LeaseFor, cfg.CallMargin, cfg.PartitionSlots, cfg.SelfFenceMargin)
+	}
+	if r.fenceAhead == 0 {
+		r.fenceAhead = r.partitionLease() / 3
+	}
+	if r.fenceAhead > r.partitionLease()/2 {
+		return nil, fmt.Errorf("steps: Config.SelfFenceMargin is %s; use at most half of the %s lease, leaving time to retry a failed renewal",
+			cfg.SelfFenceMargin, r.partitionLease())
 	}
 	if r.callMargin == 0 {
 		r.callMargin = cfg.LeaseFor / 5
@@ -205,6 +239,9 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 	}
 	if r.now == nil {
 		r.now = time.Now
+	}
+	if r.workerClaimedAt = cfg.PartitionClaimedAt; r.workerClaimedAt.IsZero() {
+		r.workerClaimedAt = r.now()
 	}
 	if err := cfg.Retry.Validate(); err != nil {
 		return nil, err

@@ -32,6 +32,7 @@ WHERE run_id = $1 AND step_id = $2 AND state = 'failed'`
 	sqlClaimPartition = `WITH c AS (
     SELECT p.run_id, p.step_id, p.idx FROM partitions AS p JOIN runs AS r ON r.id = p.run_id
     WHERE r.status = 'running' AND ($1 = '' OR p.run_id = $1) AND ($2 = '' OR p.step_id = $2)
+      AND (cardinality($6::text[]) = 0 OR r.job = ANY($6::text[]))
       AND (p.state = 'pending' OR (p.state = 'running' AND p.lease_until <= coalesce($3::timestamptz, now())))
     ORDER BY p.state = 'running', p.run_id, p.step_id, p.idx
     LIMIT 1 FOR UPDATE OF p SKIP LOCKED
@@ -47,6 +48,10 @@ RETURNING ` + partitionCols + `, (SELECT coalesce(max(number), 0) FROM attempts 
 WHERE p.run_id = $1 AND p.step_id = $2 AND p.idx = $6 AND p.fence = $7 AND p.state IN ('pending', 'running')
   AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND status = 'running')
 RETURNING ` + partitionCols + `, (SELECT coalesce(max(number), 0) FROM attempts WHERE run_id = p.run_id)`
+	// sqlNotifyPartitions wakes the workers listening on the queue's
+	// channel (WakeOnEnqueue) when the transaction commits: partitions
+	// became claimable.
+	sqlNotifyPartitions  = `SELECT pg_notify('` + queueChannel + `', '')`
 	sqlPartitionFence    = `SELECT stepwise_partition_fence($1, $2, $3, $4, $5, $6)`
 	sqlPartitionProgress = `UPDATE partitions SET high_water = $5, done = $6, rejected = $7, skipped = $8, executed = $9,
     state = CASE WHEN $10::text = '' THEN state ELSE $10::text END, error = $11,
@@ -116,11 +121,17 @@ func (s *Store) StartPartitioned(ctx context.Context, l checkpoint.Lease, head c
 		b.Queue(sqlReopenPartitions, l.RunID, head.ID, s.clock(head.StartedAt))
 		br := conn.SendBatch(ctx, b)
 		tag, err := br.Exec()
-		if err == nil && tag.RowsAffected() == 0 {
-			_, err = br.Exec()
+		claimable := tag.RowsAffected()
+		if err == nil && claimable == 0 {
+			tag, err = br.Exec()
+			claimable = tag.RowsAffected()
 		}
 		if cerr := br.Close(); err == nil {
 			err = cerr
+		}
+		if err == nil && claimable > 0 {
+			// Wake the workers (at commit): there are partitions to claim.
+			_, err = conn.Exec(ctx, sqlNotifyPartitions)
 		}
 		if err != nil {
 			return fmt.Errorf("postgres: record partitions of %s: %w", head.ID, err)
@@ -174,7 +185,11 @@ func (s *Store) ClaimPartition(ctx context.Context, req checkpoint.PartitionClai
 	if req.AtFence > 0 {
 		row = s.pool.QueryRow(ctx, sqlClaimGonePartition, req.RunID, req.Step, s.clock(req.Now), req.Owner, req.LeaseFor.Microseconds(), req.Index, req.AtFence)
 	} else {
-		row = s.pool.QueryRow(ctx, sqlClaimPartition, req.RunID, req.Step, s.clock(req.Now), req.Owner, req.LeaseFor.Microseconds())
+		jobs := req.Jobs
+		if jobs == nil {
+			jobs = []string{}
+		}
+		row = s.pool.QueryRow(ctx, sqlClaimPartition, req.RunID, req.Step, s.clock(req.Now), req.Owner, req.LeaseFor.Microseconds(), jobs)
 	}
 	var attempt int
 	p, err := scanPartition(row, &attempt)
@@ -213,5 +228,16 @@ func (s *Store) HeartbeatPartition(ctx context.Context, l checkpoint.PartitionLe
 // EndPartition implements checkpoint.PartitionStore.
 func (s *Store) EndPartition(ctx context.Context, w checkpoint.PartitionWrite, p checkpoint.PartitionProgress) error {
 	w.Progress = func() checkpoint.PartitionProgress { return p }
-	return s.InPartitionTx(ctx, w, func(checkpoint.Tx) error { return nil })
+	return s.InPartitionTx(ctx, w, func(tx checkpoint.Tx) error {
+		if p.State != checkpoint.PartitionPending {
+			return nil
+		}
+		// Released: wake the workers (at commit) to claim it.
+		conn, err := Conn(tx)
+		if err != nil {
+			return err
+		}
+		_, err = conn.Exec(ctx, sqlNotifyPartitions)
+		return err
+	})
 }

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -24,6 +25,7 @@ WHERE run_id = ? AND step_id = ? AND state = 'failed'`
 	// whose lease passed, of a running run; pending ones first.
 	sqlClaimablePartition = `SELECT p.run_id, p.step_id, p.idx, p.fence FROM partitions AS p JOIN runs AS r ON r.id = p.run_id
 WHERE r.status = 'running' AND (?1 = '' OR p.run_id = ?1) AND (?2 = '' OR p.step_id = ?2)
+  AND (?4 = '[]' OR r.job IN (SELECT value FROM json_each(?4)))
   AND (p.state = 'pending' OR (p.state = 'running' AND p.lease_until <= ?3))
 ORDER BY p.state = 'running', p.run_id, p.step_id, p.idx LIMIT 1`
 	// sqlGonePartition finds one partition still at a fence (its holder
@@ -140,7 +142,11 @@ func (s *Store) ClaimPartition(ctx context.Context, req checkpoint.PartitionClai
 		if req.AtFence > 0 {
 			row = tx.QueryRowContext(ctx, sqlGonePartition, req.RunID, req.Step, req.Index, req.AtFence)
 		} else {
-			row = tx.QueryRowContext(ctx, sqlClaimablePartition, req.RunID, req.Step, fmtTime(req.Now))
+			jobNames, err := json.Marshal(nonNil(req.Jobs))
+			if err != nil {
+				return err
+			}
+			row = tx.QueryRowContext(ctx, sqlClaimablePartition, req.RunID, req.Step, fmtTime(req.Now), string(jobNames))
 		}
 		var run, step string
 		var idx int
