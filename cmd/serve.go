@@ -76,12 +76,19 @@ func (c *ServeCmd) Run(env *Env) error {
 	}
 	where := ""
 	if c.Listen != "" {
-		r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease})
+		r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
+			TracerProvider: env.tracing(false), Metrics: metrics})
 		if err != nil {
 			return usageError{err}
 		}
 		local := httpapi.NewLocal(r)
-		api, err := httpapi.New(httpapi.Config{Store: st, Jobs: env.Registry, Starter: local, Tokens: tokens,
+		// With --enqueue the API's new runs go to the workers too; an
+		// operator's resume of one run is executed here.
+		var starter httpapi.Starter = local
+		if c.Enqueue {
+			starter = &httpapi.Queued{Runner: r, Local: local, Queue: c.Queue}
+		}
+		api, err := httpapi.New(httpapi.Config{Store: st, Jobs: env.Registry, Starter: starter, Tokens: tokens,
 			Schedules: c.schedules, Logger: env.Logger(), Now: env.now,
 			NoTokensHint: "start serve with --tokens FILE"})
 		if err != nil {

@@ -106,7 +106,8 @@ func (c *WorkerCmd) Run(env *Env) error {
 		return err
 	}
 	w, err := runner.NewWorker(runner.WorkerConfig{
-		Runner:       runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease},
+		Runner: runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
+			TracerProvider: env.tracing(false)},
 		Queues:       c.Queues,
 		Concurrency:  c.Concurrency,
 		Poll:         c.Poll,

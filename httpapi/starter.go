@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/runner"
 )
 
@@ -130,4 +131,39 @@ func (l *Local) Shutdown(ctx context.Context) {
 	}
 	l.mu.Unlock()
 	<-ended
+}
+
+// Queued is the Starter of a deployment with workers (`serve --enqueue`):
+// Start queues the run for `stepwise worker` (runner.Enqueue) instead of
+// executing it here, and answers once it is queued; Resume, an operator's
+// decision on one run, is executed by Local in the serving process as
+// before (a queued run is resumed by the workers on their own).
+type Queued struct {
+	// Runner enqueues the runs; its store must be a checkpoint.QueueStore.
+	Runner *runner.Runner
+	// Local executes operators' resumes.
+	Local *Local
+	// Queue is the queue new runs go to; empty means the default queue.
+	Queue string
+}
+
+var _ Starter = (*Queued)(nil)
+
+// Start implements Starter: the run is queued, or, when its key exists
+// with the same parameters, left as it is (*checkpoint.RunExistsError);
+// other parameters are refused as Run refuses them.
+func (q *Queued) Start(ctx context.Context, req runner.Request) (Started, error) {
+	res, err := q.Runner.Enqueue(ctx, runner.EnqueueRequest{Job: req.Job, Values: req.Values, ParamsFile: req.ParamsFile, Queue: q.Queue})
+	if err != nil {
+		return Started{}, err
+	}
+	if !res.Created {
+		return Started{}, &checkpoint.RunExistsError{Run: res.Run}
+	}
+	return Started{RunID: res.Run.ID, Created: true, Status: res.Run.Status}, nil
+}
+
+// Resume implements Starter, through Local.
+func (q *Queued) Resume(ctx context.Context, runID string, req runner.Request) (Started, error) {
+	return q.Local.Resume(ctx, runID, req)
 }

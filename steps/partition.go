@@ -187,7 +187,8 @@ func (r *Run) partitionView(h *partHold) *Run {
 	return &Run{store: r.store, lease: checkpoint.Lease{RunID: r.lease.RunID, Fence: r.lease.Fence, Attempt: h.lease.Attempt, Owner: h.lease.Owner},
 		log: r.log.With().Int("partition", h.lease.Index).Logger(), now: r.now, recorded: r.recorded, seen: map[string]struct{}{},
 		retrySkipped: r.retrySkipped, accept: r.accept, retry: r.retry, sleepFn: r.sleepFn,
-		leaseFor: r.leaseFor, callMargin: r.callMargin, fenceAhead: r.fenceAhead, prevUntil: r.prevUntil, part: h, parent: r}
+		leaseFor: r.leaseFor, callMargin: r.callMargin, fenceAhead: r.fenceAhead, prevUntil: r.prevUntil, part: h, parent: r,
+		tracer: r.tracer, onStepEnd: r.onStepEnd}
 }
 
 // partitionLease is how long a partition's lease lasts: the run's.

@@ -142,6 +142,15 @@ type batchRow struct {
 	// (once it stopped, the rate over one attempt's time would mislead).
 	Live bool
 	ETA  time.Duration
+	// Partitions are the step's partitions when it is partitioned, each
+	// with its own share done.
+	Partitions []partitionRow
+}
+
+// partitionRow is one partition of a batch step's progress.
+type partitionRow struct {
+	ops.PartitionView
+	Percent float64 // of Total done
 }
 
 // itemsTable is one page of a run's rejected or skipped items.
@@ -214,7 +223,18 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, who Caller, known 
 		}
 	}
 	for _, b := range v.Batches {
-		p.Batches = append(p.Batches, progress(b, p.Live))
+		row := progress(b, p.Live)
+		for _, pv := range v.Partitions {
+			if pv.Step != b.Step {
+				continue
+			}
+			pr := partitionRow{PartitionView: pv, Percent: 100}
+			if pv.Total > 0 {
+				pr.Percent = min(100, float64(pv.Done)*100/float64(pv.Total))
+			}
+			row.Partitions = append(row.Partitions, pr)
+		}
+		p.Batches = append(p.Batches, row)
 	}
 	for _, t := range []struct {
 		status string

@@ -370,3 +370,48 @@ func TestSchedulesPage(t *testing.T) {
 		"Sun 2026-03-08 03:00:00 EDT", "skipped the wall time does not exist that day: fires at the change", "offset EST -&gt; EDT",
 		"no scheduler holds it")
 }
+
+// A partitioned batch step shows each partition with its state, its count
+// and a bar of its own, from the partitions the store recorded.
+func TestRunPageShowsPartitions(t *testing.T) {
+	ctx := context.Background()
+	st, loc := checkpointtest.OpenNew(t)
+	db := checkpointtest.SQL(t, loc)
+	cfg := settlement.SeedConfig{Accounts: 50, Transfers: 400, Date: testDate, Seed: 7, Balance: 10_000}
+	if err := settlement.Seed(ctx, db, cfg); err != nil {
+		t.Fatal(err)
+	}
+	r, err := runner.New(runner.Config{Store: st, Jobs: registry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Run(ctx, runner.Request{Job: "settle", Values: map[string]string{"date": testDate, "chunk": "50", "partitions": "4"}})
+	if err != nil || res.Status != checkpoint.RunSucceeded {
+		t.Fatalf("partitioned settle: %s, %v", res.Status, err)
+	}
+	runID := "settle/" + testDate
+	v, err := ops.Show(ctx, st, runID, ops.ShowOptions{}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Partitions) != 4 {
+		t.Fatalf("the run has %d partitions recorded; want 4", len(v.Partitions))
+	}
+	srv := serve(t, web.Config{Store: st})
+	resp, body := get(t, srv, "/runs/"+runID)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET the run page: %s\n%s", resp.Status, body)
+	}
+	if n := strings.Count(body, `data-testid="partition"`); n != 4 {
+		t.Fatalf("the run page shows %d partition rows; want 4", n)
+	}
+	var sum int64
+	for _, p := range v.Partitions {
+		sum += p.Done
+		wantIn(t, "partition row", text(body), groupDigits(p.Done)+" of "+groupDigits(p.Total))
+	}
+	if sum != 400 {
+		t.Errorf("the partitions finished %d items; want all 400", sum)
+	}
+	wantIn(t, "partition bars", body, `aria-label="partition 0"`, `aria-label="partition 3"`)
+}
