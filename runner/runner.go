@@ -687,10 +687,16 @@ func (r *Runner) workPartition(ctx context.Context, ps checkpoint.PartitionStore
 			}
 		}
 		w := checkpoint.PartitionWrite{Lease: pl, Now: r.cfg.Clock.Now(), LeaseFor: r.cfg.Lease}
-		if err := ps.EndPartition(context.WithoutCancel(ctx), w, end); err != nil {
+		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.SelfFenceMargin)
+		defer done()
+		switch err := ps.EndPartition(rctx, w, end); {
+		case errors.Is(err, checkpoint.ErrFenced):
+			// Released, done or failed already, or claimed by another.
+		case err != nil:
 			log.Warn().Err(err).Msg("could not release the partition; it is claimable once its lease passes")
+		default:
+			log.Warn().Err(cause).Msg("partition released without being worked")
 		}
-		log.Warn().Err(cause).Msg("partition released without being worked")
 	}
 	info, err := r.cfg.Store.Run(ctx, pl.RunID)
 	if err != nil {
@@ -724,7 +730,6 @@ func (r *Runner) workPartition(ctx context.Context, ps checkpoint.PartitionStore
 	if cerr := run.Close(); jobErr == nil {
 		jobErr = cerr
 	}
-	var notRec *steps.StepNotRecordedError
 	switch {
 	case errors.Is(jobErr, steps.ErrPartitionWorked):
 		log.Info().Msg("partition worked")
@@ -732,7 +737,11 @@ func (r *Runner) workPartition(ctx context.Context, ps checkpoint.PartitionStore
 	case jobErr == nil:
 		jobErr = fmt.Errorf("run %s: the job returned without reaching batch step %s: it may have changed since the run's owner ran it", pl.RunID, pl.Step)
 		release(jobErr)
-	case errors.As(jobErr, &notRec), NeedsOperator(jobErr) && !errors.Is(jobErr, checkpoint.ErrFenced):
+	default:
+		// Whatever stopped the replay (a step not recorded or changed, an
+		// interruption before the partition was reached), hand the
+		// partition back unless it was ended already: the release is
+		// fenced by the partition, so it changes nothing then.
 		release(jobErr)
 	}
 	return fmt.Errorf("partition %d of %s of run %s: %w", pl.Index, pl.Step, pl.RunID, jobErr)

@@ -186,7 +186,12 @@ func (w *Worker) claimPartitions() WorkSource {
 	}
 	return func(ctx context.Context) (Task, error) {
 		claimedAt := w.cfg.Runner.Clock.Now()
-		_, pl, ok, err := ps.ClaimPartition(ctx, checkpoint.PartitionClaim{Owner: w.cfg.Runner.Owner, Jobs: w.jobNames(),
+		// Not cut short by ctx (the worker stopping): a claim the server
+		// made but whose answer was lost would leave the partition held
+		// until its lease passed; claimed, the task hands it back at once.
+		cctx, done := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Runner.Lease)
+		defer done()
+		_, pl, ok, err := ps.ClaimPartition(cctx, checkpoint.PartitionClaim{Owner: w.cfg.Runner.Owner, Jobs: w.jobNames(),
 			Now: claimedAt, LeaseFor: w.cfg.Runner.Lease})
 		if err != nil || !ok {
 			return nil, err

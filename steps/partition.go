@@ -391,7 +391,13 @@ func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionSt
 				for gctx.Err() == nil {
 					claim := claim
 					claim.Now = r.now()
-					p, pl, ok, err := ps.ClaimPartition(gctx, claim)
+					// Not cut short by gctx: a claim the server made
+					// but whose answer was lost would leave the
+					// partition held until its lease passed; claimed,
+					// it is handed back at once if gctx ended.
+					cctx, done := context.WithTimeout(context.WithoutCancel(gctx), r.partitionLease())
+					p, pl, ok, err := ps.ClaimPartition(cctx, claim)
+					done()
 					if err == nil && !ok {
 						return
 					}
@@ -484,15 +490,28 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 	o doOptions, ot *openTarget, spec partitionSpec[I], pl checkpoint.PartitionLease, claimedAt time.Time) error {
 	h := &partHold{ps: ps, lease: pl, leaseFor: r.partitionLease(), renewed: claimedAt}
 	pr := r.partitionView(h)
+	// early hands the partition back, as claimed, when its work could
+	// not start (an interruption while reading what it needs).
+	early := func(err error) error {
+		p := spec.p
+		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
+		defer done()
+		rel := checkpoint.PartitionProgress{State: checkpoint.PartitionPending, HighWater: p.HighWater,
+			Done: p.Done, Rejected: p.Rejected, Skipped: p.Skipped, Executed: p.Executed}
+		if eerr := ps.EndPartition(rctx, h.write(r.now()), rel); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
+			pr.log.Warn().Err(eerr).Msg("could not release the partition; it is claimable once its lease passes")
+		}
+		return err
+	}
 	fps, err := newFingerprinter[I](name, o.itemInput)
 	if err != nil {
-		return err
+		return early(err)
 	}
 	maxKey := ""
 	err = r.store.Items(ctx, checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, KeysOnly: true, Limit: 1, Last: true},
 		func(it checkpoint.Item) error { maxKey = it.Key; return nil })
 	if err != nil {
-		return err
+		return early(err)
 	}
 	b := &batch[I, O]{r: pr, name: name, fn: fn, opts: o, target: ot, fresh: pl.Fence == 1, ordered: true,
 		resumed: map[string]bool{}, prog: Progress{Step: name, Total: spec.p.Total, StartedAt: r.now()},
@@ -519,12 +538,30 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 	case err == nil:
 		prog.State = checkpoint.PartitionDone
 		if err := end(prog); err != nil {
+			if errors.Is(err, checkpoint.ErrFenced) {
+				// Its run ended meanwhile (or another runner claimed it):
+				// hand it back, so the run's next attempt finds its items
+				// finished at once rather than after the lease.
+				prog.State = checkpoint.PartitionPending
+				_ = end(prog)
+			}
 			return fmt.Errorf("steps: record partition %d of %s done: %w", pl.Index, name, err)
 		}
 		pr.log.Info().Str(FieldStepID, name).Int64("completed", prog.Done).Int64("rejected", prog.Rejected).
 			Int64("skipped", prog.Skipped).Int64("executed", prog.Executed).Msg("partition done")
 		return nil
 	case errors.Is(err, checkpoint.ErrFenced) || errors.Is(context.Cause(pctx), checkpoint.ErrFenced):
+		// Fenced: claimed by another runner (then the release below is
+		// fenced too, and changes nothing), or its run ended, say as its
+		// owner was interrupted beside this holder (then the release hands
+		// the partition back for the run's next attempt, rather than leave
+		// it held until its lease passes).
+		prog.State = checkpoint.PartitionPending
+		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
+		if eerr := ps.EndPartition(rctx, h.write(r.now()), prog); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
+			pr.log.Warn().Err(eerr).Msg("could not release the fenced partition; it is claimable once its lease passes")
+		}
+		done()
 		return errors.Join(err, context.Cause(pctx))
 	case errors.Is(context.Cause(pctx), ErrPartitionLeaseLost) && ctx.Err() == nil:
 		// Stopped by itself: release the partition if the store answers

@@ -51,7 +51,17 @@ RETURNING ` + partitionCols + `, (SELECT coalesce(max(number), 0) FROM attempts 
 	// sqlNotifyPartitions wakes the workers listening on the queue's
 	// channel (WakeOnEnqueue) when the transaction commits: partitions
 	// became claimable.
-	sqlNotifyPartitions  = `SELECT pg_notify('` + queueChannel + `', '')`
+	sqlNotifyPartitions = `SELECT pg_notify('` + queueChannel + `', '')`
+	// sqlReleasePartition hands a running partition back (pending) where
+	// it is still at the holder's fence, whatever its run's state, and
+	// wakes the workers when it did.
+	sqlReleasePartition = `WITH u AS (
+    UPDATE partitions SET state = 'pending', lease_until = NULL, high_water = $5, done = $6, rejected = $7, skipped = $8,
+        executed = $9, error = '', updated_at = coalesce($10::timestamptz, now())
+    WHERE run_id = $1 AND step_id = $2 AND idx = $3 AND fence = $4 AND state = 'running'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM (SELECT pg_notify('` + queueChannel + `', '') FROM u) n)`
 	sqlPartitionFence    = `SELECT stepwise_partition_fence($1, $2, $3, $4, $5, $6)`
 	sqlPartitionProgress = `UPDATE partitions SET high_water = $5, done = $6, rejected = $7, skipped = $8, executed = $9,
     state = CASE WHEN $10::text = '' THEN state ELSE $10::text END, error = $11,
@@ -226,18 +236,34 @@ func (s *Store) HeartbeatPartition(ctx context.Context, l checkpoint.PartitionLe
 }
 
 // EndPartition implements checkpoint.PartitionStore.
+// A release (PartitionPending) is fenced by the partition alone, not by
+// its run's state: a worker stopping as its run's owner is interrupted
+// still hands its partition back, rather than leaving it held until its
+// lease passes. It wakes the workers listening (WakeOnEnqueue).
 func (s *Store) EndPartition(ctx context.Context, w checkpoint.PartitionWrite, p checkpoint.PartitionProgress) error {
-	w.Progress = func() checkpoint.PartitionProgress { return p }
-	return s.InPartitionTx(ctx, w, func(tx checkpoint.Tx) error {
-		if p.State != checkpoint.PartitionPending {
-			return nil
-		}
-		// Released: wake the workers (at commit) to claim it.
-		conn, err := Conn(tx)
-		if err != nil {
-			return err
-		}
-		_, err = conn.Exec(ctx, sqlNotifyPartitions)
+	if p.State != checkpoint.PartitionPending {
+		w.Progress = func() checkpoint.PartitionProgress { return p }
+		return s.InPartitionTx(ctx, w, func(checkpoint.Tx) error { return nil })
+	}
+	pl := w.Lease
+	var n, notified int64
+	err := s.pool.QueryRow(ctx, sqlReleasePartition, pl.RunID, pl.Step, pl.Index, pl.Fence,
+		p.HighWater, p.Done, p.Rejected, p.Skipped, p.Executed, s.clock(w.Now)).Scan(&n, &notified)
+	if err != nil {
+		return s.wrap("release a partition", err)
+	}
+	if n == 1 {
+		return nil
+	}
+	ps, err := s.Partitions(ctx, pl.RunID, pl.Step)
+	if err != nil {
 		return err
-	})
+	}
+	for _, cur := range ps {
+		if cur.Index == pl.Index {
+			return checkpoint.PartitionFenced(pl, cur)
+		}
+	}
+	return fmt.Errorf("%w: partition %d of %s of run %s is no longer recorded (the step was reset); this holder writes nothing more",
+		checkpoint.ErrFenced, pl.Index, pl.Step, pl.RunID)
 }

@@ -32,6 +32,11 @@ ORDER BY p.state = 'running', p.run_id, p.step_id, p.idx LIMIT 1`
 	// known gone), of a running run.
 	sqlGonePartition = `SELECT p.run_id, p.step_id, p.idx, p.fence FROM partitions AS p JOIN runs AS r ON r.id = p.run_id
 WHERE r.status = 'running' AND p.run_id = ? AND p.step_id = ? AND p.idx = ? AND p.fence = ? AND p.state IN ('pending', 'running')`
+	// sqlReleasePartition hands a running partition back (pending) where
+	// it is still at the holder's fence, whatever its run's state.
+	sqlReleasePartition = `UPDATE partitions SET state = 'pending', lease_until = NULL, high_water = ?, done = ?, rejected = ?,
+    skipped = ?, executed = ?, error = '', updated_at = ?
+WHERE run_id = ? AND step_id = ? AND idx = ? AND fence = ? AND state = 'running'`
 	sqlTakePartition = `UPDATE partitions SET state = 'running', fence = fence + 1, owner = ?, lease_until = ?, updated_at = ?
 WHERE run_id = ? AND step_id = ? AND idx = ? AND fence = ?`
 	sqlRunAttempt = `SELECT COALESCE(MAX(number), 0) FROM attempts WHERE run_id = ?`
@@ -233,7 +238,33 @@ func (s *Store) HeartbeatPartition(ctx context.Context, l checkpoint.PartitionLe
 }
 
 // EndPartition implements checkpoint.PartitionStore.
+// A release (PartitionPending) is fenced by the partition alone, not by
+// its run's state: a worker stopping as its run's owner is interrupted
+// still hands its partition back, rather than leaving it held until its
+// lease passes.
 func (s *Store) EndPartition(ctx context.Context, w checkpoint.PartitionWrite, p checkpoint.PartitionProgress) error {
-	w.Progress = func() checkpoint.PartitionProgress { return p }
-	return s.InPartitionTx(ctx, w, func(checkpoint.Tx) error { return nil })
+	if p.State != checkpoint.PartitionPending {
+		w.Progress = func() checkpoint.PartitionProgress { return p }
+		return s.InPartitionTx(ctx, w, func(checkpoint.Tx) error { return nil })
+	}
+	pl := w.Lease
+	return s.tx(ctx, fmt.Sprintf("release partition %d of %s of run %s", pl.Index, pl.Step, pl.RunID), func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, sqlReleasePartition, p.HighWater, p.Done, p.Rejected, p.Skipped, p.Executed, fmtTime(w.Now),
+			pl.RunID, pl.Step, pl.Index, pl.Fence)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 1 {
+			return err
+		}
+		cur, err := scanPartition(tx.QueryRowContext(ctx, sqlPartition, pl.RunID, pl.Step, pl.Index))
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%w: partition %d of %s of run %s is no longer recorded (the step was reset); this holder writes nothing more",
+				checkpoint.ErrFenced, pl.Index, pl.Step, pl.RunID)
+		}
+		if err != nil {
+			return err
+		}
+		return checkpoint.PartitionFenced(pl, cur)
+	})
 }

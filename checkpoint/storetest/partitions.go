@@ -179,6 +179,63 @@ func testPartitions(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("ReleasedAfterTheRunEnded", func(t *testing.T) {
+		// A worker stopping as the run's owner is interrupted hands its
+		// partition back even though the run is no longer running; a
+		// stale holder's release is fenced.
+		e := newEnv(t, h)
+		st := e.open()
+		c := e.partitioned(st, "part/7", 2)
+		_, l, _ := e.claimPartition(st, ownerA, t0)
+		_, stale, _ := e.claimPartition(st, ownerB, t0)
+		ps := partitionStore(t, st)
+		if err := ps.HeartbeatPartition(e.ctx, l, t0.Add(lease/2), lease); err != nil {
+			t.Fatal(err)
+		}
+		if _, again, ok := e.claimPartition(st, ownerC, t0.Add(lease+lease/4)); !ok || again.Index != stale.Index {
+			t.Fatalf("a lease-expired partition was not claimed again (got %+v, %v)", again, ok)
+		}
+		if err := st.Finish(e.ctx, c.Lease, checkpoint.Ending{Status: checkpoint.RunInterrupted, At: t0}); err != nil {
+			t.Fatal(err)
+		}
+		release := checkpoint.PartitionProgress{State: checkpoint.PartitionPending, Done: 3, Executed: 3, HighWater: "k3"}
+		if err := ps.EndPartition(e.ctx, checkpoint.PartitionWrite{Lease: l, Now: t0, LeaseFor: lease}, release); err != nil {
+			t.Fatalf("releasing a partition of an interrupted run: %v", err)
+		}
+		if err := ps.EndPartition(e.ctx, checkpoint.PartitionWrite{Lease: stale, Now: t0, LeaseFor: lease}, release); !errors.Is(err, checkpoint.ErrFenced) {
+			t.Errorf("a stale holder's release = %v; want ErrFenced", err)
+		}
+		got, err := ps.Partitions(e.ctx, "part/7", "post")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := got[l.Index]; p.State != checkpoint.PartitionPending || p.Done != 3 || p.HighWater != "k3" || !p.LeaseUntil.IsZero() {
+			t.Errorf("released partition: %+v; want pending, its progress kept, no lease", p)
+		}
+		if p := got[stale.Index]; p.State != checkpoint.PartitionRunning || p.Done != 0 {
+			t.Errorf("the re-claimed partition: %+v; want running under its new holder, untouched by the stale release", p)
+		}
+	})
+
+	t.Run("ClaimNarrowedByJob", func(t *testing.T) {
+		e := newEnv(t, h)
+		st := e.open()
+		e.partitioned(st, "part/8", 1)
+		info, err := st.Run(e.ctx, "part/8")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps := partitionStore(t, st)
+		_, _, ok, err := ps.ClaimPartition(e.ctx, checkpoint.PartitionClaim{Owner: ownerB, Jobs: []string{"another-job"}, Now: t0, LeaseFor: lease})
+		if err != nil || ok {
+			t.Errorf("a claim for another job's partitions = %v, %v; want none", ok, err)
+		}
+		_, _, ok, err = ps.ClaimPartition(e.ctx, checkpoint.PartitionClaim{Owner: ownerB, Jobs: []string{"another-job", info.Run.Job}, Now: t0, LeaseFor: lease})
+		if err != nil || !ok {
+			t.Errorf("a claim naming the run's job %q = %v, %v; want its partition", info.Run.Job, ok, err)
+		}
+	})
+
 	t.Run("ConcurrentClaimersNeverShare", func(t *testing.T) {
 		e := newEnv(t, h)
 		const n, claimers = 24, 6

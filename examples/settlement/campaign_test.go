@@ -60,8 +60,14 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "1" {
+	switch os.Getenv(childEnv) {
+	case "1":
 		os.Exit(cmd.Execute(context.Background(), registry(), crashtest.ChildArgs(), os.Stdout, os.Stderr))
+	case poolChild:
+		// As the stock binary runs: SIGTERM and SIGINT end the command's
+		// context (a worker's graceful stop).
+		os.Args = append([]string{os.Args[0]}, crashtest.ChildArgs()...)
+		cmd.Main(poolRegistry(), cmd.Name("stepwise"))
 	}
 	code := m.Run()
 	removeTemplates()
