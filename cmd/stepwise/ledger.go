@@ -13,13 +13,14 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint/stores"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
+	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
 )
 
 // ledgerCmd groups the example ledger's commands.
 type ledgerCmd struct {
 	Seed  seedCmd  `cmd:"" help:"Create a reproducible example ledger: accounts and one business date's transfers."`
-	Check checkCmd `cmd:"" help:"Audit a settled date independently of the checkpoints (reads only; creates no file): exits 1 naming any wrong account or a total that overflows int64, 2 for a missing ledger or a date it was never seeded for."`
+	Check checkCmd `cmd:"" help:"Audit a settled date independently of the checkpoints (reads only; creates no file): exits 1 naming any wrong account or a total that overflows int64, 2 for a missing ledger or a date it was never seeded for. A date settled with -p partitions=N (N > 1) is checked against the outcomes its run recorded, as its guards saw commit order, not ID order."`
 }
 
 // openLedger opens the ledger, defaulting to the checkpoint database: a
@@ -100,7 +101,12 @@ func (c *checkCmd) Run(env *cmd.Env) error {
 		return err
 	}
 	defer db.Close()
-	rep, err := settlement.Check(env.Ctx, db, c.Date)
+	var rep settlement.Report
+	if outcome := partitionedOutcomes(env, c.Date); outcome != nil {
+		rep, err = settlement.CheckRecorded(env.Ctx, db, c.Date, outcome)
+	} else {
+		rep, err = settlement.Check(env.Ctx, db, c.Date)
+	}
 	if errors.Is(err, settlement.ErrBadInput) {
 		return cmd.UsageError(err)
 	}
@@ -117,4 +123,34 @@ func (c *checkCmd) Run(env *cmd.Env) error {
 		return fmt.Errorf("%w: %d accounts wrong, total off by %s", errLedgerWrong, len(rep.Mismatches), rep.Difference())
 	}
 	return nil
+}
+
+// partitionedOutcomes returns the recorded outcome of every transfer of
+// date's settle run when its post step ran in more than one partition
+// (their guards saw commit order, so the ID-order replay of Check does
+// not apply), or nil: no such run in the checkpoint store (--db), one
+// partition, or no checkpoint store to read.
+func partitionedOutcomes(env *cmd.Env, date string) map[string]string {
+	st, err := env.ExistingStore()
+	if err != nil {
+		return nil
+	}
+	runID := jobs.RunID(settlement.Job.Name(), date)
+	ps, ok := checkpoint.AsPartitionStore(st)
+	if !ok {
+		return nil
+	}
+	parts, err := ps.Partitions(env.Ctx, runID, "post")
+	if err != nil || len(parts) < 2 {
+		return nil
+	}
+	outcome := map[string]string{}
+	err = st.Items(env.Ctx, checkpoint.ItemQuery{RunID: runID, Step: "post"}, func(it checkpoint.Item) error {
+		outcome[it.Key] = it.Status
+		return nil
+	})
+	if err != nil {
+		return nil
+	}
+	return outcome
 }

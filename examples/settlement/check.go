@@ -31,6 +31,13 @@ type Report struct {
 	OpeningTotal int64      `json:"opening_total"`
 	Total        int64      `json:"total"`
 	Mismatches   []Mismatch `json:"mismatches,omitempty"`
+	// Recorded is true for CheckRecorded's report: which transfers
+	// posted came from the recorded outcomes, not from a replay.
+	Recorded bool `json:"recorded_outcomes,omitempty"`
+	// Problems are what CheckRecorded found besides wrong balances: a
+	// transfer without exactly one recorded outcome, a bad amount
+	// posted, a balance below zero.
+	Problems []string `json:"problems,omitempty"`
 }
 
 // Difference is Total minus OpeningTotal in decimal: how much money
@@ -38,7 +45,9 @@ type Report struct {
 func (r Report) Difference() string { return difference(r.Total, r.OpeningTotal) }
 
 // OK reports whether the ledger passed every check.
-func (r Report) OK() bool { return r.Total == r.OpeningTotal && len(r.Mismatches) == 0 }
+func (r Report) OK() bool {
+	return r.Total == r.OpeningTotal && len(r.Mismatches) == 0 && len(r.Problems) == 0
+}
 
 func (r Report) String() string {
 	var b strings.Builder
@@ -53,6 +62,16 @@ func (r Report) String() string {
 	} else {
 		fmt.Fprintf(&b, "  MONEY NOT CONSERVED: total %d, opening total %d (difference %s)\n", r.Total, r.OpeningTotal, r.Difference())
 	}
+	if r.Recorded {
+		b.WriteString("  posted and rejected as recorded by the partitioned run (its guards saw commit order, not ID order)\n")
+	}
+	for i, p := range r.Problems {
+		if i == 20 {
+			fmt.Fprintf(&b, "  ... and %d more problems\n", len(r.Problems)-20)
+			break
+		}
+		fmt.Fprintf(&b, "  WRONG %s\n", p)
+	}
 	for i, m := range r.Mismatches {
 		if i == 20 {
 			fmt.Fprintf(&b, "  ... and %d more accounts\n", len(r.Mismatches)-20)
@@ -65,6 +84,13 @@ func (r Report) String() string {
 	}
 	return b.String()
 }
+
+// The outcomes CheckRecorded takes: a batch item's recorded status
+// (checkpoint.StepCompleted and checkpoint.StepRejected).
+const (
+	OutcomePosted   = "completed"
+	OutcomeRejected = "rejected"
+)
 
 // ErrBadInput is wrapped by the errors of Check and Seed about what the
 // caller asked for: a malformed date, a seed configuration out of range, a
@@ -81,7 +107,31 @@ var ErrBadInput = errors.New("settlement: bad input")
 // order: seed the next date after settling the previous one. Every sum is
 // checked: one that overflows int64 is an error wrapping ErrOverflow.
 func Check(ctx context.Context, db *sql.DB, date string) (Report, error) {
-	rep := Report{Date: date}
+	return check(ctx, db, date, nil)
+}
+
+// CheckRecorded audits a settlement whose post step ran in several
+// partitions (steps.Partitions): their overdraft guards saw the other
+// partitions' credits in commit order, not in ID order, so which
+// transfers were rejected cannot be replayed from the ledger alone.
+// outcome maps each transfer ID to its recorded item status
+// (OutcomePosted, OutcomeRejected: the checkpoint item statuses). It
+// checks what holds whatever the order: every transfer has exactly one
+// recorded outcome (and no outcome names another), no transfer with an
+// amount that is not positive was posted, every balance is its opening
+// plus the effects of the posted transfers, none is below zero, and money
+// is conserved.
+func CheckRecorded(ctx context.Context, db *sql.DB, date string, outcome map[string]string) (Report, error) {
+	if outcome == nil {
+		outcome = map[string]string{}
+	}
+	return check(ctx, db, date, outcome)
+}
+
+// check is Check, or with outcome CheckRecorded.
+func check(ctx context.Context, db *sql.DB, date string, outcome map[string]string) (Report, error) {
+	rep := Report{Date: date, Recorded: outcome != nil}
+	seen := map[string]bool{}
 	if _, err := time.Parse("2006-01-02", date); err != nil {
 		return rep, fmt.Errorf("%w: ledger check: date %q is not YYYY-MM-DD", ErrBadInput, date)
 	}
@@ -130,7 +180,23 @@ func Check(ctx context.Context, db *sql.DB, date string) (Report, error) {
 			return rep, err
 		}
 		rep.Transfers++
-		if amount <= 0 {
+		if outcome != nil {
+			seen[id] = true
+			switch st := outcome[id]; {
+			case st == OutcomeRejected:
+				rep.Rejected++
+				if amount <= 0 {
+					rep.BadAmount++
+				}
+				continue
+			case st != OutcomePosted:
+				rep.Problems = append(rep.Problems, fmt.Sprintf("transfer %s has no recorded outcome (%q)", id, st))
+				continue
+			case amount <= 0:
+				rep.Problems = append(rep.Problems, fmt.Sprintf("transfer %s of amount %d was posted", id, amount))
+				continue
+			}
+		} else if amount <= 0 {
 			rep.Rejected++
 			rep.BadAmount++
 			continue
@@ -138,7 +204,7 @@ func Check(ctx context.Context, db *sql.DB, date string) (Report, error) {
 		// Each step is a real balance, as the planner computes it: it must
 		// fit.
 		debit, ok := steps.AddInt64(want[from], -amount)
-		if ok && debit < 0 {
+		if ok && debit < 0 && outcome == nil {
 			rep.Rejected++
 			continue
 		}
@@ -158,6 +224,26 @@ func Check(ctx context.Context, db *sql.DB, date string) (Report, error) {
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return rep, err
+	}
+	if outcome != nil {
+		var extra []string
+		for id := range outcome {
+			if !seen[id] {
+				extra = append(extra, id)
+			}
+		}
+		sort.Strings(extra)
+		for _, id := range extra {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("recorded outcome %s names no transfer of %s", id, date))
+		}
+		var below []string
+		for id, b := range want {
+			if b < 0 {
+				below = append(below, fmt.Sprintf("account %s ends below zero: %d", id, b))
+			}
+		}
+		sort.Strings(below)
+		rep.Problems = append(rep.Problems, below...)
 	}
 	// Compare with the balances at the end of the day: the current ones,
 	// or, once a later date is seeded, that date's opening balances.

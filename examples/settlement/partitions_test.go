@@ -3,8 +3,10 @@ package settlement_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -256,5 +258,49 @@ func TestPartitionedSettlementSurvivesSIGKILL(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCheckRecorded audits a partitioned settlement against its recorded
+// outcomes: it passes, and it names a transfer posted twice, a posted
+// transfer recorded as rejected and a transfer with no outcome.
+func TestCheckRecorded(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, sameStoreLayout, smallLedger)
+	if res, err := s.settleWith(t, testDate, 50, 8, runner.Config{}, false); err != nil || res.Status != checkpoint.RunSucceeded {
+		t.Fatalf("settle: %q, %v", res.Status, err)
+	}
+	db := openLedger(t, s.ledgerLoc())
+	defer db.Close()
+	ctx := context.Background()
+	outcome := s.items(t, testDate)
+	rep, err := settlement.CheckRecorded(ctx, db, testDate, outcome)
+	if err != nil || !rep.OK() || !rep.Recorded || rep.Posted+rep.Rejected != smallLedger.Transfers {
+		t.Fatalf("CheckRecorded of a good partitioned settlement: %v\n%s", err, rep)
+	}
+	var posted string
+	for k, st := range outcome {
+		if st == checkpoint.StepCompleted && (posted == "" || k < posted) {
+			posted = k
+		}
+	}
+	changed := maps.Clone(outcome)
+	changed[posted] = checkpoint.StepRejected
+	var missing string
+	for k := range changed {
+		if k != posted {
+			missing = k
+			break
+		}
+	}
+	delete(changed, missing)
+	rep, err = settlement.CheckRecorded(ctx, db, testDate, changed)
+	if err != nil || rep.OK() || len(rep.Mismatches) == 0 || !slices.ContainsFunc(rep.Problems, func(p string) bool { return strings.Contains(p, missing) }) {
+		t.Errorf("CheckRecorded with %s recorded rejected and %s unrecorded: %v\n%s", posted, missing, err, rep)
+	}
+	from, to := applyTwice(t, s)
+	rep, err = settlement.CheckRecorded(ctx, db, testDate, outcome)
+	if err != nil || rep.OK() || !slices.ContainsFunc(rep.Mismatches, func(m settlement.Mismatch) bool { return m.Account == from || m.Account == to }) {
+		t.Errorf("CheckRecorded after a transfer from %s to %s was applied twice: %v\n%s", from, to, err, rep)
 	}
 }
