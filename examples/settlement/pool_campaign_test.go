@@ -197,9 +197,12 @@ func poolCase(t *testing.T, s store, rng *rand.Rand, tally *poolTally, campaignS
 				if fencedOut(w, before) {
 					tally.fencedOut.Add(1)
 					what += ", then fenced out"
-				} else if !w.Exited() {
-					t.Errorf("worker %d, paused holding partition %d at fence %d past its lease while another claimed it, "+
-						"said nothing of being fenced within its wait after SIGCONT:\n%s", i, held.Index, held.Fence, w.Stderr()[before:])
+				} else {
+					// Not an invariant (the audit is): a worker woken in
+					// the middle of claiming may find out only later.
+					t.Logf("worker %d, paused holding partition %d at fence %d past its lease while another claimed it, "+
+						"logged nothing of being fenced within 20s of SIGCONT; partitions now: %s\nits log:\n%s",
+						i, held.Index, held.Fence, states(partitionsOf(t, s, testDate)), tail(w.Stderr(), 4000))
 				}
 			}
 			log = append(log, fmt.Sprintf("paused worker %d holding partition %d (%s)", i, held.Index, what))
@@ -286,4 +289,12 @@ func redactURL(s string) string {
 		return u.Redacted()
 	}
 	return "the test server"
+}
+
+// tail is the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "..." + s[len(s)-n:]
 }

@@ -124,6 +124,11 @@ func waitFor(t testing.TB, limit time.Duration, what func() string, cond func() 
 func stopWorkers(t *testing.T, ws ...*crashtest.Child) {
 	t.Helper()
 	for _, w := range ws {
+		// A worker started a moment ago may not handle SIGTERM yet: its
+		// start line comes after the handler is installed.
+		w.Until(func() bool { return strings.Contains(w.Stdout(), "worker: taking") })
+	}
+	for _, w := range ws {
 		if err := w.Signal(syscall.SIGTERM); err != nil {
 			t.Errorf("SIGTERM: %v", err)
 		}
