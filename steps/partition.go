@@ -371,7 +371,9 @@ func recordedOrSplit[I any](ctx context.Context, r *Run, ps checkpoint.Partition
 // fails the step once the goroutines stopped.
 func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionStore, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
 	o doOptions, ot *openTarget, specs map[int]partitionSpec[I]) error {
-	poll := min(r.partitionLease()/10, time.Second)
+	// How often the coordinator looks at partitions others hold: its
+	// join waits at most this long past the last one done.
+	poll := min(r.partitionLease()/10, 200*time.Millisecond)
 	for {
 		gctx, cancel := context.WithCancelCause(ctx)
 		var (
