@@ -13,7 +13,9 @@ import (
 
 // chunkPlanView is one recorded chunk plan of a batch step, as `show
 // --effects` prints it and `show --json` lists it. Its target, items and
-// writes are the stored plan's JSON (written by steps.ForEach).
+// writes are the stored plan's (written by steps.ForEach, decoded with
+// checkpoint.DecodeChunkPlan: the binary encoding, or the JSON of plans
+// recorded by an earlier Stepwise).
 type chunkPlanView struct {
 	Step     string `json:"step"`
 	EffectID string `json:"effect_id"`
@@ -36,14 +38,21 @@ type chunkItemView struct {
 
 // decodeChunkPlan decodes a stored chunk plan.
 func decodeChunkPlan(p checkpoint.ChunkPlan) (chunkPlanView, error) {
+	// The stored plan repeats the effect ID; the row's is authoritative.
 	v := chunkPlanView{Step: p.Step, EffectID: p.EffectID, Status: p.Status}
-	if err := json.Unmarshal(p.Plan, &v); err != nil {
+	r, err := checkpoint.DecodeChunkPlan(p.Plan)
+	if err != nil {
 		return v, fmt.Errorf("chunk plan %s of step %s: %w", p.EffectID, p.Step, err)
 	}
-	// The stored plan repeats the effect ID; the row's is authoritative.
-	v.Step, v.EffectID, v.Status = p.Step, p.EffectID, p.Status
-	if v.Items == nil {
-		v.Items = []chunkItemView{}
+	v.Target, v.Writes = r.Target, r.Writes
+	v.Items = make([]chunkItemView, len(r.Items))
+	for i, it := range r.Items {
+		v.Items[i].Key = it.Key
+		if len(it.Ops) > 0 {
+			if err := json.Unmarshal(it.Ops, &v.Items[i].Ops); err != nil {
+				return v, fmt.Errorf("chunk plan %s of step %s: the operations of item %s: %w", p.EffectID, p.Step, it.Key, err)
+			}
+		}
 	}
 	if v.Writes == nil {
 		v.Writes = []checkpoint.Write{}
