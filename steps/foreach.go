@@ -480,7 +480,7 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 		}
 	case b.target == nil || len(b.groups) == 0:
 		crashStep(point, "before-commit")
-		if err := b.r.store.InTx(ctx, b.r.lease, func(tx checkpoint.Tx) error { return tx.PutItems(b.recs) }); err != nil {
+		if err := b.r.store.InTx(ctx, b.r.lease, func(tx checkpoint.Tx) error { return b.putItems(tx) }); err != nil {
 			return fmt.Errorf("steps: commit chunk %d of %s: %w", b.chunk, b.name, err)
 		}
 	case b.target.same:
@@ -507,6 +507,16 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 		b.sum.Executed++
 	}
 	return nil
+}
+
+// putItems records the chunk's items in tx: as new ones when the step is
+// fresh and its keys ascend, so that none of them can be recorded (the
+// store may then skip looking), as doneKeys skips reading them back.
+func (b *batch[I, O]) putItems(tx checkpoint.Tx) error {
+	if nt, ok := tx.(checkpoint.NewItemsTx); ok && b.fresh && b.ordered && len(b.resumed) == 0 {
+		return nt.PutNewItems(b.recs)
+	}
+	return tx.PutItems(b.recs)
 }
 
 // samePlan is the record of a same-store chunk's applied writes and the
@@ -581,7 +591,7 @@ func (u *chunkUnit[I, O]) effectID(replan int) string {
 func (u *chunkUnit[I, O]) record(tx checkpoint.Tx, effectID string, writes []checkpoint.Write, applied bool) error {
 	b := u.b
 	if applied {
-		if err := tx.PutItems(b.recs); err != nil {
+		if err := b.putItems(tx); err != nil {
 			return err
 		}
 		// The plan is recorded applied with the writes it describes:
