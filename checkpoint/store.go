@@ -103,6 +103,24 @@ type Tx interface {
 	Target(t Table) (Target, error)
 }
 
+// NewItemsTx is a Tx that records items known to be new more cheaply
+// than PutItems, which must look for a recorded item under each key (on
+// PostgreSQL an upsert: a conflict check per row). A batch step's attempt
+// that found none of its items recorded, its keys ascending, knows every
+// item of its chunks is new. It is optional: a caller whose Tx does not
+// implement it (a backend without a cheaper way, or a wrapper) calls
+// PutItems.
+type NewItemsTx interface {
+	Tx
+	// PutNewItems records items none of which is recorded yet, checked
+	// against the fence as PutItems is. It may skip looking for recorded
+	// items; one recorded after all is never overwritten if it is
+	// finished (the transaction fails with ErrItemFinished, as from
+	// PutItems), and an unfinished one either fails the transaction or is
+	// overwritten as PutItems would. An item given twice fails it.
+	PutNewItems(items []Item) error
+}
+
 // Run statuses.
 const (
 	RunRunning     = "running"
