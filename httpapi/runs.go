@@ -321,6 +321,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 	}
 	runID := jobs.RunID(job.Name(), dec.RunKey)
 	key := r.Header.Get(IdempotencyHeader)
+	holder := "" // this request's hold on key, once begun
 	now := s.cfg.Now()
 	if key != "" {
 		if len(key) > 255 || strings.ContainsFunc(key, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
@@ -338,6 +339,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 			s.replay(w, r, key, rec, hex.EncodeToString(sum[:]), job.Name(), dec.JSON)
 			return
 		}
+		holder = rec.Holder
 	}
 	started, err := s.cfg.Starter.Start(r.Context(), runner.Request{Job: job.Name(), Values: values, ParamsFile: file, CreateOnly: true})
 	var exists *checkpoint.RunExistsError
@@ -346,7 +348,9 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 		started, err = Started{RunID: exists.Run.ID, Status: exists.Run.Status}, nil
 	case err != nil:
 		if key != "" {
-			if derr := s.cfg.Store.DropIdempotency(r.Context(), key); derr != nil {
+			// Only this request's hold is dropped: a retry that took the
+			// key over (this one was slow) keeps it.
+			if derr := s.cfg.Store.DropIdempotency(r.Context(), key, holder); derr != nil {
 				s.cfg.Logger.Error().Err(derr).Str("request_id", RequestID(r)).Msg("could not drop an idempotency key")
 			}
 		}
@@ -354,7 +358,17 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if key != "" {
-		if err := s.cfg.Store.FinishIdempotency(r.Context(), key, s.cfg.Now()); err != nil {
+		err := s.cfg.Store.FinishIdempotency(r.Context(), key, holder, s.cfg.Now())
+		var lost *checkpoint.IdempotencyLostError
+		if errors.As(err, &lost) {
+			// Another request took the key over while this one was slow:
+			// the key answers for that one; a retry gets its answer.
+			w.Header().Set("Retry-After", "1")
+			err = &apiError{Status: http.StatusConflict, Code: "conflict", Field: IdempotencyHeader,
+				Message: fmt.Sprintf("this request with %s %q took longer than %s to be accepted, and another request with the key took it over: "+
+					"retry to get the key's answer (run %s)", IdempotencyHeader, key, s.cfg.AcceptTimeout, runID)}
+		}
+		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
