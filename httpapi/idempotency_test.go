@@ -1,8 +1,12 @@
 package httpapi_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -114,4 +118,113 @@ func TestTakenOverKeyIsNotFinishedByTheSlowRequest(t *testing.T) {
 	if again.Body["replayed"] != true || again.str("id") != "report/2026-11-28" {
 		t.Errorf("a replay of the key: %s; want the run, replayed", again.Raw)
 	}
+}
+
+// hangup holds the first Start until the server has seen its client hang
+// up (the request's own context ended), then fails it or starts as usual.
+type hangup struct {
+	httpapi.Starter
+	reqCtx  chan context.Context // the first request's context, as the server gave it
+	entered chan struct{}
+	fail    error
+	once    sync.Once
+}
+
+func (h *hangup) Start(ctx context.Context, req runner.Request) (httpapi.Started, error) {
+	first := false
+	h.once.Do(func() { first = true })
+	if first {
+		rc := <-h.reqCtx
+		h.entered <- struct{}{}
+		<-rc.Done()
+		if h.fail != nil {
+			return httpapi.Started{}, h.fail
+		}
+	}
+	return h.Starter.Start(ctx, req)
+}
+
+// settleSeen signals each FinishIdempotency and DropIdempotency the
+// handler made, with its error.
+type settleSeen struct {
+	checkpoint.Backend
+	settled chan error
+}
+
+func (d settleSeen) FinishIdempotency(ctx context.Context, key, holder string, at time.Time) error {
+	err := d.Backend.FinishIdempotency(ctx, key, holder, at)
+	d.settled <- err
+	return err
+}
+
+func (d settleSeen) DropIdempotency(ctx context.Context, key, holder string) error {
+	err := d.Backend.DropIdempotency(ctx, key, holder)
+	d.settled <- err
+	return err
+}
+
+// A client that hangs up while its request is being accepted must not
+// leave the key "accepting" (Drop/Finish on the cancelled request
+// context), which would make every retry 409 "still being accepted" for
+// AcceptTimeout although no request is being accepted; nor may the start
+// itself be cut short.
+func TestHangUpDoesNotLeaveKeyAccepting(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fail error // what the start does once the client is gone
+		want int   // the retry's answer
+	}{
+		{"start fails", checkpoint.ErrLocked, http.StatusCreated},
+		{"start goes on", nil, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &hangup{reqCtx: make(chan context.Context, 1), entered: make(chan struct{}, 1), fail: tc.fail}
+			settled := make(chan error, 1)
+			a := newAPI(t, func(c *httpapi.Config) {
+				h.Starter = c.Starter
+				c.Starter = h
+				c.Store = settleSeen{c.Store, settled}
+			})
+			// The first request goes through a front that hands its
+			// context to the starter, to know when the server saw the
+			// hang-up.
+			var once sync.Once
+			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				once.Do(func() { h.reqCtx <- r.Context() })
+				a.srv.Config.Handler.ServeHTTP(w, r)
+			}))
+			defer front.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, "POST", front.URL+"/api/v1/runs", jsonBody(t, start("report", "2026-11-28")))
+			req.Header.Set("Authorization", "Bearer "+operateToken)
+			req.Header.Set("Idempotency-Key", "k-hangup")
+			go func() { <-h.entered; cancel() }() // the client hangs up mid-accept
+			_, _ = http.DefaultClient.Do(req)
+			if err := <-settled; err != nil {
+				t.Fatalf("the first request's finish or drop, after its client hung up: %v; want done", err)
+			}
+			if tc.fail == nil {
+				a.wait("report/2026-11-28") // the run it claimed executes
+			}
+			got := a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), "Idempotency-Key", "k-hangup")
+			runs, _ := a.st.Runs(context.Background(), checkpoint.RunFilter{})
+			if got.Status != tc.want {
+				t.Fatalf("retry after the first request ended (%d runs recorded): %d %s; want %d: no request is being accepted", len(runs), got.Status, got.Raw, tc.want)
+			}
+			if tc.fail != nil {
+				<-settled
+				a.wait("report/2026-11-28")
+			} else if got.Body["replayed"] != true {
+				t.Errorf("retry after the first request made the run: %s; want it replayed", got.Raw)
+			}
+		})
+	}
+}
+
+func jsonBody(t *testing.T, v any) io.Reader {
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.NewReader(b)
 }
