@@ -17,7 +17,8 @@ type ErrorView struct {
 	// Code is a stable word for what kind of error it is: bad_json,
 	// bad_params, bad_request, unauthenticated, forbidden, csrf,
 	// cross_origin, not_found, conflict, held, needs_decision,
-	// idempotency_conflict, params_mismatch, too_large, busy, internal.
+	// idempotency_conflict, params_mismatch, too_large, busy,
+	// misdirected, internal.
 	Code string `json:"code"`
 	// Field names the request field at fault (params.date, reason,
 	// Idempotency-Key), when one is.

@@ -146,3 +146,34 @@ func TestUnexpectedErrorsLeakNothing(t *testing.T) {
 		t.Errorf("the log %q lacks the request id and the error", logged.String())
 	}
 }
+
+// On loopback without tokens every read is anonymous: were the Host header
+// never looked at, a page the operator opens on any site could rebind its
+// name to 127.0.0.1 and read every run (params, balances, audit)
+// same-origin (DNS rebinding). Only loopback Hosts are answered.
+func TestNoTokensRefusesOtherHosts(t *testing.T) {
+	a := newAPI(t, func(c *httpapi.Config) { c.Tokens = nil })
+	expect(t, "start", a.do("POST", "/api/v1/runs", "", start("report", "2026-11-28")), http.StatusUnauthorized)
+	req, _ := http.NewRequest("GET", a.srv.URL+"/api/v1/runs", nil)
+	req.Host = "rebind.attacker.example:9090"
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	if got := a.send(req); got.Status == http.StatusOK {
+		t.Fatalf("GET /api/v1/runs with Host %s: 200; want it refused (421/403): only a loopback Host may read anonymously", req.Host)
+	}
+	for _, host := range []string{"localhost:9090", "LOCALHOST", "127.0.0.1:1", "[::1]:9090", "127.0.0.2:80"} {
+		req, _ := http.NewRequest("GET", a.srv.URL+"/api/v1/runs", nil)
+		req.Host = host
+		expect(t, "GET /api/v1/runs with Host "+host, a.send(req), http.StatusOK)
+	}
+	for _, host := range []string{"rebind.attacker.example", "127.0.0.1.attacker.example:9090", "localhost.attacker.example", "[::2]:9090"} {
+		req, _ := http.NewRequest("GET", a.srv.URL+"/api/v1/runs", nil)
+		req.Host = host
+		expect(t, "GET /api/v1/runs with Host "+host, a.send(req), http.StatusMisdirectedRequest, "misdirected")
+	}
+	// With tokens, a token is needed anyway: the Host is not looked at.
+	b := newAPI(t)
+	req, _ = http.NewRequest("GET", b.srv.URL+"/api/v1/runs", nil)
+	req.Host = "stepwise.internal.example:443"
+	req.Header.Set("Authorization", "Bearer "+readToken)
+	expect(t, "GET /api/v1/runs with a token through a proxy", b.send(req), http.StatusOK)
+}

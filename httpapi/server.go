@@ -33,7 +33,9 @@ type Config struct {
 	// Local).
 	Starter Starter
 	// Tokens are the bearer tokens accepted. Nil or empty: every request
-	// is anonymous and only reads are served (writes are 401).
+	// is anonymous and only reads are served (writes are 401), and only
+	// to a request whose Host is localhost or a loopback IP (else 421;
+	// see GuardHost).
 	Tokens *Tokens
 	// Schedules lists the schedules GET /api/v1/schedules shows; nil
 	// shows none.
@@ -189,6 +191,12 @@ func (s *Server) auth(need Role, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		write := need == RoleOperate
 		if s.cfg.Tokens.Len() == 0 {
+			// Anonymous reads are for this machine only: never to a Host
+			// another site could have pointed at it (DNS rebinding).
+			if !LoopbackHost(r.Host) {
+				s.fail(w, r, &apiError{Status: http.StatusMisdirectedRequest, Code: "misdirected", Message: misdirected(r.Host)})
+				return
+			}
 			if write {
 				s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated",
 					Message: "this server takes no writes: it was started without tokens, so nobody can be identified for the audit trail; " + s.cfg.NoTokensHint})
