@@ -23,6 +23,13 @@
 // error is logged with a request id and answered with that id only, never
 // its text.
 //
+// A start (POST /api/v1/runs), resume or rerun over its job's concurrency
+// limit is refused, as the command line refuses it, with 409 and code
+// "limit_reached": the error names the limit and the runs holding it, and
+// so do the body's "limit" and "holders". Nothing is recorded (a start's
+// Idempotency-Key is dropped): start it again when one of those runs has
+// ended.
+//
 // The common case, beside /healthz and /metrics:
 //
 //	api, err := httpapi.New(httpapi.Config{Store: st, Jobs: registry, Starter: httpapi.NewLocal(r), Tokens: tokens})
