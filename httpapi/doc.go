@@ -19,9 +19,9 @@
 // Cookie-authenticated writes need the X-CSRF-Token header login returned
 // (an HMAC of the session, checked in constant time) and must pass
 // net/http's cross-origin protection (Sec-Fetch-Site, else Origin against
-// Host). Request bodies are limited (413); an unexpected
-// error is logged with a request id and answered with that id only, never
-// its text.
+// Host); so does a logout with the session cookie. Request bodies are
+// limited (413); an unexpected error is logged with a request id and
+// answered with that id only, never its text.
 //
 // A start (POST /api/v1/runs), resume or rerun over its job's concurrency
 // limit is refused, as the command line refuses it, with 409 and code

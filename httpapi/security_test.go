@@ -109,6 +109,26 @@ func TestCookieLoginAndCSRF(t *testing.T) {
 	if out.Status != http.StatusNoContent || !strings.Contains(out.Header.Get("Set-Cookie"), "Max-Age=0") {
 		t.Errorf("logout: %d, Set-Cookie %q", out.Status, out.Header.Get("Set-Cookie"))
 	}
+	// Logging a session out is a cookie write too: another site cannot.
+	for _, c := range []struct {
+		what string
+		hdr  []string
+		code string
+	}{
+		{"cookie logout without the CSRF header", []string{"Cookie", cookie}, "csrf"},
+		{"cookie logout with a wrong CSRF header", []string{"Cookie", cookie, httpapi.CSRFHeader, strings.Repeat("0", 64)}, "csrf"},
+		{"cross-site cookie logout with the header", []string{"Cookie", cookie, httpapi.CSRFHeader, csrf, "Sec-Fetch-Site", "cross-site"}, "cross_origin"},
+	} {
+		out := a.do("POST", "/api/v1/logout", "", nil, c.hdr...)
+		expect(t, c.what, out, http.StatusForbidden, c.code)
+		if sc := out.Header.Get("Set-Cookie"); sc != "" {
+			t.Errorf("%s: Set-Cookie %q; want the session kept", c.what, sc)
+		}
+	}
+	out = a.do("POST", "/api/v1/logout", "", nil, "Cookie", cookie, httpapi.CSRFHeader, csrf, "Sec-Fetch-Site", "same-origin")
+	if out.Status != http.StatusNoContent || !strings.Contains(out.Header.Get("Set-Cookie"), "Max-Age=0") {
+		t.Errorf("same-origin cookie logout: %d, Set-Cookie %q", out.Status, out.Header.Get("Set-Cookie"))
+	}
 }
 
 func TestOversizedBodyIs413(t *testing.T) {

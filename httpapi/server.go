@@ -284,7 +284,23 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, SessionView{Identity: id, CSRFToken: s.csrfToken(b.Token)})
 }
 
+// logout clears the session cookie. With a session cookie it is a cookie
+// write like the others: it needs the CSRF header and a same-origin
+// request, so that another site cannot log the browser out.
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
+	if c, err := r.Cookie(CookieName); err == nil && c.Value != "" {
+		if _, ok := s.cfg.Tokens.Lookup(c.Value); ok {
+			if subtle.ConstantTimeCompare([]byte(r.Header.Get(CSRFHeader)), []byte(s.csrfToken(c.Value))) != 1 {
+				s.fail(w, r, &apiError{Status: http.StatusForbidden, Code: "csrf",
+					Message: "logging out with the session cookie needs the " + CSRFHeader + " header that login returned"})
+				return
+			}
+			if err := s.cross.Check(r); err != nil {
+				s.fail(w, r, &apiError{Status: http.StatusForbidden, Code: "cross_origin", Message: "cross-origin logout refused"})
+				return
+			}
+		}
+	}
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -288,6 +288,15 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	shot("schedules.png")
 
+	// Logging out (a cookie write, with the CSRF token) ends the session:
+	// a page sends the browser to log in again.
+	run("log out",
+		chromedp.Click(chromedp.CSS("[data-logout]")),
+		chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.Navigate(base+"/"),
+		chromedp.WaitVisible(chromedp.ID("token")),
+	)
+
 	// The login page's script returns only to a path on this server,
 	// whatever its data-next says: a browser drops the tab of "/\t/x"
 	// and would go to //x.

@@ -206,7 +206,9 @@
   function setupLogout() {
     document.querySelectorAll("[data-logout]").forEach(function (btn) {
       btn.addEventListener("click", async function () {
-        await apiCall("POST", "logout");
+        // A cookie write like the others: it needs the session's CSRF token.
+        const s = await apiCall("GET", "session");
+        await apiCall("POST", "logout", undefined, s.ok && s.data ? s.data.csrf_token : undefined);
         location.assign("/login");
       });
     });
