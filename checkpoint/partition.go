@@ -155,6 +155,13 @@ type PartitionWrite struct {
 // it or skips it; SQLite: the one write lock). That update is the
 // heartbeat too: it extends the partition's lease.
 //
+// A partition's fence never repeats within its run and step, not even
+// across a reset of the step, since a partition's effects are named by
+// its index and fence (steps.Partitions): a split records its partitions
+// at the run's fence - 1, so a first claim gets the run's fence, and a
+// reset raises the run's fence above every fence the run's partitions
+// reached before it deletes them.
+//
 // A partition chunk is NOT fenced by the run's fence. The run's fence
 // guards what the run's owner writes (the step's checkpoint, the
 // partition split, the join's summary, later steps); a partition chunk

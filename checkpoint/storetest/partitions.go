@@ -268,4 +268,35 @@ func testPartitions(t *testing.T, h Harness) {
 			}
 		}
 	})
+	testPartitionsAcrossReset(t, h)
+}
+
+// testPartitionsAcrossReset checks what a reset of a partitioned step
+// leaves for the step's next split.
+func testPartitionsAcrossReset(t *testing.T, h Harness) {
+	t.Run("ResetRestartsPartitionFence", func(t *testing.T) {
+		// A partition's fence names its effects (p<idx>.<fence>.c<chunk>):
+		// after a reset of the step it must not repeat a fence used before.
+		e := newEnv(t, h)
+		st := e.open()
+		c := e.partitioned(st, "part/refence", 1)
+		_, l1, _ := e.claimPartition(st, ownerA, t0)
+		if err := st.Finish(e.ctx, c.Lease, checkpoint.Ending{Status: checkpoint.RunFailed, At: t0}); err != nil {
+			t.Fatal(err)
+		}
+		op := capability[operator](t, st, "operator actions")
+		now := t0.Add(time.Second)
+		if err := op.ResetSteps(e.ctx, audit("part/refence", "reset", now), now, []string{"post"}); err != nil {
+			t.Fatal(err)
+		}
+		c2 := e.claim(st, "part/refence", ownerB, now)
+		head := checkpoint.Step{ID: "post", Status: checkpoint.StepRunning, StartedAt: now, FinishedAt: now, Tries: 1}
+		if _, err := partitionStore(t, st).StartPartitioned(e.ctx, c2.Lease, head, splitOf(1)); err != nil {
+			t.Fatal(err)
+		}
+		_, l2, _ := e.claimPartition(st, ownerB, now)
+		if l2.Fence <= l1.Fence {
+			t.Errorf("after reset partition 0 is claimed at fence %d again (before the reset: %d): its effect IDs repeat the pre-reset ones", l2.Fence, l1.Fence)
+		}
+	})
 }
