@@ -18,7 +18,10 @@ type Store interface {
 	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
 	// Heartbeat extends the lease until the given time, which must be after
 	// now (otherwise it is an error and nothing changes). It returns
-	// ErrFenced if the run has been claimed by another runner since.
+	// ErrFenced if the run has been claimed by another runner since, or if
+	// the lease has expired (judged as the store judges leases: at now,
+	// or by the database's clock): an expired lease is never renewed (see
+	// LeaseExpired).
 	Heartbeat(ctx context.Context, l Lease, now, until time.Time) error
 	// Finish records how the attempt ended, sets the run's status and
 	// releases the lease, all checked against the fence.
@@ -180,6 +183,19 @@ type ClaimRequest struct {
 	// to be dead (its process is surely gone); its lease is then taken over
 	// at once instead of waiting for it to expire. Nil means never.
 	OwnerGone func(owner string) bool
+}
+
+// LeaseExpired is the ErrFenced error Heartbeat returns for a lease that
+// is still the run's (its fence) but expired at until, judged at now. It
+// is not renewed: once a lease expired, another runner may claim the run,
+// or take the slot it held under a concurrency limit (a limit counts live
+// leases only), at any moment; renewing it would let a paused runner come
+// back past a limit another run now holds. The attempt stops; the run
+// resumes when claimed again.
+func LeaseExpired(l Lease, until, now time.Time) error {
+	return fmt.Errorf("%w: the lease of run %s, attempt %d (fence %d), expired at %s (judged at %s); an expired lease is not renewed, "+
+		"so this attempt stops and the run resumes when claimed again",
+		ErrFenced, l.RunID, l.Attempt, l.Fence, until.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano))
 }
 
 // OwnerName is the part of an owner string shown to operators: owners are
