@@ -65,7 +65,9 @@ type ChunkPlan struct {
 	// Status is StepPlanned, ChunkApplied or ChunkSuperseded. PutChunkPlan
 	// records StepPlanned when empty.
 	Status string
-	Plan   []byte
+	// Plan is the plan's record as its writer encoded it (steps:
+	// EncodeChunkPlan, or JSON before it); stores keep the bytes as given.
+	Plan []byte
 	// Supersedes names an earlier plan of the same items that lost a race
 	// (nothing of it applied); recording this plan retires it.
 	Supersedes string

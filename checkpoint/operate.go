@@ -86,7 +86,9 @@ type Operator interface {
 	Abandon(ctx context.Context, a Audit, now time.Time, opts ...OperateOption) error
 	// ResetSteps deletes the checkpoints (and batch items and chunk plans)
 	// of the given steps so they run again, and reopens a succeeded run as
-	// failed. It does not undo effects.
+	// failed. It does not undo effects. It deletes the steps' partitions
+	// too, raising the run's fence above every partition fence (see
+	// PartitionStore), so the next split's effect IDs are new ones.
 	ResetSteps(ctx context.Context, a Audit, now time.Time, stepIDs []string, opts ...OperateOption) error
 	// ResolveStep settles an outside call whose outcome is unknown: done
 	// records it as completed with output (JSON), otherwise it is marked

@@ -158,6 +158,13 @@ type PartitionWrite struct {
 // it or skips it; SQLite: the one write lock). That update is the
 // heartbeat too: it extends the partition's lease.
 //
+// A partition's fence never repeats within its run and step, not even
+// across a reset of the step, since a partition's effects are named by
+// its index and fence (steps.Partitions): a split records its partitions
+// at the run's fence - 1, so a first claim gets the run's fence, and a
+// reset raises the run's fence above every fence the run's partitions
+// reached before it deletes them.
+//
 // A partition chunk is NOT fenced by the run's fence. The run's fence
 // guards what the run's owner writes (the step's checkpoint, the
 // partition split, the join's summary, later steps); a partition chunk
@@ -170,9 +177,19 @@ type PartitionWrite struct {
 // fence: a claim of a lease-expired partition, a reopen of a failed one,
 // or the partitions' removal (a reset of the step) all fence it out. A
 // run that is no longer running (finished, abandoned) refuses partition
-// chunks too; as a claim of another run does not lock the run row, a
-// chunk already committing when the run ends may still commit (its items
-// and effects are still exactly once).
+// chunks too.
+//
+// A chunk in flight also holds its run against an operator action (a
+// reset above all) and a claim of the run until it commits: PostgreSQL's
+// partition fence locks the running run's row FOR KEY SHARE, as a run
+// write's fence does, which their FOR UPDATE waits for; SQLite has its
+// one write lock. So a reset never leaves behind items a chunk committed
+// as it ran: the chunk commits first and the reset deletes its items, or
+// the reset first and the chunk is fenced. On PostgreSQL the run's end by
+// its own owner (Finish, which takes no FOR UPDATE) does not wait: a chunk
+// already committing then may still commit after the run ended (its items
+// and effects are still exactly once, and the run's next attempt resumes
+// the partition from them). On SQLite it cannot.
 //
 // A partition's writes (items, chunk plans, target rows) are serialised
 // with its claims; writes of different partitions run at once and meet

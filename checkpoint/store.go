@@ -18,7 +18,10 @@ type Store interface {
 	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
 	// Heartbeat extends the lease until the given time, which must be after
 	// now (otherwise it is an error and nothing changes). It returns
-	// ErrFenced if the run has been claimed by another runner since.
+	// ErrFenced if the run has been claimed by another runner since, or if
+	// the lease has expired (judged as the store judges leases: at now,
+	// or by the database's clock): an expired lease is never renewed (see
+	// LeaseExpired).
 	Heartbeat(ctx context.Context, l Lease, now, until time.Time) error
 	// Finish records how the attempt ended, sets the run's status and
 	// releases the lease, all checked against the fence.
@@ -103,6 +106,24 @@ type Tx interface {
 	Target(t Table) (Target, error)
 }
 
+// NewItemsTx is a Tx that records items known to be new more cheaply
+// than PutItems, which must look for a recorded item under each key (on
+// PostgreSQL an upsert: a conflict check per row). A batch step's attempt
+// that found none of its items recorded, its keys ascending, knows every
+// item of its chunks is new. It is optional: a caller whose Tx does not
+// implement it (a backend without a cheaper way, or a wrapper) calls
+// PutItems.
+type NewItemsTx interface {
+	Tx
+	// PutNewItems records items none of which is recorded yet, checked
+	// against the fence as PutItems is. It may skip looking for recorded
+	// items; one recorded after all is never overwritten if it is
+	// finished (the transaction fails with ErrItemFinished, as from
+	// PutItems), and an unfinished one either fails the transaction or is
+	// overwritten as PutItems would. An item given twice fails it.
+	PutNewItems(items []Item) error
+}
+
 // Run statuses.
 const (
 	RunRunning     = "running"
@@ -162,6 +183,19 @@ type ClaimRequest struct {
 	// to be dead (its process is surely gone); its lease is then taken over
 	// at once instead of waiting for it to expire. Nil means never.
 	OwnerGone func(owner string) bool
+}
+
+// LeaseExpired is the ErrFenced error Heartbeat returns for a lease that
+// is still the run's (its fence) but expired at until, judged at now. It
+// is not renewed: once a lease expired, another runner may claim the run,
+// or take the slot it held under a concurrency limit (a limit counts live
+// leases only), at any moment; renewing it would let a paused runner come
+// back past a limit another run now holds. The attempt stops; the run
+// resumes when claimed again.
+func LeaseExpired(l Lease, until, now time.Time) error {
+	return fmt.Errorf("%w: the lease of run %s, attempt %d (fence %d), expired at %s (judged at %s); an expired lease is not renewed, "+
+		"so this attempt stops and the run resumes when claimed again",
+		ErrFenced, l.RunID, l.Attempt, l.Fence, until.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano))
 }
 
 // OwnerName is the part of an owner string shown to operators: owners are

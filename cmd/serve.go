@@ -22,7 +22,7 @@ import (
 // ServeCmd runs the scheduler until SIGTERM or SIGINT.
 type ServeCmd struct {
 	Listen           string        `placeholder:"ADDR" help:"Serve the web dashboard (/), /healthz, Prometheus /metrics and the HTTP API (/api/v1/...) on this address, e.g. 127.0.0.1:9090 (port 0 picks a free one; the address is printed). An address other than loopback needs --tokens."`
-	Tokens           string        `type:"existingfile" placeholder:"FILE" help:"Bearer tokens of the HTTP API, one NAME:ROLE:TOKEN a line (ROLE read or operate; TOKEN at least 16 random bytes, e.g. from 'openssl rand -hex 16'). Without it the API serves reads only, and only on loopback."`
+	Tokens           string        `type:"existingfile" placeholder:"FILE" help:"Bearer tokens of the HTTP API, one NAME:ROLE:TOKEN a line (ROLE read or operate; TOKEN at least 16 random bytes, e.g. from 'openssl rand -hex 16'). Without it the API and the dashboard serve reads only, only on loopback, and only to requests addressed to localhost, 127.0.0.1 or [::1] (others are 421: no other site can read them by DNS rebinding)."`
 	Grace            time.Duration `default:"20s" help:"After SIGTERM or SIGINT, how long running runs may take to finish before they are interrupted, resumably: the next serve fires them again as missed fires (under the misfire policy), or resume them by hand. Keep it under STEPWISE_GRACE, after which the process exits anyway."`
 	Lease            time.Duration `default:"30s" nonzero:"" help:"Lease length of the runs started and of the schedules fired; a standby serve takes a schedule over when its lease expires (at once if its owner ran on this host and is gone)."`
 	MisfireThreshold time.Duration `name:"misfire-threshold" default:"1m" help:"How late a fire may be noticed and still count as on time; later ones follow the schedule's misfire policy."`
@@ -99,7 +99,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		if err != nil {
 			return err
 		}
-		srv, addr, err := serveHTTP(env, c.Listen, sched, reg, api, dash)
+		srv, addr, err := serveHTTP(env, c.Listen, tokens.Len() == 0, sched, reg, api, dash)
 		if err != nil {
 			return usageError{err}
 		}
@@ -162,8 +162,11 @@ func checkGrace(grace time.Duration) error {
 
 // serveHTTP serves /healthz, /metrics, the API and the dashboard (every
 // other path) on addr in the background and returns the server and the
-// address it listens on.
-func serveHTTP(env *Env, addr string, sched *runner.Scheduler, reg *prometheus.Registry, api, dash http.Handler) (*http.Server, string, error) {
+// address it listens on. Without tokens (anonymous reads), only requests
+// addressed to loopback or to the listen address are answered: others are
+// 421, so a page that points its own name at this machine (DNS
+// rebinding) reads nothing.
+func serveHTTP(env *Env, addr string, tokenless bool, sched *runner.Scheduler, reg *prometheus.Registry, api, dash http.Handler) (*http.Server, string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", fmt.Errorf("--listen %s: %w", addr, err)
@@ -173,7 +176,11 @@ func serveHTTP(env *Env, addr string, sched *runner.Scheduler, reg *prometheus.R
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { healthz(w, sched.Status()) })
 	mux.Handle(httpapi.Prefix, api)
 	mux.Handle("/", dash)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	var h http.Handler = mux
+	if tokenless {
+		h = httpapi.GuardHost(mux, addr, ln.Addr().String())
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			fmt.Fprintf(env.Stderr, "%s serve: http: %v\n", env.Name, err)

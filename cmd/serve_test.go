@@ -348,6 +348,46 @@ func utc(s string) time.Time {
 	return t
 }
 
+// TestServeWithoutTokensAnswersOnlyLoopbackHosts: a serve without
+// --tokens reads anonymously, so a request addressed to any other Host (a
+// page that pointed its own name at 127.0.0.1: DNS rebinding) is 421 on
+// every path, the dashboard's, the API's, /metrics and /healthz.
+func TestServeWithoutTokensAnswersOnlyLoopbackHosts(t *testing.T) {
+	t.Parallel()
+	db, side := testFiles(t)
+	c := startServe(t, db, side, "--listen", "127.0.0.1:0")
+	c.WaitFor("the listen address", func() bool { return serveAddr.MatchString(c.Stdout()) })
+	addr := serveAddr.FindStringSubmatch(c.Stdout())[1]
+	_, port, _ := strings.Cut(addr, ":")
+	get := func(path, host string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s with Host %s: %v", path, host, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, path := range []string{"/", "/api/v1/runs", "/metrics", "/healthz", "/static/app.js"} {
+		for _, host := range []string{addr, "localhost:" + port, "[::1]:" + port} {
+			if code, body := get(path, host); code != http.StatusOK {
+				t.Errorf("GET %s with Host %s: %d %.200s; want 200", path, host, code, body)
+			}
+		}
+		code, body := get(path, "rebind.attacker.example:"+port)
+		if code != http.StatusMisdirectedRequest || !strings.Contains(body, "DNS rebinding") {
+			t.Errorf("GET %s with Host rebind.attacker.example: %d %.200s; want 421 naming DNS rebinding", path, code, body)
+		}
+	}
+	stopServe(t, c)
+}
+
 func TestServeRefusesBadFlags(t *testing.T) {
 	db, side := testFiles(t)
 	for _, args := range [][]string{

@@ -5,15 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/httpapi"
+	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/ops"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/steps"
 )
 
 func TestStartCreatedThenExisted(t *testing.T) {
@@ -482,5 +486,67 @@ func TestRerunOfAHeldRunRecordsNothing(t *testing.T) {
 	}
 	if au, err := a.st.Audits(ctx, "report/2026-11-02"); err != nil || len(au) != 0 {
 		t.Errorf("audit after refused operations: %v, %v; want none", au, err)
+	}
+}
+
+// A job with a concurrency limit that is reached: the API must not answer
+// 500 "internal error" (the message only in the log) but a refusal naming
+// the limit and its holders, as the CLI does (exit 4, with a hint): 409
+// limit_reached, for a start, a resume and a rerun alike.
+func TestLimitReachedIs409(t *testing.T) {
+	st, _ := checkpointtest.OpenNew(t)
+	var reg jobs.Registry
+	reg.MustRegister(jobs.Define("ledger", func(ctx context.Context, run *steps.Run, p dayParams) error {
+		if p.Fail {
+			return errors.New("the ledger is closed")
+		}
+		return nil
+	}, jobs.Limit(1)))
+	r, err := runner.New(runner.Config{Store: st, Jobs: &reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, _ := httpapi.ParseTokens([]byte("ops:operate:" + operateToken + "\n"))
+	api, err := httpapi.New(httpapi.Config{Store: st, Jobs: &reg, Starter: httpapi.NewLocal(r), Tokens: tokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+	// A failed run of the job, to resume; then a live one holds the limit.
+	limit := checkpoint.Limit{Key: "job:ledger", Max: 1}
+	if _, err := r.Run(context.Background(), runner.Request{Job: "ledger", Values: map[string]string{"date": "2026-11-02", "fail": "true"}}); err == nil {
+		t.Fatal("the failing ledger run succeeded")
+	}
+	if _, err := st.Claim(context.Background(), checkpoint.ClaimRequest{RunID: "ledger/2026-11-01", Job: "ledger", RunKey: "2026-11-01",
+		Params: []byte(`{}`), ParamsHash: "h", Owner: "live-host:1", Now: time.Now(), LeaseFor: time.Hour,
+		Limit: limit}); err != nil {
+		t.Fatal(err)
+	}
+	a := &testAPI{t: t, st: st, srv: srv}
+	got := a.do("POST", "/api/v1/runs", operateToken, start("ledger", "2026-11-28"))
+	if got.Status == http.StatusInternalServerError {
+		t.Fatalf("a start over the job's limit: %d %s; want a refusal naming the limit (409/429/503), or the run queued", got.Status, got.Raw)
+	}
+	check := func(what string, got answer, runID string) {
+		t.Helper()
+		expect(t, what, got, http.StatusConflict, "limit_reached")
+		holders, _ := got.Body["holders"].([]any)
+		if got.str("limit") != "job:ledger" || len(holders) != 1 || holders[0] != "ledger/2026-11-01" {
+			t.Errorf("%s: limit %q, holders %v; want job:ledger held by ledger/2026-11-01", what, got.str("limit"), holders)
+		}
+		// The command line's words: the store's error, and what to do.
+		want := (&checkpoint.LimitReachedError{RunID: runID, Limit: limit, Holders: []string{"ledger/2026-11-01"}}).Error()
+		if !strings.Contains(got.str("error"), want) || !strings.Contains(got.str("error"), "when one of those runs has ended") {
+			t.Errorf("%s: error %q; want it to say %q and what to do", what, got.str("error"), want)
+		}
+	}
+	check("a start over the job's limit", got, "ledger/2026-11-28")
+	for _, verb := range []string{"resume", "rerun"} {
+		check("a "+verb+" over the job's limit", a.do("POST", "/api/v1/runs/ledger/2026-11-02/"+verb, operateToken, map[string]any{"reason": "the ledger is open"}),
+			"ledger/2026-11-02")
+	}
+	if runs, _ := st.Runs(context.Background(), checkpoint.RunFilter{}); len(runs) != 2 {
+		t.Errorf("after the refusals, %d runs; want the 2 there were", len(runs))
 	}
 }

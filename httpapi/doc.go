@@ -11,12 +11,24 @@
 // (Authorization: Bearer TOKEN) from a tokens file (see ParseTokens), or
 // by the cookie login sets for browsers; tokens compare in constant time.
 // A missing or wrong token is 401, a read token on a write 403; a server
-// without tokens serves reads only. Cookie-authenticated writes need the
-// X-CSRF-Token header login returned (an HMAC of the session, checked in
-// constant time) and must pass net/http's cross-origin protection
-// (Sec-Fetch-Site, else Origin against Host). Request bodies are limited
-// (413); an unexpected error is logged with a request id and answered
-// with that id only, never its text.
+// without tokens serves reads only, and only to requests whose Host is
+// localhost, 127.0.0.1 or [::1] (any port): another Host is 421
+// Misdirected Request, code "misdirected", so that a page of another site
+// that points its own name at this machine (DNS rebinding) reads nothing
+// (GuardHost does the same for the handlers beside the API).
+// Cookie-authenticated writes need the X-CSRF-Token header login returned
+// (an HMAC of the session, checked in constant time) and must pass
+// net/http's cross-origin protection (Sec-Fetch-Site, else Origin against
+// Host); so does a logout with the session cookie. Request bodies are
+// limited (413); an unexpected error is logged with a request id and
+// answered with that id only, never its text.
+//
+// A start (POST /api/v1/runs), resume or rerun over its job's concurrency
+// limit is refused, as the command line refuses it, with 409 and code
+// "limit_reached": the error names the limit and the runs holding it, and
+// so do the body's "limit" and "holders". Nothing is recorded (a start's
+// Idempotency-Key is dropped): start it again when one of those runs has
+// ended.
 //
 // The common case, beside /healthz and /metrics:
 //

@@ -17,11 +17,16 @@ type ErrorView struct {
 	// Code is a stable word for what kind of error it is: bad_json,
 	// bad_params, bad_request, unauthenticated, forbidden, csrf,
 	// cross_origin, not_found, conflict, held, needs_decision,
-	// idempotency_conflict, params_mismatch, too_large, busy, internal.
+	// idempotency_conflict, params_mismatch, limit_reached, too_large,
+	// busy, misdirected, internal.
 	Code string `json:"code"`
 	// Field names the request field at fault (params.date, reason,
 	// Idempotency-Key), when one is.
 	Field string `json:"field,omitempty"`
+	// Limit and Holders, for limit_reached: the concurrency limit's key
+	// (job:NAME, or the job's own) and the runs holding it now.
+	Limit   string   `json:"limit,omitempty"`
+	Holders []string `json:"holders,omitempty"`
 	// RequestID is the request's id, as the server's log has it.
 	RequestID string `json:"request_id"`
 }
@@ -32,6 +37,8 @@ type apiError struct {
 	Code    string
 	Field   string
 	Message string
+	Limit   string   // limit_reached: the limit's key
+	Holders []string // limit_reached: the runs holding it
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -46,7 +53,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		e = &apiError{Status: http.StatusInternalServerError, Code: "internal",
 			Message: "internal error; the server's log has it under request id " + RequestID(r)}
 	}
-	writeJSON(w, e.Status, ErrorView{Error: e.Message, Code: e.Code, Field: e.Field, RequestID: RequestID(r)})
+	writeJSON(w, e.Status, ErrorView{Error: e.Message, Code: e.Code, Field: e.Field, Limit: e.Limit, Holders: e.Holders, RequestID: RequestID(r)})
 }
 
 // classify maps an error to its answer; nil for an unexpected one.
@@ -56,6 +63,7 @@ func classify(err error) *apiError {
 		refusal  *ops.Refusal
 		nostep   *ops.NoStepError
 		held     *checkpoint.LeaseHeldError
+		reached  *checkpoint.LimitReachedError
 		mismatch *checkpoint.ParamsMismatchError
 		param    *jobs.ParamError
 	)
@@ -68,6 +76,10 @@ func classify(err error) *apiError {
 		return &apiError{Status: http.StatusConflict, Code: "needs_decision", Message: err.Error() + forceHint(refusal)}
 	case errors.As(err, &held):
 		return &apiError{Status: http.StatusConflict, Code: "held", Message: err.Error() + "; try again once it ends, or recover it if its runner is gone"}
+	case errors.As(err, &reached):
+		// The command line's words (its hint names its own commands).
+		return &apiError{Status: http.StatusConflict, Code: "limit_reached", Limit: reached.Limit.Key, Holders: reached.Holders,
+			Message: err.Error() + "; start it again when one of those runs has ended"}
 	case errors.As(err, &mismatch):
 		return &apiError{Status: http.StatusUnprocessableEntity, Code: "params_mismatch", Field: "params", Message: err.Error()}
 	case errors.As(err, &param):

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -158,6 +159,9 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, p runPath, b Ope
 		}
 		accept = a
 	}
+	// The claim and its audit record are not cut short by a client that
+	// hangs up: a run claimed is recorded as such, and executed.
+	ctx = context.WithoutCancel(ctx)
 	started, err := s.cfg.Starter.Resume(ctx, p.RunID, runner.Request{Force: b.Force, RetrySkipped: b.RetrySkipped, AcceptChanged: accept})
 	if errors.Is(err, checkpoint.ErrAlreadySucceeded) {
 		v.Result += "nothing to do: " + err.Error() + ` ("force": true runs its job again, skipping every checkpointed step)`

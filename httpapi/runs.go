@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -321,6 +322,12 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 	}
 	runID := jobs.RunID(job.Name(), dec.RunKey)
 	key := r.Header.Get(IdempotencyHeader)
+	holder := "" // this request's hold on key, once begun
+	// From the key's begin to its finish or drop, and the start between,
+	// the work is not cut short by a client that hangs up: a run claimed
+	// is recorded as such, and a key begun is settled (else it would stay
+	// accepting, every retry 409, for AcceptTimeout).
+	ctx := context.WithoutCancel(r.Context())
 	now := s.cfg.Now()
 	if key != "" {
 		if len(key) > 255 || strings.ContainsFunc(key, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
@@ -328,7 +335,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		sum := sha256.Sum256([]byte(job.Name() + "\n" + dec.Hash))
-		rec, begun, err := s.cfg.Store.BeginIdempotency(r.Context(), checkpoint.IdempotencyKey{Key: key, RequestHash: hex.EncodeToString(sum[:]),
+		rec, begun, err := s.cfg.Store.BeginIdempotency(ctx, checkpoint.IdempotencyKey{Key: key, RequestHash: hex.EncodeToString(sum[:]),
 			Job: job.Name(), Params: dec.JSON, RunID: runID, CreatedAt: now}, now.Add(-s.cfg.AcceptTimeout))
 		if err != nil {
 			s.fail(w, r, err)
@@ -338,15 +345,18 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 			s.replay(w, r, key, rec, hex.EncodeToString(sum[:]), job.Name(), dec.JSON)
 			return
 		}
+		holder = rec.Holder
 	}
-	started, err := s.cfg.Starter.Start(r.Context(), runner.Request{Job: job.Name(), Values: values, ParamsFile: file, CreateOnly: true})
+	started, err := s.cfg.Starter.Start(ctx, runner.Request{Job: job.Name(), Values: values, ParamsFile: file, CreateOnly: true})
 	var exists *checkpoint.RunExistsError
 	switch {
 	case errors.As(err, &exists):
 		started, err = Started{RunID: exists.Run.ID, Status: exists.Run.Status}, nil
 	case err != nil:
 		if key != "" {
-			if derr := s.cfg.Store.DropIdempotency(r.Context(), key); derr != nil {
+			// Only this request's hold is dropped: a retry that took the
+			// key over (this one was slow) keeps it.
+			if derr := s.cfg.Store.DropIdempotency(ctx, key, holder); derr != nil {
 				s.cfg.Logger.Error().Err(derr).Str("request_id", RequestID(r)).Msg("could not drop an idempotency key")
 			}
 		}
@@ -354,7 +364,17 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if key != "" {
-		if err := s.cfg.Store.FinishIdempotency(r.Context(), key, s.cfg.Now()); err != nil {
+		err := s.cfg.Store.FinishIdempotency(ctx, key, holder, s.cfg.Now())
+		var lost *checkpoint.IdempotencyLostError
+		if errors.As(err, &lost) {
+			// Another request took the key over while this one was slow:
+			// the key answers for that one; a retry gets its answer.
+			w.Header().Set("Retry-After", "1")
+			err = &apiError{Status: http.StatusConflict, Code: "conflict", Field: IdempotencyHeader,
+				Message: fmt.Sprintf("this request with %s %q took longer than %s to be accepted, and another request with the key took it over: "+
+					"retry to get the key's answer (run %s)", IdempotencyHeader, key, s.cfg.AcceptTimeout, runID)}
+		}
+		if err != nil {
 			s.fail(w, r, err)
 			return
 		}

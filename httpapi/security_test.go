@@ -109,6 +109,26 @@ func TestCookieLoginAndCSRF(t *testing.T) {
 	if out.Status != http.StatusNoContent || !strings.Contains(out.Header.Get("Set-Cookie"), "Max-Age=0") {
 		t.Errorf("logout: %d, Set-Cookie %q", out.Status, out.Header.Get("Set-Cookie"))
 	}
+	// Logging a session out is a cookie write too: another site cannot.
+	for _, c := range []struct {
+		what string
+		hdr  []string
+		code string
+	}{
+		{"cookie logout without the CSRF header", []string{"Cookie", cookie}, "csrf"},
+		{"cookie logout with a wrong CSRF header", []string{"Cookie", cookie, httpapi.CSRFHeader, strings.Repeat("0", 64)}, "csrf"},
+		{"cross-site cookie logout with the header", []string{"Cookie", cookie, httpapi.CSRFHeader, csrf, "Sec-Fetch-Site", "cross-site"}, "cross_origin"},
+	} {
+		out := a.do("POST", "/api/v1/logout", "", nil, c.hdr...)
+		expect(t, c.what, out, http.StatusForbidden, c.code)
+		if sc := out.Header.Get("Set-Cookie"); sc != "" {
+			t.Errorf("%s: Set-Cookie %q; want the session kept", c.what, sc)
+		}
+	}
+	out = a.do("POST", "/api/v1/logout", "", nil, "Cookie", cookie, httpapi.CSRFHeader, csrf, "Sec-Fetch-Site", "same-origin")
+	if out.Status != http.StatusNoContent || !strings.Contains(out.Header.Get("Set-Cookie"), "Max-Age=0") {
+		t.Errorf("same-origin cookie logout: %d, Set-Cookie %q", out.Status, out.Header.Get("Set-Cookie"))
+	}
 }
 
 func TestOversizedBodyIs413(t *testing.T) {
@@ -145,4 +165,35 @@ func TestUnexpectedErrorsLeakNothing(t *testing.T) {
 	if !strings.Contains(logged.String(), id) || !strings.Contains(logged.String(), "lease_untill") {
 		t.Errorf("the log %q lacks the request id and the error", logged.String())
 	}
+}
+
+// On loopback without tokens every read is anonymous: were the Host header
+// never looked at, a page the operator opens on any site could rebind its
+// name to 127.0.0.1 and read every run (params, balances, audit)
+// same-origin (DNS rebinding). Only loopback Hosts are answered.
+func TestNoTokensRefusesOtherHosts(t *testing.T) {
+	a := newAPI(t, func(c *httpapi.Config) { c.Tokens = nil })
+	expect(t, "start", a.do("POST", "/api/v1/runs", "", start("report", "2026-11-28")), http.StatusUnauthorized)
+	req, _ := http.NewRequest("GET", a.srv.URL+"/api/v1/runs", nil)
+	req.Host = "rebind.attacker.example:9090"
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	if got := a.send(req); got.Status == http.StatusOK {
+		t.Fatalf("GET /api/v1/runs with Host %s: 200; want it refused (421/403): only a loopback Host may read anonymously", req.Host)
+	}
+	for _, host := range []string{"localhost:9090", "LOCALHOST", "127.0.0.1:1", "[::1]:9090", "127.0.0.2:80"} {
+		req, _ := http.NewRequest("GET", a.srv.URL+"/api/v1/runs", nil)
+		req.Host = host
+		expect(t, "GET /api/v1/runs with Host "+host, a.send(req), http.StatusOK)
+	}
+	for _, host := range []string{"rebind.attacker.example", "127.0.0.1.attacker.example:9090", "localhost.attacker.example", "[::2]:9090"} {
+		req, _ := http.NewRequest("GET", a.srv.URL+"/api/v1/runs", nil)
+		req.Host = host
+		expect(t, "GET /api/v1/runs with Host "+host, a.send(req), http.StatusMisdirectedRequest, "misdirected")
+	}
+	// With tokens, a token is needed anyway: the Host is not looked at.
+	b := newAPI(t)
+	req, _ = http.NewRequest("GET", b.srv.URL+"/api/v1/runs", nil)
+	req.Host = "stepwise.internal.example:443"
+	req.Header.Set("Authorization", "Bearer "+readToken)
+	expect(t, "GET /api/v1/runs with a token through a proxy", b.send(req), http.StatusOK)
 }

@@ -33,7 +33,9 @@ type Config struct {
 	// Local).
 	Starter Starter
 	// Tokens are the bearer tokens accepted. Nil or empty: every request
-	// is anonymous and only reads are served (writes are 401).
+	// is anonymous and only reads are served (writes are 401), and only
+	// to a request whose Host is localhost or a loopback IP (else 421;
+	// see GuardHost).
 	Tokens *Tokens
 	// Schedules lists the schedules GET /api/v1/schedules shows; nil
 	// shows none.
@@ -189,6 +191,12 @@ func (s *Server) auth(need Role, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		write := need == RoleOperate
 		if s.cfg.Tokens.Len() == 0 {
+			// Anonymous reads are for this machine only: never to a Host
+			// another site could have pointed at it (DNS rebinding).
+			if !LoopbackHost(r.Host) {
+				s.fail(w, r, &apiError{Status: http.StatusMisdirectedRequest, Code: "misdirected", Message: misdirected(r.Host)})
+				return
+			}
 			if write {
 				s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated",
 					Message: "this server takes no writes: it was started without tokens, so nobody can be identified for the audit trail; " + s.cfg.NoTokensHint})
@@ -276,7 +284,23 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, SessionView{Identity: id, CSRFToken: s.csrfToken(b.Token)})
 }
 
+// logout clears the session cookie. With a session cookie it is a cookie
+// write like the others: it needs the CSRF header and a same-origin
+// request, so that another site cannot log the browser out.
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
+	if c, err := r.Cookie(CookieName); err == nil && c.Value != "" {
+		if _, ok := s.cfg.Tokens.Lookup(c.Value); ok {
+			if subtle.ConstantTimeCompare([]byte(r.Header.Get(CSRFHeader)), []byte(s.csrfToken(c.Value))) != 1 {
+				s.fail(w, r, &apiError{Status: http.StatusForbidden, Code: "csrf",
+					Message: "logging out with the session cookie needs the " + CSRFHeader + " header that login returned"})
+				return
+			}
+			if err := s.cross.Check(r); err != nil {
+				s.fail(w, r, &apiError{Status: http.StatusForbidden, Code: "cross_origin", Message: "cross-origin logout refused"})
+				return
+			}
+		}
+	}
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
 	w.WriteHeader(http.StatusNoContent)
 }

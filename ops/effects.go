@@ -36,14 +36,21 @@ type ChunkItemView struct {
 
 // DecodeChunkPlan decodes a stored chunk plan.
 func DecodeChunkPlan(p checkpoint.ChunkPlan) (ChunkPlanView, error) {
+	// The stored plan repeats the effect ID; the row's is authoritative.
 	v := ChunkPlanView{Step: p.Step, EffectID: p.EffectID, Status: p.Status}
-	if err := json.Unmarshal(p.Plan, &v); err != nil {
+	r, err := checkpoint.DecodeChunkPlan(p.Plan)
+	if err != nil {
 		return v, fmt.Errorf("chunk plan %s of step %s: %w", p.EffectID, p.Step, err)
 	}
-	// The stored plan repeats the effect ID; the row's is authoritative.
-	v.Step, v.EffectID, v.Status = p.Step, p.EffectID, p.Status
-	if v.Items == nil {
-		v.Items = []ChunkItemView{}
+	v.Target, v.Writes = r.Target, r.Writes
+	v.Items = make([]ChunkItemView, len(r.Items))
+	for i, it := range r.Items {
+		v.Items[i].Key = it.Key
+		if len(it.Ops) > 0 {
+			if err := json.Unmarshal(it.Ops, &v.Items[i].Ops); err != nil {
+				return v, fmt.Errorf("chunk plan %s of step %s: the operations of item %s: %w", p.EffectID, p.Step, it.Key, err)
+			}
+		}
 	}
 	if v.Writes == nil {
 		v.Writes = []checkpoint.Write{}

@@ -46,26 +46,13 @@ type Progress struct {
 	Final bool
 }
 
-// itemPlan is one item's operations in a recorded chunk plan. A
-// same-store plan lists the items only (no Ops): it is recorded applied in
-// the transaction that applies it, so it is never made again from its
-// operations, and its writes (key, old version, old value, new value) are
-// the record DESIGN asks for; leaving the operations out halves the
-// record a chunk writes.
-type itemPlan struct {
-	Key string `json:"key"`
-	Ops []Op   `json:"ops,omitempty"`
-}
-
-// chunkPlanRecord is a chunk's recorded plan: separate store, recorded
-// planned and then applied; same store, recorded applied in the chunk's
-// own transaction.
-type chunkPlanRecord struct {
-	Target   string             `json:"target"`
-	EffectID string             `json:"effect_id"`
-	Items    []itemPlan         `json:"items"`
-	Writes   []checkpoint.Write `json:"writes"`
-}
+// A chunk's plan is recorded as a checkpoint.ChunkPlanRecord, encoded
+// with checkpoint.EncodeChunkPlan: separate store, recorded planned and
+// then applied, each item with its operations (JSON), from which a plan
+// that lost a race is made again; same store, recorded applied in the
+// chunk's own transaction, its items by key only: it is never made again,
+// and its writes (key, old version, old value, new value) are the record
+// DESIGN asks for.
 
 // ForEach runs fn once per item of src as the batch step name: item IDs are
 // name/key, each chunk of items (ChunkSize) commits its item checkpoints,
@@ -504,7 +491,7 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 		}
 	case b.target == nil || len(b.groups) == 0:
 		crashStep(point, "before-commit")
-		if err := b.r.inTx(ctx, func(tx checkpoint.Tx) error { return tx.PutItems(b.recs) }); err != nil {
+		if err := b.r.inTx(ctx, func(tx checkpoint.Tx) error { return b.putItems(tx) }); err != nil {
 			return fmt.Errorf("steps: commit chunk %d of %s: %w", b.chunk, b.name, err)
 		}
 	case b.target.same:
@@ -533,6 +520,16 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 	return nil
 }
 
+// putItems records the chunk's items in tx: as new ones when the step is
+// fresh and its keys ascend, so that none of them can be recorded (the
+// store may then skip looking), as doneKeys skips reading them back.
+func (b *batch[I, O]) putItems(tx checkpoint.Tx) error {
+	if nt, ok := tx.(checkpoint.NewItemsTx); ok && b.fresh && b.ordered && len(b.resumed) == 0 {
+		return nt.PutNewItems(b.recs)
+	}
+	return tx.PutItems(b.recs)
+}
+
 // samePlan is the record of a same-store chunk's applied writes and the
 // items whose operations made them; none when nothing was written (every
 // item rejected). Its ID has the form of a separate-store effect ID, "s"
@@ -541,17 +538,16 @@ func (b *batch[I, O]) samePlan(writes []checkpoint.Write) (checkpoint.ChunkPlan,
 	if len(writes) == 0 {
 		return checkpoint.ChunkPlan{}, nil
 	}
-	pr := chunkPlanRecord{Target: b.target.name, Writes: writes,
+	items, err := b.planItems(false)
+	if err != nil {
+		return checkpoint.ChunkPlan{}, err
+	}
+	pr := checkpoint.ChunkPlanRecord{Target: b.target.name, Writes: writes, Items: items,
 		EffectID: fmt.Sprintf("%s/%s@%d.s%d", b.r.lease.RunID, b.name, b.r.lease.Fence, b.chunk)}
 	if b.part != nil {
 		pr.EffectID = fmt.Sprintf("%s/%s@%s.s%d", b.r.lease.RunID, b.name, b.partitionEffectTag(), b.chunk)
 	}
-	pr.Items = b.planItems(false)
-	raw, err := json.Marshal(pr)
-	if err != nil {
-		return checkpoint.ChunkPlan{}, fmt.Errorf("steps: encode plan of chunk %d of %s: %w", b.chunk, b.name, err)
-	}
-	return checkpoint.ChunkPlan{Step: b.name, EffectID: pr.EffectID, Status: checkpoint.ChunkApplied, Plan: raw}, nil
+	return checkpoint.ChunkPlan{Step: b.name, EffectID: pr.EffectID, Status: checkpoint.ChunkApplied, Plan: checkpoint.EncodeChunkPlan(pr)}, nil
 }
 
 // planError names the batch item whose operation made the planner fail
@@ -614,7 +610,7 @@ func (u *chunkUnit[I, O]) effectID(replan int) string {
 func (u *chunkUnit[I, O]) record(tx checkpoint.Tx, effectID string, writes []checkpoint.Write, applied bool) error {
 	b := u.b
 	if applied {
-		if err := tx.PutItems(b.recs); err != nil {
+		if err := b.putItems(tx); err != nil {
 			return err
 		}
 		// The plan is recorded applied with the writes it describes:
@@ -625,11 +621,11 @@ func (u *chunkUnit[I, O]) record(tx checkpoint.Tx, effectID string, writes []che
 		}
 		return tx.PutChunkPlan(plan)
 	}
-	pr := chunkPlanRecord{Target: b.target.name, Writes: writes, EffectID: effectID, Items: b.planItems(true)}
-	plan, err := json.Marshal(pr)
+	items, err := b.planItems(true)
 	if err != nil {
 		return err
 	}
+	plan := checkpoint.EncodeChunkPlan(checkpoint.ChunkPlanRecord{Target: b.target.name, Writes: writes, EffectID: effectID, Items: items})
 	put := make([]checkpoint.Item, 0, len(b.recs))
 	for i := range b.recs {
 		if b.recs[i].Status == checkpoint.StepCompleted || b.recs[i].Status == checkpoint.StepPlanned {
@@ -658,21 +654,24 @@ func (u *chunkUnit[I, O]) finish(tx checkpoint.Tx, effectID string) error {
 }
 
 // planItems lists the chunk's items that are planned (not rejected by a
-// guard), in item order, with their operations when withOps (a
+// guard), in item order, with their operations as JSON when withOps (a
 // separate-store plan, which may be made again from them).
-func (b *batch[I, O]) planItems(withOps bool) []itemPlan {
-	var items []itemPlan
+func (b *batch[I, O]) planItems(withOps bool) ([]checkpoint.PlanItem, error) {
+	items := make([]checkpoint.PlanItem, 0, len(b.groups))
 	for gi, ops := range b.groups {
 		if ops == nil { // rejected by a guard, nothing of it applied
 			continue
 		}
-		it := itemPlan{Key: b.recs[b.owners[gi]].Key}
+		it := checkpoint.PlanItem{Key: b.recs[b.owners[gi]].Key}
 		if withOps {
-			it.Ops = ops
+			var err error
+			if it.Ops, err = json.Marshal(ops); err != nil {
+				return nil, fmt.Errorf("steps: encode the operations of item %s/%s: %w", b.name, it.Key, err)
+			}
 		}
 		items = append(items, it)
 	}
-	return items
+	return items, nil
 }
 
 // settlePlanned marks the chunk's planned items completed once their plan
@@ -698,12 +697,12 @@ func (b *batch[I, O]) resumePlanned(ctx context.Context) error {
 		if b.part != nil && !strings.HasPrefix(p.EffectID, fmt.Sprintf("%s/%s@p%d.", b.r.lease.RunID, b.name, b.part.Index)) {
 			continue // another partition's: its holder finishes it
 		}
-		var pr chunkPlanRecord
-		if err := json.Unmarshal(p.Plan, &pr); err != nil {
-			return fmt.Errorf("steps: decode chunk plan %s: %w", p.EffectID, err)
+		pr, err := checkpoint.DecodeChunkPlan(p.Plan)
+		if err != nil {
+			return fmt.Errorf("steps: decode chunk plan %s of %s: %w", p.EffectID, b.name, err)
 		}
 		b.r.log.Info().Str(FieldStepID, b.name).Str("effect_id", p.EffectID).Msg("finishing a recorded chunk plan")
-		err := b.r.resumeRecorded(ctx, b.target, b.unit(b.name+"#resume", ""), pr.EffectID, pr.Writes,
+		err = b.r.resumeRecorded(ctx, b.target, b.unit(b.name+"#resume", ""), pr.EffectID, pr.Writes,
 			func() (effectUnit, error) { return b.replanRecorded(ctx, pr) })
 		b.recs, b.groups, b.owners = b.recs[:0], b.groups[:0], b.owners[:0]
 		if err != nil {
@@ -719,7 +718,7 @@ func (b *batch[I, O]) resumePlanned(ctx context.Context) error {
 // replanRecorded loads a stale chunk plan's items into the chunk buffers,
 // to be planned again from their recorded operations. Their outputs are
 // already recorded with the planned items.
-func (b *batch[I, O]) replanRecorded(ctx context.Context, old chunkPlanRecord) (effectUnit, error) {
+func (b *batch[I, O]) replanRecorded(ctx context.Context, old checkpoint.ChunkPlanRecord) (effectUnit, error) {
 	keys := make([]string, len(old.Items))
 	for i, it := range old.Items {
 		keys[i] = it.Key
@@ -738,15 +737,28 @@ func (b *batch[I, O]) replanRecorded(ctx context.Context, old chunkPlanRecord) (
 		if !ok || rec.Status != checkpoint.StepPlanned {
 			return nil, fmt.Errorf("steps: chunk plan %s lists item %s of %s, recorded as %q, not planned", old.EffectID, it.Key, b.name, rec.Status)
 		}
+		var ops []Op
+		if err := unmarshalOps(it.Ops, &ops); err != nil {
+			return nil, fmt.Errorf("steps: chunk plan %s: decode the operations of item %s of %s: %w", old.EffectID, it.Key, b.name, err)
+		}
 		rec.Step, rec.Status = b.name, checkpoint.StepCompleted
 		b.recs = append(b.recs, rec)
-		b.groups = append(b.groups, it.Ops)
+		b.groups = append(b.groups, ops)
 		b.owners = append(b.owners, len(b.recs)-1)
 	}
 	b.replans++
 	u := b.unit(b.name+"#resume", "r"+strconv.Itoa(b.replans))
 	u.supersedes = old.EffectID
 	return u, nil
+}
+
+// unmarshalOps decodes an item's recorded operations; none is nil.
+func unmarshalOps(raw []byte, ops *[]Op) error {
+	if len(raw) == 0 {
+		*ops = nil
+		return nil
+	}
+	return json.Unmarshal(raw, ops)
 }
 
 // commitDry plans the chunk against current values and earlier dry-run

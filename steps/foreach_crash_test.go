@@ -325,16 +325,6 @@ func (s feSeen) rejected() []string {
 	return keys
 }
 
-// feChunkPlan is the part of a recorded separate-store chunk plan the
-// checks read.
-type feChunkPlan struct {
-	EffectID string `json:"effect_id"`
-	Items    []struct {
-		Key string `json:"key"`
-	} `json:"items"`
-	Writes []checkpoint.Write `json:"writes"`
-}
-
 // check asserts the invariants of a finished scenario and returns what it
 // read. The expected version of each account is derived from which attempt
 // completed each transfer and in which of that attempt's chunks (its
@@ -444,7 +434,7 @@ func (l *feLedger) check(t *testing.T) feSeen {
 // version steps covered by exactly one applied write each.
 func (l *feLedger) checkChunkPlans(t *testing.T, s feSeen) {
 	t.Helper()
-	plans := map[string]feChunkPlan{}
+	plans := map[string]checkpoint.ChunkPlanRecord{}
 	err := l.store.RunChunkPlans(context.Background(), feRunID, checkpoint.Page{}, func(cp checkpoint.ChunkPlan) error {
 		if cp.Step != feStep {
 			return nil
@@ -453,8 +443,8 @@ func (l *feLedger) checkChunkPlans(t *testing.T, s feSeen) {
 			t.Errorf("chunk plan %s is %q, want applied (no plan left planned; no concurrent writer, so none superseded)", cp.EffectID, cp.Status)
 			return nil
 		}
-		var p feChunkPlan
-		if err := json.Unmarshal(cp.Plan, &p); err != nil {
+		p, err := checkpoint.DecodeChunkPlan(cp.Plan)
+		if err != nil {
 			t.Fatalf("decode chunk plan %s: %v", cp.EffectID, err)
 		}
 		plans[cp.EffectID] = p

@@ -2,7 +2,6 @@ package steps_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,17 +11,6 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/steps"
 )
-
-// fePlanRecord is a recorded chunk plan as its JSON reads.
-type fePlanRecord struct {
-	Target   string `json:"target"`
-	EffectID string `json:"effect_id"`
-	Items    []struct {
-		Key string     `json:"key"`
-		Ops []steps.Op `json:"ops"`
-	} `json:"items"`
-	Writes []checkpoint.Write `json:"writes"`
-}
 
 // TestForEachRecordsSameStoreChunkPlans checks a same-store ForEach records
 // each chunk's plan, applied, in the chunk's own transaction: over a failed
@@ -57,13 +45,13 @@ func TestForEachRecordsSameStoreChunkPlans(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var plans []fePlanRecord
+	var plans []checkpoint.ChunkPlanRecord
 	err = st.RunChunkPlans(ctx, "j/k", checkpoint.Page{}, func(p checkpoint.ChunkPlan) error {
 		if p.Step != "post" || p.Status != checkpoint.ChunkApplied {
 			t.Errorf("chunk plan %s: step %q, status %q; want post, applied", p.EffectID, p.Step, p.Status)
 		}
-		var pr fePlanRecord
-		if err := json.Unmarshal(p.Plan, &pr); err != nil {
+		pr, err := checkpoint.DecodeChunkPlan(p.Plan)
+		if err != nil {
 			return fmt.Errorf("decode %s: %w", p.EffectID, err)
 		}
 		if pr.EffectID != p.EffectID || pr.Target != target.String() {

@@ -58,30 +58,64 @@ func AddInt64(a, b int64) (int64, bool) {
 // key's expected version is its current version; unchanged keys produce no
 // write.
 func Plan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, error) {
+	// Each key read is an entry of accs, found by idx; a group's values
+	// are pending until it ends, in first-touch order. A chunk plans
+	// thousands of small groups, so nothing is allocated per group or per
+	// operation: pending is reused, searched linearly in a small group
+	// and through pendingAt in a large one.
 	type acc struct {
+		key     string
 		value   int64
 		touched bool
 	}
-	state := make(map[string]*acc)
-	var order []string
+	type pend struct {
+		at    int
+		value int64
+	}
+	const smallGroup = 16
+	idx := make(map[string]int, len(current))
+	accs := make([]acc, 0, len(current))
+	var order []int
+	var pending []pend
+	var pendingAt map[int]int // acc index -> pending index, in a large group
 	res := PlanResult{}
 	for gi, ops := range groups {
-		// Work on a copy of touched values so a rejected group leaves none.
-		pending := map[string]int64{}
+		pending = pending[:0]
+		large := len(ops) > smallGroup
+		if large {
+			if pendingAt == nil {
+				pendingAt = make(map[int]int, len(ops))
+			}
+			clear(pendingAt)
+		}
 		var rejected *GuardError
 		for _, op := range ops {
-			cur, ok := pending[op.Key]
+			at, ok := idx[op.Key]
 			if !ok {
-				a := state[op.Key]
-				if a == nil {
-					c, ok := current[op.Key]
-					if !ok {
-						return PlanResult{}, fmt.Errorf("steps: plan: no current state for key %q", op.Key)
-					}
-					a = &acc{value: c.Value}
-					state[op.Key] = a
+				c, ok := current[op.Key]
+				if !ok {
+					return PlanResult{}, fmt.Errorf("steps: plan: no current state for key %q", op.Key)
 				}
-				cur = a.value
+				at = len(accs)
+				accs = append(accs, acc{key: op.Key, value: c.Value})
+				idx[op.Key] = at
+			}
+			// The key's value so far in this group, and where it is kept.
+			cur, pi := accs[at].value, -1
+			if large {
+				if j, ok := pendingAt[at]; ok {
+					pi = j
+				}
+			} else {
+				for j := range pending {
+					if pending[j].at == at {
+						pi = j
+						break
+					}
+				}
+			}
+			if pi >= 0 {
+				cur = pending[pi].value
 			}
 			var next int64
 			switch op.Kind {
@@ -104,7 +138,14 @@ func Plan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, erro
 			if rejected != nil {
 				break
 			}
-			pending[op.Key] = next
+			if pi >= 0 {
+				pending[pi].value = next
+				continue
+			}
+			if large {
+				pendingAt[at] = len(pending)
+			}
+			pending = append(pending, pend{at: at, value: next})
 		}
 		if rejected != nil {
 			if res.Rejected == nil {
@@ -113,23 +154,23 @@ func Plan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, erro
 			res.Rejected[gi] = rejected
 			continue
 		}
-		for _, op := range ops {
-			a := state[op.Key]
+		for _, p := range pending {
+			a := &accs[p.at]
 			if !a.touched {
 				a.touched = true
-				order = append(order, op.Key)
+				order = append(order, p.at)
 			}
-			a.value = pending[op.Key]
+			a.value = p.value
 		}
 	}
-	for _, k := range order {
-		c := current[k]
-		nv := state[k].value
-		if c.Exists && nv == c.Value {
+	for _, at := range order {
+		a := accs[at]
+		c := current[a.key]
+		if c.Exists && a.value == c.Value {
 			continue // folded back to where it was: nothing to write
 		}
 		res.Writes = append(res.Writes, checkpoint.Write{
-			Key: k, OldVersion: c.Version, OldValue: c.Value, NewValue: nv, Insert: !c.Exists,
+			Key: a.key, OldVersion: c.Version, OldValue: c.Value, NewValue: a.value, Insert: !c.Exists,
 		})
 	}
 	return res, nil
@@ -137,12 +178,16 @@ func Plan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, erro
 
 // keysOf lists the distinct keys of ops in first-touch order.
 func keysOf(groups ...[]Op) []string {
-	seen := map[string]bool{}
-	var keys []string
+	n := 0
+	for _, ops := range groups {
+		n += len(ops)
+	}
+	seen := make(map[string]struct{}, n)
+	keys := make([]string, 0, n)
 	for _, ops := range groups {
 		for _, op := range ops {
-			if !seen[op.Key] {
-				seen[op.Key] = true
+			if _, ok := seen[op.Key]; !ok {
+				seen[op.Key] = struct{}{}
 				keys = append(keys, op.Key)
 			}
 		}

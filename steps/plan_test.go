@@ -294,3 +294,120 @@ func addNoOverflow(a, b int64) (int64, bool) {
 	}
 	return c, true
 }
+
+// refPlan is Plan written the plain way (a map of pending values per
+// group), the model FuzzPlanGroups holds Plan to.
+func refPlan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, error) {
+	vals := map[string]int64{}
+	touched := map[string]bool{}
+	var order []string
+	res := PlanResult{}
+	for gi, ops := range groups {
+		pending := map[string]int64{}
+		var rejected *GuardError
+		for _, op := range ops {
+			cur, ok := pending[op.Key]
+			if !ok {
+				if cur, ok = vals[op.Key]; !ok {
+					c, ok := current[op.Key]
+					if !ok {
+						return PlanResult{}, errors.New("missing")
+					}
+					cur, vals[op.Key] = c.Value, c.Value
+				}
+			}
+			next := op.Amount
+			if op.Kind == OpAdd {
+				if next, ok = addNoOverflow(cur, op.Amount); !ok {
+					return PlanResult{}, &OverflowError{Key: op.Key, Value: cur, Delta: op.Amount, Group: gi}
+				}
+			}
+			for _, g := range op.Guards {
+				if !g.holds(next) {
+					rejected = &GuardError{Key: op.Key, Guard: g, Value: next}
+					break
+				}
+			}
+			if rejected != nil {
+				break
+			}
+			pending[op.Key] = next
+		}
+		if rejected != nil {
+			if res.Rejected == nil {
+				res.Rejected = map[int]*GuardError{}
+			}
+			res.Rejected[gi] = rejected
+			continue
+		}
+		for _, op := range ops {
+			if !touched[op.Key] {
+				touched[op.Key] = true
+				order = append(order, op.Key)
+			}
+			vals[op.Key] = pending[op.Key]
+		}
+	}
+	for _, k := range order {
+		c := current[k]
+		if c.Exists && vals[k] == c.Value {
+			continue
+		}
+		res.Writes = append(res.Writes, checkpoint.Write{Key: k, OldVersion: c.Version, OldValue: c.Value, NewValue: vals[k], Insert: !c.Exists})
+	}
+	return res, nil
+}
+
+// FuzzPlanGroups holds Plan to refPlan over groups small and large (a
+// large group keeps its pending values in a map, a small one in a list),
+// with repeated keys, sets, adds and guards.
+func FuzzPlanGroups(f *testing.F) {
+	f.Add([]byte{3, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add([]byte{39, 1, 1, 1, 1, 200, 7, 7, 9, 30, 2, 2, 2, 2, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5})
+	f.Add([]byte{19, 1, 2, 4, 5, 1, 2, 4, 5, 1, 2, 4, 5, 1, 2, 4, 5, 1, 2, 4, 5, 2, 8, 8}) // a large group without guards
+	f.Add([]byte{17, 250, 251, 252, 253, 254, 255, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 3, 100})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cur := map[string]checkpoint.State{
+			"a": {Value: 100, Version: 1, Exists: true}, "b": {Value: 0, Version: 4, Exists: true},
+			"c": {Value: math.MaxInt64 - 300, Version: 2, Exists: true}, "n": {}, "m": {},
+		}
+		keys := []string{"a", "b", "c", "n", "m"}
+		var groups [][]Op
+		for len(data) > 0 {
+			size := int(data[0])%40 + 1
+			data = data[1:]
+			var ops []Op
+			for i := 0; i < size && len(data) > 0; i++ {
+				x := data[0]
+				data = data[1:]
+				op := Op{Key: keys[int(x)%len(keys)], Kind: OpAdd, Amount: int64(x) - 128}
+				if x%11 == 0 {
+					op.Kind, op.Amount = OpSet, int64(x)
+				}
+				if x%3 == 0 {
+					op.Guards = []Guard{NotBelow(0)}
+				}
+				if x%7 == 0 {
+					op.Guards = append(op.Guards, NotAbove(500))
+				}
+				ops = append(ops, op)
+			}
+			groups = append(groups, ops)
+		}
+		got, gerr := Plan(cur, groups...)
+		want, werr := refPlan(cur, groups...)
+		if (gerr == nil) != (werr == nil) {
+			t.Fatalf("Plan error %v, reference %v", gerr, werr)
+		}
+		if gerr != nil {
+			var g, w *OverflowError
+			if !errors.As(gerr, &g) || !errors.As(werr, &w) || *g != *w {
+				t.Fatalf("Plan error %v, reference %v", gerr, werr)
+			}
+			return
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("Plan = %+v\nreference %+v", got, want)
+		}
+	})
+}

@@ -281,13 +281,27 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost {
 		problem = "Logging in needs JavaScript: the page hands the token to the API, which sets the session cookie. Enable JavaScript for this site and try again."
 	}
-	next := r.URL.Query().Get("next")
-	// Only a path on this server: never an open redirect.
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") {
-		next = "/"
-	}
+	next := localPath(r.URL.Query().Get("next"))
 	h.render(w, r, http.StatusOK, "login", struct {
 		common
 		Next, Problem string
 	}{h.common("Log in", "", Caller{}, false), next, problem})
+}
+
+// localPath is next if it is a path on this server, else "/": never an
+// open redirect. Browsers drop tabs and newlines from a URL and read a
+// backslash as a slash (WHATWG URL), so "/\t/evil.example" would go to
+// another site: control characters and backslashes are refused, and what
+// is left must parse with no scheme, user or host and start with exactly
+// one "/". The login page's script (app.js, localPath) checks the same.
+func localPath(next string) string {
+	if strings.ContainsFunc(next, func(c rune) bool { return c < 0x20 || c == 0x7f || c == '\\' }) ||
+		!strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") {
+		return "/"
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" {
+		return "/"
+	}
+	return next
 }

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"context"
+	"html"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -313,7 +314,8 @@ func TestPagesSitBehindTheAPIsAuth(t *testing.T) {
 	}
 
 	// The login page returns only to a path on this server.
-	for next, want := range map[string]string{"/runs/x/y": "/runs/x/y", "//evil.example/": "/", "https://evil.example/": "/", `/\evil.example`: "/"} {
+	for next, want := range map[string]string{"/runs/x/y": "/runs/x/y", "//evil.example/": "/", "https://evil.example/": "/", `/\evil.example`: "/",
+		"/runs/x/y?key=A-1": "/runs/x/y?key=A-1", "/\x7f/evil.example": "/", "javascript:alert(1)": "/"} {
 		res, body := get(t, srv, "/login?next="+url.QueryEscape(next))
 		if res.StatusCode != http.StatusOK || !strings.Contains(body, `data-next="`+want+`"`) {
 			t.Errorf("login?next=%s: %s; want it to return to %s", next, res.Status, want)
@@ -414,4 +416,38 @@ func TestRunPageShowsPartitions(t *testing.T) {
 		t.Errorf("the partitions finished %d items; want all 400", sum)
 	}
 	wantIn(t, "partition bars", body, `aria-label="partition 0"`, `aria-label="partition 3"`)
+}
+
+// Browsers drop ASCII tab and newline from a URL before parsing it
+// (WHATWG URL), so "/\t/evil.example/" is "//evil.example/": the login
+// page's script would then location.assign() the user to another site:
+// such a next is refused (the page returns to "/").
+func TestLoginNextRefusesWhatBrowsersStrip(t *testing.T) {
+	st, _ := checkpointtest.OpenNew(t)
+	h, err := web.New(web.Config{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for _, next := range []string{"/\t/evil.example/", "/\n/evil.example/", "/\r\\evil.example/"} {
+		res, err := srv.Client().Get(srv.URL + "/login?next=" + url.QueryEscape(next))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		m := regexp.MustCompile(`data-next="([^"]*)"`).FindStringSubmatch(string(b))
+		if m == nil {
+			t.Fatal("no data-next on the login page")
+		}
+		got := html.UnescapeString(m[1])
+		resolved, _ := url.Parse("http://127.0.0.1:9090/login")
+		if u, err := url.Parse(regexp.MustCompile(`[\t\n\r]`).ReplaceAllString(got, "")); err == nil {
+			resolved = resolved.ResolveReference(u)
+		}
+		if resolved.Host != "127.0.0.1:9090" {
+			t.Errorf("login?next=%q: data-next %q, which a browser resolves to %s", next, got, resolved)
+		}
+	}
 }

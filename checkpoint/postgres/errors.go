@@ -52,6 +52,7 @@ const (
 	codeInvalidSchemaName     = "3F000"
 	codeUndefinedTable        = "42P01"
 	codeUndefinedColumn       = "42703"
+	codeUniqueViolation       = "23505"
 )
 
 // Error is a store error the server or the network caused: what kind it

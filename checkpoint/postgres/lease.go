@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
@@ -56,11 +57,19 @@ SELECT ` + runCols + ` FROM r`
     RETURNING number
 )
 SELECT ` + runCols + `, a.number FROM r, a`
-	// sqlHeartbeat extends a held lease: to $3 on the caller's clock, or
-	// by $4 from the server's now().
-	sqlHeartbeat = `UPDATE runs SET lease_until = coalesce($3::timestamptz, now() + $4::bigint * interval '1 microsecond'),
-    updated_at = coalesce($5::timestamptz, now())
-WHERE id = $1 AND fence = $2 AND status = 'running'`
+	// sqlHeartbeat extends a live lease (still the holder's, running, not
+	// expired at $5 or the server's now(); an expired one is not renewed,
+	// see checkpoint.LeaseExpired): to $3 on the caller's clock, or by $4
+	// from the server's now(). It returns whether it did, and the run's
+	// fence, status and lease as they were, to say why not.
+	sqlHeartbeat = `WITH u AS (
+    UPDATE runs SET lease_until = coalesce($3::timestamptz, now() + $4::bigint * interval '1 microsecond'),
+        updated_at = coalesce($5::timestamptz, now())
+    WHERE id = $1 AND fence = $2 AND status = 'running' AND lease_until > coalesce($5::timestamptz, now())
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM u), r.fence, r.status, r.lease_until, coalesce($5::timestamptz, now())
+FROM runs AS r WHERE r.id = $1`
 	// sqlFinish ends the run and its attempt in one statement, checked
 	// against the fence; it returns 1 when the run was still ours.
 	sqlFinish = `WITH r AS (
@@ -175,14 +184,26 @@ func (s *Store) Heartbeat(ctx context.Context, l checkpoint.Lease, now, until ti
 	if ext <= 0 {
 		return fmt.Errorf("postgres: heartbeat of run %s: until (%v) is not after now (%v)", l.RunID, until, now)
 	}
-	tag, err := s.pool.Exec(ctx, sqlHeartbeat, l.RunID, l.Fence, s.clock(until), ext.Microseconds(), s.clock(now))
-	if err != nil {
+	var (
+		renewed   bool
+		fence     int64
+		status    string
+		leaseTill pgtype.Timestamptz
+		at        time.Time
+	)
+	err := s.pool.QueryRow(ctx, sqlHeartbeat, l.RunID, l.Fence, s.clock(until), ext.Microseconds(), s.clock(now)).
+		Scan(&renewed, &fence, &status, &leaseTill, &at)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w: run %s, attempt %d (fence %d): the run is not recorded", checkpoint.ErrFenced, l.RunID, l.Attempt, l.Fence)
+	case err != nil:
 		return s.wrap("heartbeat run "+l.RunID, err)
+	case renewed:
+		return nil
+	case fence == l.Fence && status == checkpoint.RunRunning && leaseTill.Valid:
+		return checkpoint.LeaseExpired(l, leaseTill.Time, at)
 	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: run %s, attempt %d (fence %d)", checkpoint.ErrFenced, l.RunID, l.Attempt, l.Fence)
-	}
-	return nil
+	return fmt.Errorf("%w: run %s, attempt %d (fence %d)", checkpoint.ErrFenced, l.RunID, l.Attempt, l.Fence)
 }
 
 // Finish implements checkpoint.Store.

@@ -28,9 +28,14 @@ VALUES ($1, coalesce($2::timestamptz, now()), $3, $4, $5, $6)`
 	sqlAbandonRun = `UPDATE runs SET status = 'abandoned', fence = fence + 1, lease_owner = NULL, lease_until = NULL,
     error = $3, updated_at = coalesce($4::timestamptz, now()), finished_at = coalesce($4::timestamptz, now())
 WHERE id = $1 AND fence = $2`
-	sqlReopenRun = `UPDATE runs SET status = CASE WHEN status = 'succeeded' THEN 'failed' ELSE status END,
+	// sqlResetRun reopens a run for a reset, a succeeded one as failed. It
+	// raises the fence above every fence the run's partitions reached as
+	// well (it runs before they are deleted), so the steps' next split
+	// never repeats a partition fence (see checkpoint.PartitionStore).
+	sqlResetRun = `UPDATE runs SET status = CASE WHEN status = 'succeeded' THEN 'failed' ELSE status END,
     error = CASE WHEN status = 'succeeded' THEN $3 ELSE error END,
-    fence = fence + 1, updated_at = coalesce($4::timestamptz, now()), finished_at = NULL
+    fence = greatest(fence, (SELECT coalesce(max(p.fence), 0) FROM partitions AS p WHERE p.run_id = $1)) + 1,
+    updated_at = coalesce($4::timestamptz, now()), finished_at = NULL
 WHERE id = $1 AND fence = $2`
 	// sqlFenceRun raises the fence of a run whose other columns an
 	// operation leaves alone (resolve), so its runner writes nothing more.
@@ -155,10 +160,10 @@ func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Tim
 			ids = []string{}
 		}
 		b := &pgx.Batch{}
+		b.Queue(sqlResetRun, run.ID, run.Fence, msg, s.clock(now))
 		for _, q := range []string{sqlResetSteps, sqlResetItems, sqlResetChunkPlans, sqlResetChanges, sqlResetPartitions} {
 			b.Queue(q, run.ID, ids)
 		}
-		b.Queue(sqlReopenRun, run.ID, run.Fence, msg, s.clock(now))
 		return tx.SendBatch(ctx, b).Close()
 	})
 }

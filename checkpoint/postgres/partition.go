@@ -15,9 +15,11 @@ const (
 	partitionCols = `p.run_id, p.step_id, p.idx, p.count, p.rule, p.key_from, p.key_to, p.state, p.owner, p.fence, p.lease_until,
     p.high_water, p.done, p.rejected, p.skipped, p.executed, p.total, p.error, p.updated_at`
 	// sqlInsertPartitions records a step's split unless one is recorded:
-	// a step is never split twice.
-	sqlInsertPartitions = `INSERT INTO partitions (run_id, step_id, idx, count, rule, key_from, key_to, state, total, updated_at)
-SELECT $1, $2, u.idx, u.count, u.rule, u.key_from, u.key_to, 'pending', u.total, coalesce($3::timestamptz, now())
+	// a step is never split twice. Its partitions start at fence $10, the
+	// run's fence - 1, so a first claim gets the run's fence (see
+	// checkpoint.PartitionStore).
+	sqlInsertPartitions = `INSERT INTO partitions (run_id, step_id, idx, count, rule, key_from, key_to, state, fence, total, updated_at)
+SELECT $1, $2, u.idx, u.count, u.rule, u.key_from, u.key_to, 'pending', $10::bigint, u.total, coalesce($3::timestamptz, now())
 FROM unnest($4::integer[], $5::integer[], $6::text[], $7::text[], $8::text[], $9::bigint[]) AS u(idx, count, rule, key_from, key_to, total)
 WHERE NOT EXISTS (SELECT 1 FROM partitions WHERE run_id = $1 AND step_id = $2)`
 	sqlReopenPartitions = `UPDATE partitions SET state = 'pending', fence = fence + 1, owner = '', lease_until = NULL, error = '',
@@ -127,7 +129,7 @@ func (s *Store) StartPartitioned(ctx context.Context, l checkpoint.Lease, head c
 			idx[i], count[i], rules[i], froms[i], tos[i], totals[i] = int32(p.Index), int32(p.Count), p.Rule, p.From, p.To, p.Total
 		}
 		b := &pgx.Batch{}
-		b.Queue(sqlInsertPartitions, l.RunID, head.ID, s.clock(head.StartedAt), idx, count, rules, froms, tos, totals)
+		b.Queue(sqlInsertPartitions, l.RunID, head.ID, s.clock(head.StartedAt), idx, count, rules, froms, tos, totals, l.Fence-1)
 		b.Queue(sqlReopenPartitions, l.RunID, head.ID, s.clock(head.StartedAt))
 		br := conn.SendBatch(ctx, b)
 		tag, err := br.Exec()

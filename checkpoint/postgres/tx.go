@@ -32,10 +32,12 @@ const (
 	codePartitionFenced = "SWF03"
 )
 
+var _ checkpoint.NewItemsTx = (*pgTx)(nil)
+
 // pgTx is the checkpoint.Tx of one InTx call.
 //
 // Writes that need no result to go on (PutStep, ResetStep, PutItems,
-// Enqueue, PutChunkPlan, FinishChunk, RefuseItemChanges), made before
+// PutNewItems, Enqueue, PutChunkPlan, FinishChunk, RefuseItemChanges), made before
 // anything else, are not sent but queued. If fn returns nil having made
 // only such writes, InTx sends them in ONE batch outside BEGIN/COMMIT,
 // behind the fence check: the server runs a batch (one Sync) as one

@@ -36,8 +36,11 @@ WHERE run_id = ? AND finished_at IS NULL`
 	sqlNextAttempt   = `SELECT COALESCE(MAX(number), 0) + 1 FROM attempts WHERE run_id = ?`
 	sqlInsertAttempt = `INSERT INTO attempts (run_id, number, fence, owner, status, started_at)
 VALUES (?, ?, ?, ?, 'running', ?)`
-	sqlHeartbeat = `UPDATE runs SET lease_until = ?, updated_at = ?
-WHERE id = ? AND fence = ? AND status = 'running'`
+	// sqlHeartbeat extends a live lease: one still the holder's (fence),
+	// running, and not expired at the caller's now (an expired one is not
+	// renewed, see checkpoint.LeaseExpired).
+	sqlHeartbeat = `UPDATE runs SET lease_until = ?1, updated_at = ?2
+WHERE id = ?3 AND fence = ?4 AND status = 'running' AND lease_until > ?2`
 	sqlFinishRun = `UPDATE runs SET status = ?, error = ?, lease_owner = NULL, lease_until = NULL,
     updated_at = ?, finished_at = CASE WHEN ? IN ('succeeded', 'abandoned') THEN ? ELSE NULL END
 WHERE id = ? AND fence = ?`
@@ -209,6 +212,11 @@ func (s *Store) Heartbeat(ctx context.Context, l checkpoint.Lease, now, until ti
 		return s.wrap("heartbeat run "+l.RunID, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
+		// Say why: an expired lease still the holder's, or fenced.
+		if run, err := scanRun(s.db.QueryRowContext(ctx, sqlSelectRun, l.RunID)); err == nil &&
+			run.Fence == l.Fence && run.Status == checkpoint.RunRunning && !now.Before(run.LeaseUntil) {
+			return checkpoint.LeaseExpired(l, run.LeaseUntil, now)
+		}
 		return fmt.Errorf("%w: run %s, attempt %d (fence %d)", checkpoint.ErrFenced, l.RunID, l.Attempt, l.Fence)
 	}
 	return nil

@@ -295,8 +295,9 @@ func TestOldLeaseIsFenced(t *testing.T) {
 		t.Errorf("fenced transaction kept %d same-store writes (err %v); want 0", n, err)
 	}
 
-	// The current lease still writes.
-	if err := st.Heartbeat(ctx, cur.Lease, claimNow.Add(3*time.Minute), claimNow.Add(10*time.Minute)); err != nil {
+	// The current lease still writes (renewed before it expires at +3m:
+	// an expired lease is not renewed).
+	if err := st.Heartbeat(ctx, cur.Lease, claimNow.Add(150*time.Second), claimNow.Add(10*time.Minute)); err != nil {
 		t.Errorf("Heartbeat with the current lease: %v", err)
 	}
 	if r := runInfo(t, st, leaseRunID).Run; !r.LeaseUntil.Equal(claimNow.Add(10 * time.Minute)) {

@@ -20,9 +20,14 @@ const (
     error = ?, updated_at = ? WHERE id = ? AND fence = ?`
 	sqlAbandonRun = `UPDATE runs SET status = 'abandoned', fence = fence + 1, lease_owner = NULL, lease_until = NULL,
     error = ?, updated_at = ?, finished_at = ? WHERE id = ? AND fence = ?`
-	sqlReopenRun = `UPDATE runs SET status = CASE WHEN status = 'succeeded' THEN 'failed' ELSE status END,
-    error = CASE WHEN status = 'succeeded' THEN ? ELSE error END,
-    fence = fence + 1, updated_at = ?, finished_at = NULL WHERE id = ? AND fence = ?`
+	// sqlResetRun reopens a run for a reset, a succeeded one as failed. It
+	// raises the fence above every fence the run's partitions reached as
+	// well (it runs before they are deleted), so the steps' next split
+	// never repeats a partition fence (see checkpoint.PartitionStore).
+	sqlResetRun = `UPDATE runs SET status = CASE WHEN status = 'succeeded' THEN 'failed' ELSE status END,
+    error = CASE WHEN status = 'succeeded' THEN ?1 ELSE error END,
+    fence = max(fence, COALESCE((SELECT max(fence) FROM partitions WHERE run_id = ?3), 0)) + 1,
+    updated_at = ?2, finished_at = NULL WHERE id = ?3 AND fence = ?4`
 	sqlEndAttempts = `UPDATE attempts SET status = 'lost', finished_at = ?, error = ?
 WHERE run_id = ? AND finished_at IS NULL`
 	sqlDeleteItems      = `DELETE FROM items WHERE run_id = ? AND step_id = ?`
@@ -112,6 +117,9 @@ func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Tim
 		if err != nil {
 			return err
 		}
+		if _, err := tx.ExecContext(ctx, sqlResetRun, msg, fmtTime(now), run.ID, run.Fence); err != nil {
+			return err
+		}
 		for _, id := range stepIDs {
 			for _, q := range []string{sqlDeleteStep, sqlDeleteItems, sqlDeleteChunkPlans, sqlDeleteChanges, sqlDeletePartitions} {
 				if _, err := tx.ExecContext(ctx, q, run.ID, id); err != nil {
@@ -119,8 +127,7 @@ func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Tim
 				}
 			}
 		}
-		_, err = tx.ExecContext(ctx, sqlReopenRun, msg, fmtTime(now), run.ID, run.Fence)
-		return err
+		return nil
 	})
 }
 

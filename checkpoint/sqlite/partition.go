@@ -14,8 +14,10 @@ import (
 const (
 	partitionCols = `run_id, step_id, idx, count, rule, key_from, key_to, state, owner, fence, lease_until,
     high_water, done, rejected, skipped, executed, total, error, updated_at`
-	sqlCountPartitions  = `SELECT count(*) FROM partitions WHERE run_id = ? AND step_id = ?`
-	sqlInsertPartition  = `INSERT INTO partitions (` + partitionCols + `) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', '', 0, NULL, '', 0, 0, 0, 0, ?, '', ?)`
+	sqlCountPartitions = `SELECT count(*) FROM partitions WHERE run_id = ? AND step_id = ?`
+	// sqlInsertPartition records a partition at the run's fence - 1, so
+	// its first claim gets the run's fence (see checkpoint.PartitionStore).
+	sqlInsertPartition  = `INSERT INTO partitions (` + partitionCols + `) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', '', ?, NULL, '', 0, 0, 0, 0, ?, '', ?)`
 	sqlReopenPartitions = `UPDATE partitions SET state = 'pending', fence = fence + 1, owner = '', lease_until = NULL, error = '', updated_at = ?
 WHERE run_id = ? AND step_id = ? AND state = 'failed'`
 	sqlPartitionsOfStep = `SELECT ` + partitionCols + ` FROM partitions WHERE run_id = ? AND step_id = ? ORDER BY idx`
@@ -82,7 +84,7 @@ func (s *Store) StartPartitioned(ctx context.Context, l checkpoint.Lease, head c
 		now := fmtTime(head.StartedAt)
 		if n == 0 {
 			for _, p := range ps {
-				if _, err := tx.ExecContext(ctx, sqlInsertPartition, l.RunID, head.ID, p.Index, p.Count, p.Rule, p.From, p.To, p.Total, now); err != nil {
+				if _, err := tx.ExecContext(ctx, sqlInsertPartition, l.RunID, head.ID, p.Index, p.Count, p.Rule, p.From, p.To, l.Fence-1, p.Total, now); err != nil {
 					return fmt.Errorf("checkpoint: record partition %d of %s: %w", p.Index, head.ID, err)
 				}
 			}

@@ -102,16 +102,16 @@ func testAPI(t *testing.T, h Harness) {
 		st := e.open()
 		ik := capability[checkpoint.IdempotencyStore](t, st, "idempotency keys")
 		k := checkpoint.IdempotencyKey{Key: "k-1", RequestHash: "h1", Job: "settle", Params: []byte(params), RunID: "settle/1", CreatedAt: t0}
-		rec, begun, err := ik.BeginIdempotency(e.ctx, k, t0.Add(-time.Minute))
-		if err != nil || !begun || rec.State != checkpoint.IdempotencyAccepting {
-			t.Fatalf("first BeginIdempotency: %+v, %v, %v; want begun, accepting", rec, begun, err)
+		rec0, begun, err := ik.BeginIdempotency(e.ctx, k, t0.Add(-time.Minute))
+		if err != nil || !begun || rec0.State != checkpoint.IdempotencyAccepting || rec0.Holder == "" {
+			t.Fatalf("first BeginIdempotency: %+v, %v, %v; want begun, accepting, with a holder", rec0, begun, err)
 		}
 		// A second request meanwhile finds it accepting; with another
 		// fingerprint, it finds the first one's.
 		k2 := k
 		k2.CreatedAt = t0.Add(time.Second)
-		rec, begun, err = ik.BeginIdempotency(e.ctx, k2, t0.Add(-time.Minute))
-		if err != nil || begun || rec.State != checkpoint.IdempotencyAccepting || rec.RunID != "settle/1" || !sameTime(rec.CreatedAt, t0) {
+		rec, begun, err := ik.BeginIdempotency(e.ctx, k2, t0.Add(-time.Minute))
+		if err != nil || begun || rec.State != checkpoint.IdempotencyAccepting || rec.RunID != "settle/1" || !sameTime(rec.CreatedAt, t0) || rec.Holder != "" {
 			t.Fatalf("BeginIdempotency while accepting: %+v, %v, %v; want the accepting record", rec, begun, err)
 		}
 		k3 := k2
@@ -120,17 +120,37 @@ func testAPI(t *testing.T, h Harness) {
 		if begun || rec.RequestHash != "h1" || string(rec.Params) != params {
 			t.Fatalf("BeginIdempotency of another request with the key: %+v, %v; want the first request's record, not begun", rec, begun)
 		}
-		// A stale accepting key of the same request is taken over.
+		first := rec0.Holder
+		// A stale accepting key of the same request is taken over, with a
+		// holder of its own.
 		rec, begun, err = ik.BeginIdempotency(e.ctx, k2, t0.Add(time.Millisecond))
-		if err != nil || !begun {
-			t.Fatalf("BeginIdempotency of a stale accepting key: %+v, %v, %v; want taken over", rec, begun, err)
+		if err != nil || !begun || rec.Holder == "" || rec.Holder == first {
+			t.Fatalf("BeginIdempotency of a stale accepting key: %+v, %v, %v; want taken over with a new holder (not %q)", rec, begun, err, first)
 		}
-		if err := ik.FinishIdempotency(e.ctx, "k-1", t0.Add(2*time.Second)); err != nil {
+		takeover := rec.Holder
+		// The request that lost it (slow, not dead) can neither forget it
+		// nor mark it done.
+		if err := ik.DropIdempotency(e.ctx, "k-1", first); err != nil {
 			t.Fatal(err)
 		}
-		// Done: stays so, replayed, even when old and even on another host.
+		rec, begun, err = ik.BeginIdempotency(e.ctx, k3, t0.Add(time.Hour))
+		if err != nil || begun || rec.RequestHash != "h1" || rec.State != checkpoint.IdempotencyAccepting {
+			t.Fatalf("after the old holder's drop, another request with the key: %+v, %v, %v; want the key kept, accepting", rec, begun, err)
+		}
+		var lost *checkpoint.IdempotencyLostError
+		if err := ik.FinishIdempotency(e.ctx, "k-1", first, t0.Add(2*time.Second)); !errors.As(err, &lost) || lost.Key != "k-1" {
+			t.Fatalf("FinishIdempotency by the holder that lost the key: %v; want *IdempotencyLostError", err)
+		}
+		if err := ik.FinishIdempotency(e.ctx, "k-1", takeover, t0.Add(2*time.Second)); err != nil {
+			t.Fatalf("FinishIdempotency by the holder that took it over: %v", err)
+		}
+		if err := ik.FinishIdempotency(e.ctx, "k-1", takeover, t0.Add(3*time.Second)); !errors.As(err, &lost) {
+			t.Errorf("FinishIdempotency of a done key: %v; want *IdempotencyLostError", err)
+		}
+		// Done: stays so, replayed, even when old, dropped by its own
+		// holder and on another host.
 		other := capability[checkpoint.IdempotencyStore](t, e.open(), "idempotency keys")
-		if err := other.DropIdempotency(e.ctx, "k-1"); err != nil {
+		if err := other.DropIdempotency(e.ctx, "k-1", takeover); err != nil {
 			t.Fatal(err)
 		}
 		rec, begun, err = other.BeginIdempotency(e.ctx, k, t0.Add(time.Hour))
@@ -139,10 +159,11 @@ func testAPI(t *testing.T, h Harness) {
 		}
 		// An accepting key dropped is begun anew.
 		k4 := checkpoint.IdempotencyKey{Key: "k-2", RequestHash: "h", Job: "settle", Params: []byte(params), RunID: "settle/2", CreatedAt: t0}
-		if _, begun, err := ik.BeginIdempotency(e.ctx, k4, t0); err != nil || !begun {
+		rec4, begun, err := ik.BeginIdempotency(e.ctx, k4, t0)
+		if err != nil || !begun {
 			t.Fatalf("BeginIdempotency k-2: %v, %v", begun, err)
 		}
-		if err := ik.DropIdempotency(e.ctx, "k-2"); err != nil {
+		if err := ik.DropIdempotency(e.ctx, "k-2", rec4.Holder); err != nil {
 			t.Fatal(err)
 		}
 		if _, begun, err := ik.BeginIdempotency(e.ctx, k4, t0); err != nil || !begun {

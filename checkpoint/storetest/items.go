@@ -30,7 +30,98 @@ func (e *env) putItems(st checkpoint.Store, l checkpoint.Lease, items ...checkpo
 	e.inTx(st, l, func(tx checkpoint.Tx) error { return tx.PutItems(items) })
 }
 
+// putNew records items as new (checkpoint.NewItemsTx) where the store's
+// Tx offers it, and with PutItems otherwise.
+func putNew(tx checkpoint.Tx, items ...checkpoint.Item) error {
+	if nt, ok := tx.(checkpoint.NewItemsTx); ok {
+		return nt.PutNewItems(items)
+	}
+	return tx.PutItems(items)
+}
+
 func testItems(t *testing.T, h Harness) {
+	t.Run("NewItems", func(t *testing.T) {
+		e := newEnv(t, h)
+		st := e.open()
+		c := e.claim(st, "items/7", ownerA, t0)
+		e.inTx(st, c.Lease, func(tx checkpoint.Tx) error {
+			if _, ok := tx.(checkpoint.NewItemsTx); !ok {
+				t.Logf("the store's Tx (%T) has no PutNewItems: PutItems serves", tx)
+			}
+			return nil
+		})
+		// Each as the only write of its transaction, and after a read
+		// opened it.
+		open := func(tx checkpoint.Tx) error {
+			g, err := tx.Target(checkpoint.StateTable)
+			if err == nil {
+				_, err = g.Read(e.ctx, []string{"k"})
+			}
+			return err
+		}
+		none := func(checkpoint.Tx) error { return nil }
+		for i, first := range []func(checkpoint.Tx) error{none, open} {
+			done := fmt.Sprintf("done%d", i)
+			e.inTx(st, c.Lease, func(tx checkpoint.Tx) error {
+				if err := first(tx); err != nil {
+					return err
+				}
+				return putNew(tx,
+					checkpoint.Item{Step: "post", Key: done, Status: checkpoint.StepCompleted, Output: []byte(`1`), Fingerprint: []byte{1}},
+					checkpoint.Item{Step: "post", Key: fmt.Sprintf("no%d", i), Status: checkpoint.StepRejected, Error: "closed"},
+					checkpoint.Item{Step: "post", Key: fmt.Sprintf("skip%d", i), Status: checkpoint.ItemSkipped, Error: "bad"})
+			})
+			got := e.items(st, checkpoint.ItemQuery{RunID: "items/7", Step: "post", Keys: []string{done}})
+			if len(got) != 1 || string(got[0].Output) != `1` || string(got[0].Fingerprint) != "\x01" || got[0].Attempt != c.Lease.Attempt {
+				t.Fatalf("new item %s = %+v; want it as given", done, got)
+			}
+			// A finished item given as new after all is refused, and the
+			// transaction keeps nothing.
+			for _, refused := range [][]checkpoint.Item{
+				{{Step: "post", Key: "fresh", Status: checkpoint.StepCompleted}, {Step: "post", Key: done, Status: checkpoint.StepCompleted, Output: []byte(`2`)}},
+				{{Step: "post", Key: "twice", Status: checkpoint.StepCompleted}, {Step: "post", Key: "twice", Status: checkpoint.StepCompleted}},
+			} {
+				err := st.InTx(e.ctx, c.Lease, func(tx checkpoint.Tx) error {
+					if err := first(tx); err != nil {
+						return err
+					}
+					if err := tx.PutStep(completed("side", `1`)); err != nil {
+						return err
+					}
+					return putNew(tx, refused...)
+				})
+				if err == nil {
+					t.Errorf("recording %q as new: no error; want it refused", keysOf(refused))
+				}
+				if refused[1].Key == done && !errors.Is(err, checkpoint.ErrItemFinished) {
+					t.Errorf("recording finished item %s as new: %v; want ErrItemFinished", done, err)
+				}
+				if got := e.steps(st, "items/7"); len(got) != 0 {
+					t.Errorf("steps of the refused transaction = %+v; want none", got)
+				}
+				if got := e.items(st, checkpoint.ItemQuery{RunID: "items/7", Step: "post", Keys: []string{"fresh", "twice", done}}); len(got) != 1 || string(got[0].Output) != `1` {
+					t.Errorf("items after the refusal = %+v; want only %s, unchanged", got, done)
+				}
+			}
+			// An unfinished one is refused or recorded again; never half.
+			skip := fmt.Sprintf("skip%d", i)
+			err := st.InTx(e.ctx, c.Lease, func(tx checkpoint.Tx) error {
+				if err := first(tx); err != nil {
+					return err
+				}
+				return putNew(tx, checkpoint.Item{Step: "post", Key: "other" + skip, Status: checkpoint.StepCompleted},
+					checkpoint.Item{Step: "post", Key: skip, Status: checkpoint.StepCompleted, Output: []byte(`3`)})
+			})
+			got = e.items(st, checkpoint.ItemQuery{RunID: "items/7", Step: "post", Keys: []string{"other" + skip, skip}})
+			switch {
+			case err == nil && len(got) == 2 && got[1].Status == checkpoint.StepCompleted && string(got[1].Output) == `3`:
+			case err != nil && len(got) == 1 && got[0].Status == checkpoint.ItemSkipped:
+			default:
+				t.Errorf("recording skipped item %s as new: %v, items then %+v; want it refused with nothing kept, or both recorded", skip, err, got)
+			}
+		}
+	})
+
 	t.Run("RecordedInBytewiseKeyOrder", func(t *testing.T) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()

@@ -271,6 +271,38 @@ func testClaimAndLease(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("ExpiredLeaseRenewedPastLimit", func(t *testing.T) {
+		// Limit 1. A's lease expires (A paused); B starts under the limit;
+		// A wakes and renews: two runs now hold live leases under limit 1.
+		e := newEnv(t, h)
+		a, b := e.open(), e.open()
+		lim := checkpoint.Limit{Key: "settle:ledger=L", Max: 1}
+		ra := claimReq("lim/a", ownerA, t0)
+		ra.Limit = lim
+		ca, err := a.Claim(e.ctx, ra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		later := t0.Add(2 * lease)
+		rb := claimReq("lim/b", ownerB, later)
+		rb.Limit = lim
+		if _, err := b.Claim(e.ctx, rb); err != nil {
+			t.Fatalf("B under the limit after A's lease expired: %v", err)
+		}
+		herr := a.Heartbeat(e.ctx, ca.Lease, later, later.Add(lease))
+		rc := claimReq("lim/c", ownerC, later.Add(time.Second))
+		rc.Limit = lim
+		_, cerr := b.Claim(e.ctx, rc)
+		var reached *checkpoint.LimitReachedError
+		if herr == nil && errors.As(cerr, &reached) && len(reached.Holders) > 1 {
+			t.Errorf("A renewed its expired lease (heartbeat err %v) after B took the limit's only slot: holders now %v (limit %d)",
+				herr, reached.Holders, lim.Max)
+		}
+		if !errors.Is(herr, checkpoint.ErrFenced) || !strings.Contains(herr.Error(), "expired") {
+			t.Errorf("heartbeat of an expired lease = %v; want ErrFenced saying the lease expired", herr)
+		}
+	})
+
 	t.Run("HeartbeatMustExtend", func(t *testing.T) {
 		// A heartbeat whose until is not after its now is a caller's bug:
 		// refused on every store, and the lease stays as it was.

@@ -325,4 +325,87 @@ func testPartitions(t *testing.T, h Harness) {
 			}
 		}
 	})
+	testPartitionsAcrossReset(t, h)
+	testResetRacesChunk(t, h)
+}
+
+// testPartitionsAcrossReset checks what a reset of a partitioned step
+// leaves for the step's next split.
+func testPartitionsAcrossReset(t *testing.T, h Harness) {
+	t.Run("ResetRestartsPartitionFence", func(t *testing.T) {
+		// A partition's fence names its effects (p<idx>.<fence>.c<chunk>):
+		// after a reset of the step it must not repeat a fence used before.
+		e := newEnv(t, h)
+		st := e.open()
+		c := e.partitioned(st, "part/refence", 1)
+		_, l1, _ := e.claimPartition(st, ownerA, t0)
+		if err := st.Finish(e.ctx, c.Lease, checkpoint.Ending{Status: checkpoint.RunFailed, At: t0}); err != nil {
+			t.Fatal(err)
+		}
+		op := capability[operator](t, st, "operator actions")
+		now := t0.Add(time.Second)
+		if err := op.ResetSteps(e.ctx, audit("part/refence", "reset", now), now, []string{"post"}); err != nil {
+			t.Fatal(err)
+		}
+		c2 := e.claim(st, "part/refence", ownerB, now)
+		head := checkpoint.Step{ID: "post", Status: checkpoint.StepRunning, StartedAt: now, FinishedAt: now, Tries: 1}
+		if _, err := partitionStore(t, st).StartPartitioned(e.ctx, c2.Lease, head, splitOf(1)); err != nil {
+			t.Fatal(err)
+		}
+		_, l2, _ := e.claimPartition(st, ownerB, now)
+		if l2.Fence <= l1.Fence {
+			t.Errorf("after reset partition 0 is claimed at fence %d again (before the reset: %d): its effect IDs repeat the pre-reset ones", l2.Fence, l1.Fence)
+		}
+	})
+}
+
+// testResetRacesChunk checks that a reset of a partitioned step and a
+// chunk of it in flight are serialised: the chunk's items do not outlive
+// the reset.
+func testResetRacesChunk(t *testing.T, h Harness) {
+	t.Run("ResetRacesChunk", func(t *testing.T) {
+		// The run's owner is gone (run lease expired) while a partition
+		// holder is mid-chunk; an operator resets the batch step. After
+		// the reset nothing of the step may remain.
+		e := newEnv(t, h)
+		a, b := e.open(), e.open()
+		e.partitioned(a, "part/review", 1)
+		_, l, ok := e.claimPartition(a, ownerA, t0)
+		if !ok {
+			t.Fatal("nothing to claim")
+		}
+		g := openTarget(t, e.ctx, a, checkpoint.StateTable)
+		inside, done := make(chan struct{}), make(chan struct{})
+		var aErr error
+		go func() {
+			defer close(done)
+			aErr = partitionStore(t, a).InPartitionTx(e.ctx, checkpoint.PartitionWrite{Lease: l, Now: t0, LeaseFor: lease}, func(tx checkpoint.Tx) error {
+				// As a chunk does: read (lock) its target rows, write them.
+				if _, err := g.add(tx, "acct:review", 100); err != nil {
+					return err
+				}
+				if err := tx.PutItems([]checkpoint.Item{partitionItem(l, "k1")}); err != nil {
+					return err
+				}
+				close(inside)
+				time.Sleep(200 * time.Millisecond)
+				return nil
+			})
+		}()
+		<-inside
+		op := capability[operator](t, b, "operator actions")
+		now := t0.Add(2 * lease)
+		if err := op.ResetSteps(e.ctx, audit("part/review", "reset", now), now, []string{"post"}); err != nil {
+			t.Fatalf("reset: %v", err)
+		}
+		<-done
+		left := e.items(b, checkpoint.ItemQuery{RunID: "part/review", Step: "post"})
+		ps, _ := partitionStore(t, b).Partitions(e.ctx, "part/review", "post")
+		st, _ := g.states("acct:review")
+		t.Logf("chunk err=%v; after reset: %d items, %d partitions, target %+v", aErr, len(left), len(ps), st["acct:review"])
+		if len(left) != 0 {
+			t.Errorf("reset of step post left %d item(s) %v committed by a partition chunk that raced it (chunk err %v); partitions now %d",
+				len(left), left[0].Key, aErr, len(ps))
+		}
+	})
 }

@@ -287,6 +287,30 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Errorf("the schedules page reads %q; want settle-nightly with its next fires", got)
 	}
 	shot("schedules.png")
+
+	// Logging out (a cookie write, with the CSRF token) ends the session:
+	// a page sends the browser to log in again.
+	run("log out",
+		chromedp.Click(chromedp.CSS("[data-logout]")),
+		chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.Navigate(base+"/"),
+		chromedp.WaitVisible(chromedp.ID("token")),
+	)
+
+	// The login page's script returns only to a path on this server,
+	// whatever its data-next says: a browser drops the tab of "/\t/x"
+	// and would go to //x.
+	run("log in with a next that leaves the site",
+		chromedp.Navigate(base+"/login"),
+		chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.Evaluate[chromedp.Void](`document.getElementById("login").dataset.next = "/\t/evil.example/runs"`),
+		chromedp.SendKeys(chromedp.ID("token"), token),
+		chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.ID("runs")),
+	)
+	if href, err := chromedp.Run(bctx, chromedp.Evaluate[string](`location.href`)); err != nil || href != base+"/" {
+		t.Errorf("after logging in with next /\t/evil.example/runs the browser is at %q (%v); want %s/", href, err, base)
+	}
 	t.Logf("screenshots in %s", shots)
 }
 

@@ -304,3 +304,47 @@ func TestCheckRecorded(t *testing.T) {
 		t.Errorf("CheckRecorded after a transfer from %s to %s was applied twice: %v\n%s", from, to, err, rep)
 	}
 }
+
+// TestPartitionedResetReposts resets the post step of a partitioned
+// settlement whose ledger is a store of its own, as an operator does who
+// took the day's postings back out of the ledger (a reset undoes no
+// effects), and settles again: the new split's effects are applied, not
+// taken for the reset ones already in the ledger's applied effects, so
+// every balance is its opening plus the posted transfers' effects.
+func TestPartitionedResetReposts(t *testing.T) {
+	t.Parallel()
+	for _, l := range layouts(t) {
+		if !l.separate() {
+			continue // the reset deletes the items with the effects' record
+		}
+		t.Run(l.name, func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, l, smallLedger)
+			if res, err := s.settleWith(t, testDate, 50, 4, runner.Config{}, false); err != nil || res.Status != checkpoint.RunSucceeded {
+				t.Fatalf("settle: %q, %v", res.Status, err)
+			}
+			db := openLedger(t, s.ledgerLoc())
+			_, err := db.Exec(`UPDATE accounts SET balance = coalesce((SELECT o.balance FROM opening_balances AS o
+WHERE o.account_id = accounts.id AND o.business_date = $1), 0)`, testDate)
+			db.Close()
+			if err != nil {
+				t.Fatalf("take the postings back out: %v", err)
+			}
+			st := s.open(t)
+			now := time.Now()
+			runID := jobs.RunID(settlement.Job.Name(), testDate)
+			err = st.ResetSteps(context.Background(), checkpoint.Audit{RunID: runID, At: now, Operator: "test", Command: "reset",
+				Reason: "postings taken back out of the ledger"}, now, []string{"post"})
+			st.Close()
+			if err != nil {
+				t.Fatalf("reset post: %v", err)
+			}
+			if res, err := s.settleWith(t, testDate, 50, 4, runner.Config{}, false); err != nil || res.Status != checkpoint.RunSucceeded {
+				t.Fatalf("settle after the reset: %q, %v", res.Status, err)
+			}
+			for _, p := range partitionInvariants(t, s, testDate) {
+				t.Error(p)
+			}
+		})
+	}
+}

@@ -35,19 +35,25 @@ CREATE INDEX partitions_claimable ON partitions (state, lease_until);
 -- stepwise_partition_fence is a partition write's first statement: it
 -- extends the partition's lease where the partition is still at the
 -- holder's fence, running, of a running run, and keeps the row locked
--- until the commit (a claim skips or waits for it). Otherwise it raises
+-- until the commit (a claim skips or waits for it). It locks the running
+-- run's row FOR KEY SHARE to the commit as well, as stepwise_fence does,
+-- so an operator action or a claim of the run (FOR UPDATE) waits for a
+-- chunk in flight: a reset cannot delete a step's items and partitions
+-- while a chunk of it is still to commit its own. Otherwise it raises
 -- SWF03 saying why (claimed since, no longer running, reset).
 CREATE FUNCTION stepwise_partition_fence(p_run text, p_step text, p_idx integer, p_held bigint, p_lease_us bigint, p_at timestamptz)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     p record;
 BEGIN
-    UPDATE partitions SET lease_until = coalesce(p_at, now()) + p_lease_us * interval '1 microsecond',
-        updated_at = coalesce(p_at, now())
-    WHERE run_id = p_run AND step_id = p_step AND idx = p_idx AND fence = p_held AND state = 'running'
-      AND EXISTS (SELECT 1 FROM runs WHERE id = p_run AND status = 'running');
+    PERFORM 1 FROM runs WHERE id = p_run AND status = 'running' FOR KEY SHARE;
     IF FOUND THEN
-        RETURN p_held;
+        UPDATE partitions SET lease_until = coalesce(p_at, now()) + p_lease_us * interval '1 microsecond',
+            updated_at = coalesce(p_at, now())
+        WHERE run_id = p_run AND step_id = p_step AND idx = p_idx AND fence = p_held AND state = 'running';
+        IF FOUND THEN
+            RETURN p_held;
+        END IF;
     END IF;
     SELECT * INTO p FROM partitions WHERE run_id = p_run AND step_id = p_step AND idx = p_idx;
     IF NOT FOUND THEN

@@ -171,6 +171,20 @@
     });
   }
 
+  // localPath is next if it is a path on this server, else "/" (as the
+  // server's localPath): browsers drop tabs and newlines from a URL and
+  // read "\" as "/", so those are refused, and what is left must stay on
+  // this origin, starting with exactly one "/".
+  function localPath(next) {
+    if (typeof next !== "string" || /[\u0000-\u001f\u007f\\]/.test(next) || !next.startsWith("/") || next.startsWith("//")) return "/";
+    try {
+      if (new URL(next, location.origin).origin !== location.origin) return "/";
+    } catch (e) {
+      return "/";
+    }
+    return next;
+  }
+
   function setupLogin() {
     const form = document.getElementById("login");
     if (!form) return;
@@ -181,7 +195,7 @@
       try {
         const r = await apiCall("POST", "login", { token: form.token.value });
         if (!r.ok) { errorBox.textContent = message(r); errorBox.hidden = false; return; }
-        location.assign(form.dataset.next || "/");
+        location.assign(localPath(form.dataset.next));
       } catch (e) {
         errorBox.textContent = "The server could not be reached: " + e.message;
         errorBox.hidden = false;
@@ -192,7 +206,9 @@
   function setupLogout() {
     document.querySelectorAll("[data-logout]").forEach(function (btn) {
       btn.addEventListener("click", async function () {
-        await apiCall("POST", "logout");
+        // A cookie write like the others: it needs the session's CSRF token.
+        const s = await apiCall("GET", "session");
+        await apiCall("POST", "logout", undefined, s.ok && s.data ? s.data.csrf_token : undefined);
         location.assign("/login");
       });
     });

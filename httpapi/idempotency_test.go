@@ -1,0 +1,230 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/httpapi"
+	"github.com/stepwise-run/stepwise/runner"
+)
+
+// steered holds each Start until told what to do: nil passes it on,
+// an error fails it.
+type steered struct {
+	httpapi.Starter
+	entered chan int
+	verdict []chan error
+	mu      sync.Mutex
+	n       int
+}
+
+func (s *steered) Start(ctx context.Context, req runner.Request) (httpapi.Started, error) {
+	s.mu.Lock()
+	i := s.n
+	s.n++
+	s.mu.Unlock()
+	s.entered <- i
+	if err := <-s.verdict[i]; err != nil {
+		return httpapi.Started{}, err
+	}
+	return s.Starter.Start(ctx, req)
+}
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// A slow first request (past AcceptTimeout) is taken over by a retry;
+// when the slow one then fails, its DropIdempotency must not delete the
+// row the retry now holds (nor the retry's FinishIdempotency update
+// nothing): else the key is forgotten, and the same key with OTHER
+// parameters starts a second run (201) instead of 422.
+func TestTakenOverKeyIsNotForgotten(t *testing.T) {
+	clk := &fakeClock{t: time.Date(2026, 11, 28, 2, 40, 0, 0, time.UTC)}
+	s := &steered{entered: make(chan int), verdict: []chan error{make(chan error), make(chan error), make(chan error)}}
+	a := newAPI(t, func(c *httpapi.Config) {
+		s.Starter = c.Starter
+		c.Starter = s
+		c.Now = clk.now
+		c.AcceptTimeout = time.Minute
+	})
+	key := []string{"Idempotency-Key", "k-takeover"}
+	slow := make(chan answer)
+	go func() { slow <- a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...) }()
+	<-s.entered // A is accepting
+	clk.add(2 * time.Minute)
+	retry := make(chan answer)
+	go func() { retry <- a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...) }()
+	<-s.entered                          // B took the key over
+	s.verdict[0] <- checkpoint.ErrLocked // A fails (e.g. SQLite busy), drops "its" key
+	t.Logf("slow request: %d", (<-slow).Status)
+	s.verdict[1] <- nil // B creates the run
+	b := <-retry
+	expect(t, "the retry", b, http.StatusCreated)
+	a.wait("report/2026-11-28")
+
+	done := make(chan answer)
+	go func() { done <- a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-29"), key...) }()
+	select {
+	case i := <-s.entered:
+		s.verdict[i] <- nil
+		got := <-done
+		runs, _ := a.st.Runs(context.Background(), checkpoint.RunFilter{})
+		t.Fatalf("the key with other params reached the starter and answered %d (%d runs now); want 422 idempotency_conflict", got.Status, len(runs))
+	case got := <-done:
+		expect(t, "the key with other params", got, http.StatusUnprocessableEntity, "idempotency_conflict")
+	}
+}
+
+// A slow first request taken over by a retry that finishes first does not
+// think it recorded the key: its FinishIdempotency finds the key another
+// request's, and it answers 409 (retry), while the key replays the run.
+func TestTakenOverKeyIsNotFinishedByTheSlowRequest(t *testing.T) {
+	clk := &fakeClock{t: time.Date(2026, 11, 28, 2, 40, 0, 0, time.UTC)}
+	s := &steered{entered: make(chan int), verdict: []chan error{make(chan error), make(chan error)}}
+	a := newAPI(t, func(c *httpapi.Config) {
+		s.Starter = c.Starter
+		c.Starter = s
+		c.Now = clk.now
+		c.AcceptTimeout = time.Minute
+	})
+	key := []string{"Idempotency-Key", "k-slow"}
+	slow := make(chan answer)
+	go func() { slow <- a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...) }()
+	<-s.entered // A is accepting
+	clk.add(2 * time.Minute)
+	retry := make(chan answer)
+	go func() { retry <- a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...) }()
+	<-s.entered         // B took the key over
+	s.verdict[1] <- nil // B creates the run and records the key done
+	expect(t, "the retry", <-retry, http.StatusCreated)
+	a.wait("report/2026-11-28")
+	s.verdict[0] <- nil // A finds the run made, and the key not its own
+	expect(t, "the slow request", <-slow, http.StatusConflict, "conflict", httpapi.IdempotencyHeader)
+	again := a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...)
+	expect(t, "a replay", again, http.StatusOK)
+	if again.Body["replayed"] != true || again.str("id") != "report/2026-11-28" {
+		t.Errorf("a replay of the key: %s; want the run, replayed", again.Raw)
+	}
+}
+
+// hangup holds the first Start until the server has seen its client hang
+// up (the request's own context ended), then fails it or starts as usual.
+type hangup struct {
+	httpapi.Starter
+	reqCtx  chan context.Context // the first request's context, as the server gave it
+	entered chan struct{}
+	fail    error
+	once    sync.Once
+}
+
+func (h *hangup) Start(ctx context.Context, req runner.Request) (httpapi.Started, error) {
+	first := false
+	h.once.Do(func() { first = true })
+	if first {
+		rc := <-h.reqCtx
+		h.entered <- struct{}{}
+		<-rc.Done()
+		if h.fail != nil {
+			return httpapi.Started{}, h.fail
+		}
+	}
+	return h.Starter.Start(ctx, req)
+}
+
+// settleSeen signals each FinishIdempotency and DropIdempotency the
+// handler made, with its error.
+type settleSeen struct {
+	checkpoint.Backend
+	settled chan error
+}
+
+func (d settleSeen) FinishIdempotency(ctx context.Context, key, holder string, at time.Time) error {
+	err := d.Backend.FinishIdempotency(ctx, key, holder, at)
+	d.settled <- err
+	return err
+}
+
+func (d settleSeen) DropIdempotency(ctx context.Context, key, holder string) error {
+	err := d.Backend.DropIdempotency(ctx, key, holder)
+	d.settled <- err
+	return err
+}
+
+// A client that hangs up while its request is being accepted must not
+// leave the key "accepting" (Drop/Finish on the cancelled request
+// context), which would make every retry 409 "still being accepted" for
+// AcceptTimeout although no request is being accepted; nor may the start
+// itself be cut short.
+func TestHangUpDoesNotLeaveKeyAccepting(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fail error // what the start does once the client is gone
+		want int   // the retry's answer
+	}{
+		{"start fails", checkpoint.ErrLocked, http.StatusCreated},
+		{"start goes on", nil, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &hangup{reqCtx: make(chan context.Context, 1), entered: make(chan struct{}, 1), fail: tc.fail}
+			settled := make(chan error, 1)
+			a := newAPI(t, func(c *httpapi.Config) {
+				h.Starter = c.Starter
+				c.Starter = h
+				c.Store = settleSeen{c.Store, settled}
+			})
+			// The first request goes through a front that hands its
+			// context to the starter, to know when the server saw the
+			// hang-up.
+			var once sync.Once
+			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				once.Do(func() { h.reqCtx <- r.Context() })
+				a.srv.Config.Handler.ServeHTTP(w, r)
+			}))
+			defer front.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, "POST", front.URL+"/api/v1/runs", jsonBody(t, start("report", "2026-11-28")))
+			req.Header.Set("Authorization", "Bearer "+operateToken)
+			req.Header.Set("Idempotency-Key", "k-hangup")
+			go func() { <-h.entered; cancel() }() // the client hangs up mid-accept
+			_, _ = http.DefaultClient.Do(req)
+			if err := <-settled; err != nil {
+				t.Fatalf("the first request's finish or drop, after its client hung up: %v; want done", err)
+			}
+			if tc.fail == nil {
+				a.wait("report/2026-11-28") // the run it claimed executes
+			}
+			got := a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), "Idempotency-Key", "k-hangup")
+			runs, _ := a.st.Runs(context.Background(), checkpoint.RunFilter{})
+			if got.Status != tc.want {
+				t.Fatalf("retry after the first request ended (%d runs recorded): %d %s; want %d: no request is being accepted", len(runs), got.Status, got.Raw, tc.want)
+			}
+			if tc.fail != nil {
+				<-settled
+				a.wait("report/2026-11-28")
+			} else if got.Body["replayed"] != true {
+				t.Errorf("retry after the first request made the run: %s; want it replayed", got.Raw)
+			}
+		})
+	}
+}
+
+func jsonBody(t *testing.T, v any) io.Reader {
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.NewReader(b)
+}
