@@ -140,8 +140,12 @@ func poolCase(t *testing.T, s store, rng *rand.Rand, tally *poolTally, campaignS
 	deadline := time.Now().Add(3 * time.Minute)
 	for events := 0; !succeeded(); {
 		if time.Now().After(deadline) {
-			t.Fatalf("the run did not succeed within 3 minutes (%s); partitions: %s (seed %d)",
-				strings.Join(log, "; "), states(partitionsOf(t, s, testDate)), campaignSeed)
+			var logs strings.Builder
+			for i, w := range workers {
+				fmt.Fprintf(&logs, "\nworker %d:\n%s", i, tail(w.Stderr(), 3000))
+			}
+			t.Fatalf("the run did not succeed within 3 minutes (%s); run %s; partitions: %s (seed %d)%s",
+				strings.Join(log, "; "), runStatus(t, st, runID), states(partitionsOf(t, s, testDate)), campaignSeed, logs.String())
 		}
 		time.Sleep(50*time.Millisecond + time.Duration(rng.Int64N(int64(400*time.Millisecond))))
 		if events >= poolEvents || succeeded() {

@@ -271,8 +271,12 @@ func TestWorkerHeartbeatsAndReleasesPartitionsOnSIGTERM(t *testing.T) {
 func states(ps []checkpoint.Partition) string {
 	var b strings.Builder
 	for _, p := range ps {
-		fmt.Fprintf(&b, "#%d %s fence %d %d/%d by %s at %s; ", p.Index, p.State, p.Fence, p.Finished(), p.Total,
+		fmt.Fprintf(&b, "#%d %s fence %d %d/%d by %s at %s", p.Index, p.State, p.Fence, p.Finished(), p.Total,
 			checkpoint.OwnerName(p.Owner), p.UpdatedAt.Format("15:04:05.000"))
+		if p.Error != "" {
+			fmt.Fprintf(&b, " (%s)", p.Error)
+		}
+		b.WriteString("; ")
 	}
 	return b.String()
 }
