@@ -40,6 +40,7 @@ var readmeImports = map[string]string{
 	"context":    "context",
 	"errors":     "errors",
 	"fmt":        "fmt",
+	"http":       "net/http",
 	"log":        "log",
 	"os":         "os",
 	"strings":    "strings",
