@@ -52,12 +52,9 @@ type RunCmd struct {
 
 // Run implements the run command.
 func (c *RunCmd) Run(env *Env) error {
-	var file []byte
-	if c.ParamsFile != "" {
-		var err error
-		if file, err = os.ReadFile(c.ParamsFile); err != nil {
-			return usageError{fmt.Errorf("read --params-file: %w", err)}
-		}
+	file, err := readParamsFile(c.ParamsFile)
+	if err != nil {
+		return err
 	}
 	if c.DryRun { // reads only: never creates the database
 		if _, err := env.ExistingStore(); err != nil {
@@ -234,4 +231,17 @@ func (c *DispatchCmd) Run(env *Env) error {
 		case <-t.C:
 		}
 	}
+}
+
+// readParamsFile reads --params-file (none when path is empty), as run
+// and enqueue take it.
+func readParamsFile(path string) ([]byte, error) {
+	if path == "" {
+		return nil, nil
+	}
+	file, err := os.ReadFile(path)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("read --params-file: %w", err)}
+	}
+	return file, nil
 }

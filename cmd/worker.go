@@ -2,7 +2,6 @@ package cmd
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -33,12 +32,9 @@ type enqueueView struct {
 
 // Run implements the enqueue command.
 func (c *EnqueueCmd) Run(env *Env) error {
-	var file []byte
-	if c.ParamsFile != "" {
-		var err error
-		if file, err = os.ReadFile(c.ParamsFile); err != nil {
-			return usageError{fmt.Errorf("read --params-file: %w", err)}
-		}
+	file, err := readParamsFile(c.ParamsFile)
+	if err != nil {
+		return err
 	}
 	var notBefore time.Time
 	if c.NotBefore != "" {
