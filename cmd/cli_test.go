@@ -641,3 +641,33 @@ func TestJobsNoneRegistered(t *testing.T) {
 		t.Errorf("jobs --json with none: exit %d, %q", code, out.String())
 	}
 }
+
+// run and enqueue take --params-file the same way: a file's parameters
+// name the run as -p would, and a file that cannot be read is exit 2
+// naming the flag, with nothing recorded.
+func TestParamsFileOnRunAndEnqueue(t *testing.T) {
+	t.Parallel()
+	c := newOpsCLI(t)
+	dir := t.TempDir()
+	good := filepath.Join(dir, "params.json")
+	if err := os.WriteFile(good, []byte(`{"key":"fromfile","side":"`+c.side+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.json")
+	for _, cmd := range []string{"run", "enqueue"} {
+		o := c.want(ExitUsage, []string{"--params-file", "missing.json"}, cmd, "opsledger", "--params-file", missing)
+		if o.stdout != "" {
+			t.Errorf("%s with a missing params file printed %q on stdout; want nothing", cmd, o.stdout)
+		}
+	}
+	c.want(ExitOK, nil, "run", "opsledger", "--params-file", good)
+	o := c.want(ExitOK, nil, "enqueue", "opsledger", "--params-file", good, "--json")
+	var v struct {
+		RunID   string `json:"run_id"`
+		Created bool   `json:"created"`
+	}
+	decodeOne(t, o, &v)
+	if v.RunID != "opsledger/fromfile" || v.Created {
+		t.Errorf("enqueue of the file's run key answered %+v; want opsledger/fromfile, existing (run made it)", v)
+	}
+}
