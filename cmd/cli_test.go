@@ -663,11 +663,13 @@ func TestParamsFileOnRunAndEnqueue(t *testing.T) {
 	c.want(ExitOK, nil, "run", "opsledger", "--params-file", good)
 	o := c.want(ExitOK, nil, "enqueue", "opsledger", "--params-file", good, "--json")
 	var v struct {
-		RunID   string `json:"run_id"`
-		Created bool   `json:"created"`
+		RunID    string `json:"run_id"`
+		Created  bool   `json:"created"`
+		Status   string `json:"status"`
+		Priority int    `json:"priority"`
 	}
 	decodeOne(t, o, &v)
-	if v.RunID != "opsledger/fromfile" || v.Created {
+	if v.RunID != "opsledger/fromfile" || v.Created || v.Status != "succeeded" {
 		t.Errorf("enqueue of the file's run key answered %+v; want opsledger/fromfile, existing (run made it)", v)
 	}
 }
