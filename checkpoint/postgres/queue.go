@@ -33,7 +33,10 @@ SELECT ` + runCols + `, (SELECT count(*) FROM (SELECT pg_notify('` + queueChanne
 	// other claims hold, and takes it in the same statement, unless it
 	// has a limit: then it only returns it, for claimNext to lock it again
 	// and count the limit's holders under the limit's lock. Limits in $6
-	// were found full by this call already.
+	// were found full by this call already. A queued run has never been
+	// claimed, so its claim reads nothing from attempts: no attempt of it
+	// can be open and its first is number 1 (the hot path of a busy queue
+	// touches attempts only to insert).
 	sqlClaimNext = `WITH c AS (
     SELECT ` + runCols + ` FROM runs
     WHERE queue IS NOT NULL AND status IN ('queued', 'interrupted', 'running')
@@ -56,10 +59,12 @@ SELECT ` + runCols + `, (SELECT count(*) FROM (SELECT pg_notify('` + queueChanne
 ), lost AS (
     UPDATE attempts SET status = 'lost', finished_at = coalesce($1::timestamptz, now()),
         error = 'runner stopped without recording an end; taken over by ' || $7::text
-    FROM c WHERE attempts.run_id = c.id AND attempts.finished_at IS NULL AND EXISTS (SELECT 1 FROM r)
+    FROM c WHERE attempts.run_id = c.id AND attempts.finished_at IS NULL
+      AND EXISTS (SELECT 1 FROM r) AND EXISTS (SELECT 1 FROM c WHERE c.status <> 'queued')
 ), a AS (
     INSERT INTO attempts (run_id, number, fence, owner, status, started_at)
-    SELECT c.id, (SELECT coalesce(max(number), 0) + 1 FROM attempts WHERE run_id = c.id), r.new_fence, $4, 'running', r.new_updated
+    SELECT c.id, CASE WHEN c.status = 'queued' THEN 1 ELSE (SELECT coalesce(max(number), 0) + 1 FROM attempts WHERE run_id = c.id) END,
+        r.new_fence, $4, 'running', r.new_updated
     FROM c, r
     RETURNING number
 )
