@@ -180,3 +180,15 @@ func MayEnqueue(run Run, req EnqueueRequest) error {
 	}
 	return nil
 }
+
+// MaintenanceChecker is a Store that can tell when its database's
+// housekeeping is switched off in a way a queue in service suffers from
+// (PostgreSQL without autovacuum: dead rows and stale statistics pile up
+// as runs are claimed and finished, and claims slow down as the tables
+// grow). Workers log what it finds when they start.
+type MaintenanceChecker interface {
+	// MaintenanceWarnings returns one sentence per problem found, each
+	// naming what is off, the tables it affects and what to do; none when
+	// all is well.
+	MaintenanceWarnings(ctx context.Context) ([]string, error)
+}

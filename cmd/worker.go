@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -101,6 +102,7 @@ func (c *WorkerCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
+	warnMaintenance(env, st)
 	w, err := runner.NewWorker(runner.WorkerConfig{
 		Runner: runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
 			TracerProvider: env.tracing(false)},
@@ -131,4 +133,26 @@ func (c *WorkerCmd) Run(env *Env) error {
 	}
 	fmt.Fprintf(env.Stdout, "%s worker: stopped\n", env.Name)
 	return nil
+}
+
+// warnMaintenance logs, as warnings, what the store finds off in its
+// database's housekeeping that a pool of workers suffers from (autovacuum
+// on PostgreSQL). A store that cannot tell, or a check that fails, says
+// nothing: the worker runs either way.
+func warnMaintenance(env *Env, st checkpoint.Store) {
+	mc, ok := st.(checkpoint.MaintenanceChecker)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(env.Ctx, 5*time.Second)
+	defer cancel()
+	log := env.Logger()
+	warns, err := mc.MaintenanceWarnings(ctx)
+	if err != nil {
+		log.Debug().Err(err).Msg("could not check the database's autovacuum settings")
+		return
+	}
+	for _, w := range warns {
+		log.Warn().Msg(w)
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
@@ -299,5 +300,33 @@ func TestWorkerLimitAcrossProcesses(t *testing.T) {
 	}
 	if most != 2 {
 		t.Errorf("at most %d runs of the limited job were going at once; want 2 (the limit, reached)", most)
+	}
+}
+
+// A worker on PostgreSQL warns at start when autovacuum is disabled for
+// the queue's tables, naming them and the fix; on SQLite it has nothing
+// to say of it. It works either way.
+func TestWorkerWarnsWithoutAutovacuum(t *testing.T) {
+	db := testDB(t)
+	createDB(t, db)
+	st := openStore(t, db)
+	if onPostgres(t) {
+		pg, ok := st.(*postgres.Store)
+		if !ok {
+			t.Fatalf("store on PostgreSQL is %T", st)
+		}
+		if _, err := pg.Pool().Exec(context.Background(), "ALTER TABLE runs SET (autovacuum_enabled = false)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	enqueueCrashy(t, db, dir, "crashy", []string{"a"}, "steps=1")
+	w := startChild(t, nil, nil, workerArgs(db, "10s")...)
+	waitStatus(t, st, "crashy", []string{"a"}, checkpoint.RunSucceeded)
+	stopWorkers(t, w)
+	warned := strings.Contains(w.Stderr(), "autovacuum is disabled for the tables runs") &&
+		strings.Contains(w.Stderr(), "RESET (autovacuum_enabled)")
+	if onPostgres(t) != warned {
+		t.Fatalf("on PostgreSQL %t: worker warned of runs' autovacuum %t; want %t\n%s", onPostgres(t), warned, onPostgres(t), w.Output())
 	}
 }
