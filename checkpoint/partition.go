@@ -100,8 +100,13 @@ type PartitionClaim struct {
 	RunID, Step string
 	// Jobs, when not empty, narrows the claim to partitions of runs of
 	// these jobs: those the claimer can replay.
-	Jobs  []string
-	Owner string
+	Jobs []string
+	// Queues, when not empty, narrows the claim to partitions of runs
+	// enqueued in these queues (QueueStore), as a worker's --queues narrows
+	// the runs it takes: runs started directly, in no queue, are left to
+	// their own process and to claimers without Queues.
+	Queues []string
+	Owner  string
 	// Now is the caller's time; a store judging leases by its own clock
 	// (a server's now()) ignores it.
 	Now      time.Time

@@ -78,7 +78,7 @@ func (c *EnqueueCmd) Run(env *Env) error {
 // WorkerCmd claims queued runs, and partitions of batch steps, and works
 // them until SIGTERM or SIGINT.
 type WorkerCmd struct {
-	Queues       []string      `sep:"," placeholder:"QUEUE" help:"Queues to take runs from, comma-separated; all queues when omitted."`
+	Queues       []string      `sep:"," placeholder:"QUEUE" help:"Queues to take runs from, comma-separated, and partitions of batch steps of those queues' runs only (runs started directly with run are in no queue: their partitions are left to workers without --queues); all queues and every run's partitions when omitted."`
 	Concurrency  int           `default:"1" nonzero:"" help:"Runs and partitions worked at once by this worker (at least 1); a panic in one run's job code fails that run's attempt only. A partitioned batch step of a run this worker drives works one partition in the run's slot; the worker's other slots, and other workers, take the rest."`
 	NoPartitions bool          `name:"no-partitions" help:"Take queued runs only, leaving the partitions of batch steps (steps.Partitions, settle -p partitions=N) to other runners."`
 	Lease        time.Duration `default:"30s" nonzero:"" help:"Lease length of the runs and partitions claimed; the worker heartbeats every third of it, and stops working one it could not renew by a third of the lease before it expires. A run or partition whose worker died is taken by another worker once its lease expires."`

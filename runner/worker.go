@@ -72,7 +72,9 @@ type WorkerConfig struct {
 	// is each claim's lease and its Owner names the worker. Its Store must
 	// be a checkpoint.QueueStore.
 	Runner Config
-	// Queues are the queues the worker takes runs from; empty means all.
+	// Queues are the queues the worker takes runs from, and partitions of
+	// the runs of (runs started directly, in no queue, are then left to
+	// others); empty means all.
 	Queues []string
 	// Concurrency is how many runs (tasks) the worker drives at once.
 	// Defaults to 1.
@@ -192,7 +194,7 @@ func (w *Worker) claimPartitions() WorkSource {
 		cctx, done := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.Runner.Lease)
 		defer done()
 		_, pl, ok, err := ps.ClaimPartition(cctx, checkpoint.PartitionClaim{Owner: w.cfg.Runner.Owner, Jobs: w.jobNames(),
-			Now: claimedAt, LeaseFor: w.cfg.Runner.Lease})
+			Queues: w.cfg.Queues, Now: claimedAt, LeaseFor: w.cfg.Runner.Lease})
 		if err != nil || !ok {
 			return nil, err
 		}

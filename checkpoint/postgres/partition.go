@@ -35,6 +35,7 @@ WHERE run_id = $1 AND step_id = $2 AND state = 'failed'`
     SELECT p.run_id, p.step_id, p.idx FROM partitions AS p JOIN runs AS r ON r.id = p.run_id
     WHERE r.status = 'running' AND ($1 = '' OR p.run_id = $1) AND ($2 = '' OR p.step_id = $2)
       AND (cardinality($6::text[]) = 0 OR r.job = ANY($6::text[]))
+      AND (cardinality($7::text[]) = 0 OR r.queue = ANY($7::text[]))
       AND (p.state = 'pending' OR (p.state = 'running' AND p.lease_until <= coalesce($3::timestamptz, now())))
     ORDER BY p.state = 'running', p.run_id, p.step_id, p.idx
     LIMIT 1 FOR UPDATE OF p SKIP LOCKED
@@ -197,11 +198,8 @@ func (s *Store) ClaimPartition(ctx context.Context, req checkpoint.PartitionClai
 	if req.AtFence > 0 {
 		row = s.pool.QueryRow(ctx, sqlClaimGonePartition, req.RunID, req.Step, s.clock(req.Now), req.Owner, req.LeaseFor.Microseconds(), req.Index, req.AtFence)
 	} else {
-		jobs := req.Jobs
-		if jobs == nil {
-			jobs = []string{}
-		}
-		row = s.pool.QueryRow(ctx, sqlClaimPartition, req.RunID, req.Step, s.clock(req.Now), req.Owner, req.LeaseFor.Microseconds(), jobs)
+		row = s.pool.QueryRow(ctx, sqlClaimPartition, req.RunID, req.Step, s.clock(req.Now), req.Owner, req.LeaseFor.Microseconds(),
+			nonNil(req.Jobs), nonNil(req.Queues))
 	}
 	var attempt int
 	p, err := scanPartition(row, &attempt)

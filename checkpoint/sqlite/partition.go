@@ -28,6 +28,7 @@ WHERE run_id = ? AND step_id = ? AND state = 'failed'`
 	sqlClaimablePartition = `SELECT p.run_id, p.step_id, p.idx, p.fence FROM partitions AS p JOIN runs AS r ON r.id = p.run_id
 WHERE r.status = 'running' AND (?1 = '' OR p.run_id = ?1) AND (?2 = '' OR p.step_id = ?2)
   AND (?4 = '[]' OR r.job IN (SELECT value FROM json_each(?4)))
+  AND (?5 = '[]' OR r.queue IN (SELECT value FROM json_each(?5)))
   AND (p.state = 'pending' OR (p.state = 'running' AND p.lease_until <= ?3))
 ORDER BY p.state = 'running', p.run_id, p.step_id, p.idx LIMIT 1`
 	// sqlGonePartition finds one partition still at a fence (its holder
@@ -153,7 +154,11 @@ func (s *Store) ClaimPartition(ctx context.Context, req checkpoint.PartitionClai
 			if err != nil {
 				return err
 			}
-			row = tx.QueryRowContext(ctx, sqlClaimablePartition, req.RunID, req.Step, fmtTime(req.Now), string(jobNames))
+			queues, err := json.Marshal(nonNil(req.Queues))
+			if err != nil {
+				return err
+			}
+			row = tx.QueryRowContext(ctx, sqlClaimablePartition, req.RunID, req.Step, fmtTime(req.Now), string(jobNames), string(queues))
 		}
 		var run, step string
 		var idx int

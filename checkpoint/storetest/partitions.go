@@ -236,6 +236,48 @@ func testPartitions(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("ClaimNarrowedByQueue", func(t *testing.T) {
+		e := newEnv(t, h)
+		st := e.open()
+		e.partitioned(st, "part/direct", 1) // started directly: in no queue
+		q := capability[checkpoint.QueueStore](t, st, "queue")
+		req := enqueueReq("part/queued", t0)
+		req.Queue = "nightly"
+		e.enqueue(q, req)
+		c := e.next(q, ownerA, t0, "nightly")
+		if c.Lease.RunID != "part/queued" {
+			t.Fatalf("claim next of queue nightly = %q; want part/queued", c.Lease.RunID)
+		}
+		head := checkpoint.Step{ID: "post", Status: checkpoint.StepRunning, StartedAt: t0, FinishedAt: t0, Tries: 1}
+		if _, err := partitionStore(t, st).StartPartitioned(e.ctx, c.Lease, head, splitOf(1)); err != nil {
+			t.Fatal(err)
+		}
+		ps := partitionStore(t, st)
+		claim := func(queues ...string) string {
+			t.Helper()
+			p, _, ok, err := ps.ClaimPartition(e.ctx, checkpoint.PartitionClaim{Owner: ownerB, Queues: queues, Now: t0, LeaseFor: lease})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				return ""
+			}
+			return p.RunID
+		}
+		if got := claim("other"); got != "" {
+			t.Errorf("a claim for queue other took a partition of %s; want none", got)
+		}
+		if got := claim("other", "nightly"); got != "part/queued" {
+			t.Errorf("a claim for queues other, nightly took a partition of %q; want part/queued's", got)
+		}
+		if got := claim("nightly"); got != "" {
+			t.Errorf("a second claim for queue nightly took a partition of %s; want none (the run started directly is in no queue)", got)
+		}
+		if got := claim(); got != "part/direct" {
+			t.Errorf("a claim for every queue took a partition of %q; want the directly started part/direct's", got)
+		}
+	})
+
 	t.Run("ConcurrentClaimersNeverShare", func(t *testing.T) {
 		e := newEnv(t, h)
 		const n, claimers = 24, 6
