@@ -374,6 +374,8 @@ func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionSt
 	// How often the coordinator looks at partitions others hold: its
 	// join waits at most this long past the last one done.
 	poll := min(r.partitionLease()/10, 200*time.Millisecond)
+	finish := r.watchPartitions(ctx, ps, name, partitionProgressEvery)
+	defer finish(false)
 	for {
 		gctx, cancel := context.WithCancelCause(ctx)
 		var (
@@ -474,11 +476,74 @@ func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionSt
 			return &StepError{RunID: r.lease.RunID, Step: name, Err: fmt.Errorf("%d of %d partitions failed: %s", len(failed), len(parts), strings.Join(failed, "; "))}
 		}
 		if left == 0 {
+			finish(true)
 			return nil
 		}
 		if err := r.sleep(ctx, poll); err != nil {
 			return fmt.Errorf("%w in batch step %s: %w", ErrInterrupted, name, err)
 		}
+	}
+}
+
+// partitionProgressEvery is how often the run's owner reports a
+// partitioned batch step's progress, summed over its partitions.
+const partitionProgressEvery = 500 * time.Millisecond
+
+// watchPartitions reports the progress of the partitioned batch step name
+// to the run's progress hook while its owner coordinates it: every
+// interval, the partitions' counters summed, whoever works them (this
+// process or other workers). What the partitions had finished when it
+// started counts as replayed. The returned finish stops the reports and,
+// with final, sends the step's last one; only its first call counts.
+func (r *Run) watchPartitions(ctx context.Context, ps checkpoint.PartitionStore, name string, every time.Duration) (finish func(final bool)) {
+	if r.progress == nil {
+		return func(bool) {}
+	}
+	started := r.now()
+	replayed := int64(-1)
+	report := func(ctx context.Context, final bool) {
+		parts, err := ps.Partitions(ctx, r.lease.RunID, name)
+		if err != nil || len(parts) == 0 {
+			return // progress is advice: the next report, or the step's end, tells
+		}
+		p := Progress{Step: name, StartedAt: started, Final: final}
+		for _, pt := range parts {
+			p.Total += pt.Total
+			p.Done += pt.Finished()
+			p.Rejected += pt.Rejected
+			p.Skipped += pt.Skipped
+		}
+		if replayed < 0 {
+			replayed = p.Done
+		}
+		p.Replayed = replayed
+		r.progress(p)
+	}
+	report(ctx, false)
+	wctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+				report(wctx, false)
+			}
+		}
+	}()
+	var once sync.Once
+	return func(final bool) {
+		once.Do(func() {
+			cancel()
+			<-stopped
+			if final {
+				report(ctx, true)
+			}
+		})
 	}
 }
 

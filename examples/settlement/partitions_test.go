@@ -16,6 +16,7 @@ import (
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/steps"
 	"github.com/stepwise-run/stepwise/steps/crashtest"
 )
 
@@ -161,6 +162,57 @@ func TestPartitionedSettlement(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestPartitionedSettlementReportsProgress: the run's owner reports the
+// partitioned post step's progress, summed over its partitions, ending
+// with one final report of every transfer finished; the count never goes
+// back.
+func TestPartitionedSettlementReportsProgress(t *testing.T) {
+	t.Parallel()
+	l := layouts(t)[0]
+	s := newStore(t, l, smallLedger)
+	var (
+		mu   sync.Mutex
+		seen []steps.Progress
+	)
+	cfg := runner.Config{OnProgress: func(p steps.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, p)
+	}}
+	res, err := s.settleWith(t, testDate, 50, 4, cfg, false)
+	if err != nil || res.Status != checkpoint.RunSucceeded {
+		t.Fatalf("settle: %q, %v", res.Status, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var post []steps.Progress
+	for _, p := range seen {
+		if p.Step == "post" {
+			post = append(post, p)
+		}
+	}
+	if len(post) < 2 {
+		t.Fatalf("progress reports of the partitioned post step: %+v; want a first one and a final one at least", post)
+	}
+	want := int64(smallLedger.Transfers)
+	finals := 0
+	for i, p := range post {
+		if p.Total != want {
+			t.Errorf("report %d: total %d, want %d", i, p.Total, want)
+		}
+		if i > 0 && p.Done < post[i-1].Done {
+			t.Errorf("report %d: done %d after %d: progress went back", i, p.Done, post[i-1].Done)
+		}
+		if p.Final {
+			finals++
+		}
+	}
+	last := post[len(post)-1]
+	if finals != 1 || !last.Final || last.Done != want || last.Replayed != 0 || last.Rejected == 0 {
+		t.Errorf("last report %+v, %d final; want one final report, last, with all %d transfers done, none replayed, some rejected", last, finals, want)
 	}
 }
 
