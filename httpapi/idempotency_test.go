@@ -151,14 +151,14 @@ type settleSeen struct {
 	settled chan error
 }
 
-func (d settleSeen) FinishIdempotency(ctx context.Context, key, holder string, at time.Time) error {
-	err := d.Backend.FinishIdempotency(ctx, key, holder, at)
+func (d settleSeen) FinishIdempotency(ctx context.Context, k checkpoint.IdempotencyKey, at time.Time) error {
+	err := d.Backend.FinishIdempotency(ctx, k, at)
 	d.settled <- err
 	return err
 }
 
-func (d settleSeen) DropIdempotency(ctx context.Context, key, holder string) error {
-	err := d.Backend.DropIdempotency(ctx, key, holder)
+func (d settleSeen) DropIdempotency(ctx context.Context, k checkpoint.IdempotencyKey) error {
+	err := d.Backend.DropIdempotency(ctx, k)
 	d.settled <- err
 	return err
 }
@@ -228,3 +228,4 @@ func jsonBody(t *testing.T, v any) io.Reader {
 	}
 	return bytes.NewReader(b)
 }
+

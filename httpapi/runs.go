@@ -322,7 +322,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 	}
 	runID := jobs.RunID(job.Name(), dec.RunKey)
 	key := r.Header.Get(IdempotencyHeader)
-	holder := "" // this request's hold on key, once begun
+	var hold checkpoint.IdempotencyKey // this request's hold on key, once begun
 	// From the key's begin to its finish or drop, and the start between,
 	// the work is not cut short by a client that hangs up: a run claimed
 	// is recorded as such, and a key begun is settled (else it would stay
@@ -335,8 +335,8 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		sum := sha256.Sum256([]byte(job.Name() + "\n" + dec.Hash))
-		rec, begun, err := s.cfg.Store.BeginIdempotency(ctx, checkpoint.IdempotencyKey{Key: key, RequestHash: hex.EncodeToString(sum[:]),
-			Job: job.Name(), Params: dec.JSON, RunID: runID, CreatedAt: now}, now.Add(-s.cfg.AcceptTimeout))
+		rec, begun, err := s.cfg.Store.BeginIdempotency(ctx, checkpoint.IdempotencyKey{Key: key,
+			RequestHash: hex.EncodeToString(sum[:]), Job: job.Name(), Params: dec.JSON, RunID: runID, CreatedAt: now}, now.Add(-s.cfg.AcceptTimeout))
 		if err != nil {
 			s.fail(w, r, err)
 			return
@@ -345,7 +345,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 			s.replay(w, r, key, rec, hex.EncodeToString(sum[:]), job.Name(), dec.JSON)
 			return
 		}
-		holder = rec.Holder
+		hold = rec
 	}
 	started, err := s.cfg.Starter.Start(ctx, runner.Request{Job: job.Name(), Values: values, ParamsFile: file, CreateOnly: true})
 	var exists *checkpoint.RunExistsError
@@ -356,7 +356,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 		if key != "" {
 			// Only this request's hold is dropped: a retry that took the
 			// key over (this one was slow) keeps it.
-			if derr := s.cfg.Store.DropIdempotency(ctx, key, holder); derr != nil {
+			if derr := s.cfg.Store.DropIdempotency(ctx, hold); derr != nil {
 				s.cfg.Logger.Error().Err(derr).Str("request_id", RequestID(r)).Msg("could not drop an idempotency key")
 			}
 		}
@@ -364,7 +364,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if key != "" {
-		err := s.cfg.Store.FinishIdempotency(ctx, key, holder, s.cfg.Now())
+		err := s.cfg.Store.FinishIdempotency(ctx, hold, s.cfg.Now())
 		var lost *checkpoint.IdempotencyLostError
 		if errors.As(err, &lost) {
 			// Another request took the key over while this one was slow:
