@@ -290,6 +290,25 @@ type StartView struct {
 // IdempotencyHeader is the request header naming an idempotency key.
 const IdempotencyHeader = "Idempotency-Key"
 
+// idempotencyScope is the scope an Idempotency-Key of r is recorded in:
+// its caller's, so that two callers that pick the same key make two
+// independent requests and neither is answered with the other's run or
+// refused for the other's parameters. It is "token:NAME" for a request
+// authenticated by the token NAME, whether as a bearer token or through
+// the cookie its login set (one caller, as in the audit trail), and
+// whatever its secret (a rotated token keeps its keys; a renamed one
+// starts anew, its retries then answered by the run their run key
+// names, created false); and "local" for an anonymous request (a server
+// without tokens, whose requests all come from this machine; it takes no
+// writes today). No scope is empty: the empty scope holds the keys
+// recorded before keys were scoped.
+func idempotencyScope(r *http.Request) string {
+	if id, ok := Caller(r); ok {
+		return "token:" + id.Name
+	}
+	return "local"
+}
+
 func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 	var b StartBody
 	if err := s.decode(r, &b); err != nil {
@@ -335,7 +354,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		sum := sha256.Sum256([]byte(job.Name() + "\n" + dec.Hash))
-		rec, begun, err := s.cfg.Store.BeginIdempotency(ctx, checkpoint.IdempotencyKey{Key: key,
+		rec, begun, err := s.cfg.Store.BeginIdempotency(ctx, checkpoint.IdempotencyKey{Scope: idempotencyScope(r), Key: key,
 			RequestHash: hex.EncodeToString(sum[:]), Job: job.Name(), Params: dec.JSON, RunID: runID, CreatedAt: now}, now.Add(-s.cfg.AcceptTimeout))
 		if err != nil {
 			s.fail(w, r, err)
