@@ -21,7 +21,12 @@ const (
 // that starts a run, kept so a replay, even after a restart, answers with
 // the same run and a reuse of the key for another request is refused.
 type IdempotencyKey struct {
-	Key string
+	// Scope is whose key it is (the API's caller): a key is recorded,
+	// replayed and refused within its scope only, so two callers that
+	// pick the same Key make two independent requests. The empty scope
+	// holds the keys recorded before keys were scoped (no caller has it).
+	Scope string
+	Key   string
 	// RequestHash fingerprints the request (its job and canonical
 	// parameters): the same key with another fingerprint is another
 	// request.
@@ -46,32 +51,37 @@ type IdempotencyKey struct {
 // one took longer than the accept timeout) or it is gone. The request
 // that gets it did not record the key's answer.
 type IdempotencyLostError struct {
+	Scope  string
 	Key    string
 	Holder string
 }
 
 func (e *IdempotencyLostError) Error() string {
-	return fmt.Sprintf("checkpoint: idempotency key %q is no longer accepting for this request: "+
-		"another request with the key took it over (this one was slower than the accept timeout), or it was dropped", e.Key)
+	return fmt.Sprintf("checkpoint: idempotency key %q of scope %q is no longer accepting for this request: "+
+		"another request with the key took it over (this one was slower than the accept timeout), or it was dropped", e.Key, e.Scope)
 }
 
 // IdempotencyStore keeps the Idempotency-Keys of the requests that
 // started runs.
 type IdempotencyStore interface {
-	// BeginIdempotency records k as accepting, unless k.Key is recorded:
-	// then it returns the recorded key and begun false. A recorded key
+	// BeginIdempotency records k as accepting, unless k.Key is recorded
+	// in k.Scope: then it returns the recorded key and begun false (the
+	// same Key in another scope is another key). A recorded key
 	// still accepting with the same RequestHash whose UpdatedAt is before
 	// staleBefore (the process accepting it died) is taken over: it
 	// becomes k, and begun is true. Begun, rec.Holder is a new token
 	// (k.Holder is ignored) to give FinishIdempotency and DropIdempotency.
 	BeginIdempotency(ctx context.Context, k IdempotencyKey, staleBefore time.Time) (rec IdempotencyKey, begun bool, err error)
-	// FinishIdempotency marks the key done at at, if it is accepting for
-	// holder; otherwise (taken over, dropped, done) it changes nothing and
-	// returns an *IdempotencyLostError.
-	FinishIdempotency(ctx context.Context, key, holder string, at time.Time) error
-	// DropIdempotency forgets a key still accepting for holder, whose
-	// request failed before it was accepted, so that a retry is processed
-	// anew. A done key stays, and so does one another request took over
-	// (nothing is dropped, and no error).
-	DropIdempotency(ctx context.Context, key, holder string) error
+	// FinishIdempotency marks the key k.Key of k.Scope done at at, if it
+	// is accepting for k.Holder (k is the record BeginIdempotency returned
+	// begun; its other fields are not read); otherwise (taken over,
+	// dropped, done) it changes nothing and returns an
+	// *IdempotencyLostError.
+	FinishIdempotency(ctx context.Context, k IdempotencyKey, at time.Time) error
+	// DropIdempotency forgets the key k.Key of k.Scope if it is still
+	// accepting for k.Holder (k as for FinishIdempotency): its request
+	// failed before it was accepted, so that a retry is processed anew. A
+	// done key stays, and so does one another request took over (nothing
+	// is dropped, and no error).
+	DropIdempotency(ctx context.Context, k IdempotencyKey) error
 }

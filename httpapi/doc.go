@@ -23,6 +23,18 @@
 // limited (413); an unexpected error is logged with a request id and
 // answered with that id only, never its text.
 //
+// An Idempotency-Key is the caller's own: keys are recorded per caller
+// (scope "token:NAME", one scope for a token whether it comes as a bearer
+// token or through the cookie its login set; one scope, "local", for a
+// server without tokens, were it to take writes), as Stripe scopes them
+// per account. The same key from two callers is two independent requests,
+// each replayed, refused (422, naming that caller's first request) or
+// held (409 while being accepted) only for its own caller; the second of
+// two callers starting the same run is answered as any start of an
+// existing run is (200, created false). Keys recorded before keys were
+// scoped (schema migrations sqlite 0012, postgres 0010) are kept in the
+// empty scope, which no caller has: they are never replayed.
+//
 // A start (POST /api/v1/runs), resume or rerun over its job's concurrency
 // limit is refused, as the command line refuses it, with 409 and code
 // "limit_reached": the error names the limit and the runs holding it, and

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -151,14 +152,14 @@ type settleSeen struct {
 	settled chan error
 }
 
-func (d settleSeen) FinishIdempotency(ctx context.Context, key, holder string, at time.Time) error {
-	err := d.Backend.FinishIdempotency(ctx, key, holder, at)
+func (d settleSeen) FinishIdempotency(ctx context.Context, k checkpoint.IdempotencyKey, at time.Time) error {
+	err := d.Backend.FinishIdempotency(ctx, k, at)
 	d.settled <- err
 	return err
 }
 
-func (d settleSeen) DropIdempotency(ctx context.Context, key, holder string) error {
-	err := d.Backend.DropIdempotency(ctx, key, holder)
+func (d settleSeen) DropIdempotency(ctx context.Context, k checkpoint.IdempotencyKey) error {
+	err := d.Backend.DropIdempotency(ctx, k)
 	d.settled <- err
 	return err
 }
@@ -227,4 +228,145 @@ func jsonBody(t *testing.T, v any) io.Reader {
 		t.Fatal(err)
 	}
 	return bytes.NewReader(b)
+}
+
+// bobToken is a second operate token, of a caller other than ops-alice.
+const bobToken = "bob-token-0123456789abcdef"
+
+// twoOperators gives the server a second operate token, ops-bob.
+func twoOperators(t *testing.T) option {
+	tokens, err := httpapi.ParseTokens([]byte("reader:read:" + readToken + "\nops-alice:operate:" + operateToken + "\nops-bob:operate:" + bobToken + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(c *httpapi.Config) { c.Tokens = tokens }
+}
+
+// Two callers that pick the same Idempotency-Key make two independent
+// requests: neither is answered with the other's run, nor refused, nor
+// shown the other's parameters. Bob signs in through the cookie login,
+// Alice sends her bearer token; Bob's bearer token is Bob's scope too.
+func TestIdempotencyKeyIsScopedPerCaller(t *testing.T) {
+	a := newAPI(t, twoOperators(t))
+	login := a.do("POST", "/api/v1/login", "", map[string]any{"token": bobToken})
+	expect(t, "bob's login", login, http.StatusOK)
+	bob := []string{"Cookie", httpapi.CookieName + "=" + bobToken, httpapi.CSRFHeader, login.str("csrf_token"), "Sec-Fetch-Site", "same-origin"}
+	key := []string{"Idempotency-Key", "nightly"}
+	asBob := func(body any, hdr ...string) answer {
+		return a.do("POST", "/api/v1/runs", "", body, append(append([]string{}, bob...), hdr...)...)
+	}
+
+	alice := a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28", "note", "alice's secret note"), key...)
+	expect(t, "alice's first request", alice, http.StatusCreated)
+	a.wait("report/2026-11-28")
+	// Bob's request with the same key and another body is his own first
+	// request: a run of his, not 422 naming Alice's parameters.
+	b := asBob(start("report", "2026-11-29"), key...)
+	expect(t, "bob's request with alice's key", b, http.StatusCreated)
+	if b.str("id") != "report/2026-11-29" || b.Body["replayed"] == true || strings.Contains(b.Raw, "secret") {
+		t.Fatalf("bob's request with alice's key answered %s; want his own run, created, not replayed", b.Raw)
+	}
+	a.wait("report/2026-11-29")
+
+	// Each replays to its own run.
+	for _, c := range []struct {
+		who  string
+		resp answer
+		run  string
+	}{
+		{"alice", a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28", "note", "alice's secret note"), key...), "report/2026-11-28"},
+		{"bob (cookie)", asBob(start("report", "2026-11-29"), key...), "report/2026-11-29"},
+		{"bob (bearer)", a.do("POST", "/api/v1/runs", bobToken, start("report", "2026-11-29"), key...), "report/2026-11-29"},
+	} {
+		expect(t, c.who+"'s replay", c.resp, http.StatusOK)
+		if c.resp.str("id") != c.run || c.resp.Body["replayed"] != true {
+			t.Errorf("%s's replay answered %s; want %s, replayed", c.who, c.resp.Raw, c.run)
+		}
+	}
+	// Within one caller the semantics are unchanged: Bob's key with
+	// another body is refused, naming Bob's first request, not Alice's.
+	other := a.do("POST", "/api/v1/runs", bobToken, start("report", "2026-11-30"), key...)
+	expect(t, "bob's key with another body", other, http.StatusUnprocessableEntity, "idempotency_conflict", httpapi.IdempotencyHeader)
+	if msg := other.str("error"); !strings.Contains(msg, `"date":"2026-11-29"`) || strings.Contains(msg, "2026-11-28") || strings.Contains(msg, "secret") {
+		t.Errorf("bob's 422 says %q; want it to name his first request (2026-11-29) and nothing of alice's", msg)
+	}
+
+	// The same key and the same request from another caller: that
+	// caller's first use (the run exists: 200, neither created nor
+	// replayed), replayed to it from then on.
+	same := []string{"Idempotency-Key", "same-request"}
+	expect(t, "alice, same-request", a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-12-01"), same...), http.StatusCreated)
+	a.wait("report/2026-12-01")
+	first := a.do("POST", "/api/v1/runs", bobToken, start("report", "2026-12-01"), same...)
+	expect(t, "bob, same-request", first, http.StatusOK)
+	if first.Body["replayed"] == true || first.Body["created"] != false || first.str("id") != "report/2026-12-01" {
+		t.Errorf("bob's first use of a key alice used for the same request answered %s; want the run, not created, not replayed", first.Raw)
+	}
+	if again := a.do("POST", "/api/v1/runs", bobToken, start("report", "2026-12-01"), same...); again.Body["replayed"] != true {
+		t.Errorf("bob's second use of the key answered %s; want replayed", again.Raw)
+	}
+
+	// The keys are stored under each caller's token name.
+	for who, run := range map[string]string{"token:ops-alice": "report/2026-11-28", "token:ops-bob": "report/2026-11-29"} {
+		rec, begun, err := a.st.BeginIdempotency(context.Background(), checkpoint.IdempotencyKey{Scope: who, Key: "nightly", RequestHash: "probe",
+			Job: "report", Params: []byte("{}"), RunID: "report/probe", CreatedAt: time.Now()}, time.Time{})
+		if err != nil || begun || rec.RunID != run || rec.State != checkpoint.IdempotencyDone {
+			t.Errorf("key nightly in scope %s: %+v, begun %v, %v; want done, run %s", who, rec, begun, err, run)
+		}
+	}
+	if info, _ := a.st.Run(context.Background(), "report/2026-11-28"); len(info.Attempts) != 1 {
+		t.Errorf("alice's run has %d attempts; want 1", len(info.Attempts))
+	}
+}
+
+// While one caller's first request with a key is being accepted, another
+// caller's request with that key is not held up (409) behind it.
+func TestIdempotencyKeyAcceptingIsPerCaller(t *testing.T) {
+	s := &steered{entered: make(chan int), verdict: []chan error{make(chan error), make(chan error)}}
+	a := newAPI(t, twoOperators(t), func(c *httpapi.Config) {
+		s.Starter = c.Starter
+		c.Starter = s
+	})
+	key := []string{"Idempotency-Key", "k-shared"}
+	slow := make(chan answer)
+	go func() { slow <- a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...) }()
+	<-s.entered // Alice's request is accepting
+	bob := make(chan answer)
+	go func() { bob <- a.do("POST", "/api/v1/runs", bobToken, start("report", "2026-11-29"), key...) }()
+	select {
+	case i := <-s.entered:
+		s.verdict[i] <- nil
+	case got := <-bob:
+		s.verdict[0] <- nil
+		<-slow
+		t.Fatalf("bob's request with the key alice's request holds answered %d %s before reaching the starter; want it started", got.Status, got.Raw)
+	}
+	expect(t, "bob's request", <-bob, http.StatusCreated)
+	a.wait("report/2026-11-29")
+	// Alice's own retry meanwhile is still held up by her first request.
+	expect(t, "alice's retry", a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...), http.StatusConflict, "conflict")
+	s.verdict[0] <- nil
+	expect(t, "alice's request", <-slow, http.StatusCreated)
+	a.wait("report/2026-11-28")
+}
+
+// A key recorded before keys were scoped (the empty scope) is nobody's:
+// it is never replayed to a caller, nor its parameters shown.
+func TestLegacyIdempotencyKeyReplaysToNobody(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	rec, begun, err := a.st.BeginIdempotency(ctx, checkpoint.IdempotencyKey{Key: "old", RequestHash: "h", Job: "report",
+		Params: []byte(`{"date":"2020-01-01","note":"someone's secret"}`), RunID: "report/2020-01-01", CreatedAt: time.Now()}, time.Time{})
+	if err != nil || !begun {
+		t.Fatalf("record a legacy key: %v, %v", begun, err)
+	}
+	if err := a.st.FinishIdempotency(ctx, rec, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	got := a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), "Idempotency-Key", "old")
+	expect(t, "a caller's request with a legacy key", got, http.StatusCreated)
+	if got.str("id") != "report/2026-11-28" || strings.Contains(got.Raw, "secret") {
+		t.Errorf("a caller's request with a legacy key answered %s; want its own run", got.Raw)
+	}
+	a.wait("report/2026-11-28")
 }

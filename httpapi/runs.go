@@ -290,6 +290,25 @@ type StartView struct {
 // IdempotencyHeader is the request header naming an idempotency key.
 const IdempotencyHeader = "Idempotency-Key"
 
+// idempotencyScope is the scope an Idempotency-Key of r is recorded in:
+// its caller's, so that two callers that pick the same key make two
+// independent requests and neither is answered with the other's run or
+// refused for the other's parameters. It is "token:NAME" for a request
+// authenticated by the token NAME, whether as a bearer token or through
+// the cookie its login set (one caller, as in the audit trail), and
+// whatever its secret (a rotated token keeps its keys; a renamed one
+// starts anew, its retries then answered by the run their run key
+// names, created false); and "local" for an anonymous request (a server
+// without tokens, whose requests all come from this machine; it takes no
+// writes today). No scope is empty: the empty scope holds the keys
+// recorded before keys were scoped.
+func idempotencyScope(r *http.Request) string {
+	if id, ok := Caller(r); ok {
+		return "token:" + id.Name
+	}
+	return "local"
+}
+
 func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 	var b StartBody
 	if err := s.decode(r, &b); err != nil {
@@ -322,7 +341,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 	}
 	runID := jobs.RunID(job.Name(), dec.RunKey)
 	key := r.Header.Get(IdempotencyHeader)
-	holder := "" // this request's hold on key, once begun
+	var hold checkpoint.IdempotencyKey // this request's hold on key, once begun
 	// From the key's begin to its finish or drop, and the start between,
 	// the work is not cut short by a client that hangs up: a run claimed
 	// is recorded as such, and a key begun is settled (else it would stay
@@ -335,8 +354,8 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		sum := sha256.Sum256([]byte(job.Name() + "\n" + dec.Hash))
-		rec, begun, err := s.cfg.Store.BeginIdempotency(ctx, checkpoint.IdempotencyKey{Key: key, RequestHash: hex.EncodeToString(sum[:]),
-			Job: job.Name(), Params: dec.JSON, RunID: runID, CreatedAt: now}, now.Add(-s.cfg.AcceptTimeout))
+		rec, begun, err := s.cfg.Store.BeginIdempotency(ctx, checkpoint.IdempotencyKey{Scope: idempotencyScope(r), Key: key,
+			RequestHash: hex.EncodeToString(sum[:]), Job: job.Name(), Params: dec.JSON, RunID: runID, CreatedAt: now}, now.Add(-s.cfg.AcceptTimeout))
 		if err != nil {
 			s.fail(w, r, err)
 			return
@@ -345,7 +364,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 			s.replay(w, r, key, rec, hex.EncodeToString(sum[:]), job.Name(), dec.JSON)
 			return
 		}
-		holder = rec.Holder
+		hold = rec
 	}
 	started, err := s.cfg.Starter.Start(ctx, runner.Request{Job: job.Name(), Values: values, ParamsFile: file, CreateOnly: true})
 	var exists *checkpoint.RunExistsError
@@ -356,7 +375,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 		if key != "" {
 			// Only this request's hold is dropped: a retry that took the
 			// key over (this one was slow) keeps it.
-			if derr := s.cfg.Store.DropIdempotency(ctx, key, holder); derr != nil {
+			if derr := s.cfg.Store.DropIdempotency(ctx, hold); derr != nil {
 				s.cfg.Logger.Error().Err(derr).Str("request_id", RequestID(r)).Msg("could not drop an idempotency key")
 			}
 		}
@@ -364,7 +383,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if key != "" {
-		err := s.cfg.Store.FinishIdempotency(ctx, key, holder, s.cfg.Now())
+		err := s.cfg.Store.FinishIdempotency(ctx, hold, s.cfg.Now())
 		var lost *checkpoint.IdempotencyLostError
 		if errors.As(err, &lost) {
 			// Another request took the key over while this one was slow:

@@ -17,30 +17,30 @@ const (
 	// sqlBeginIdempotency inserts a key, or takes over a stale accepting
 	// one of the same request; it returns a row only if it did either.
 	sqlBeginIdempotency = `INSERT INTO idempotency_keys AS k
-    (key, request_hash, job, params, run_id, state, holder, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, 'accepting', $8, $6, $6)
-ON CONFLICT (key) DO UPDATE SET updated_at = excluded.updated_at, run_id = excluded.run_id, holder = excluded.holder
-WHERE k.state = 'accepting' AND k.request_hash = excluded.request_hash AND k.updated_at < $7
+    (scope, key, request_hash, job, params, run_id, state, holder, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, 'accepting', $9, $7, $7)
+ON CONFLICT (scope, key) DO UPDATE SET updated_at = excluded.updated_at, run_id = excluded.run_id, holder = excluded.holder
+WHERE k.state = 'accepting' AND k.request_hash = excluded.request_hash AND k.updated_at < $8
 RETURNING created_at`
 	sqlSelectIdempotency = `SELECT request_hash, job, params, run_id, state, created_at, updated_at
-FROM idempotency_keys WHERE key = $1`
-	sqlFinishIdempotency = `UPDATE idempotency_keys SET state = 'done', updated_at = $3
-WHERE key = $1 AND holder = $2 AND state = 'accepting'`
-	sqlDropIdempotency = `DELETE FROM idempotency_keys WHERE key = $1 AND holder = $2 AND state = 'accepting'`
+FROM idempotency_keys WHERE scope = $1 AND key = $2`
+	sqlFinishIdempotency = `UPDATE idempotency_keys SET state = 'done', updated_at = $4
+WHERE scope = $1 AND key = $2 AND holder = $3 AND state = 'accepting'`
+	sqlDropIdempotency = `DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 AND holder = $3 AND state = 'accepting'`
 )
 
 var _ checkpoint.IdempotencyStore = (*Store)(nil)
 
 // BeginIdempotency implements checkpoint.IdempotencyStore.
 func (s *Store) BeginIdempotency(ctx context.Context, k checkpoint.IdempotencyKey, staleBefore time.Time) (checkpoint.IdempotencyKey, bool, error) {
-	op := "begin idempotency key " + k.Key
+	op := fmt.Sprintf("begin idempotency key %q of scope %q", k.Key, k.Scope)
 	// The holder token of this begin: only it finishes or drops the key.
 	holder := rand.Text()
 	// A key dropped between the insert that found it and the read is
 	// tried again.
 	for range 3 {
 		var created pgtype.Timestamptz
-		err := s.pool.QueryRow(ctx, sqlBeginIdempotency, k.Key, k.RequestHash, k.Job, string(k.Params), k.RunID,
+		err := s.pool.QueryRow(ctx, sqlBeginIdempotency, k.Scope, k.Key, k.RequestHash, k.Job, string(k.Params), k.RunID,
 			ts(k.CreatedAt), ts(staleBefore), holder).Scan(&created)
 		switch {
 		case err == nil:
@@ -50,10 +50,10 @@ func (s *Store) BeginIdempotency(ctx context.Context, k checkpoint.IdempotencyKe
 		case !errors.Is(err, pgx.ErrNoRows):
 			return checkpoint.IdempotencyKey{}, false, s.wrap(op, err)
 		}
-		rec := checkpoint.IdempotencyKey{Key: k.Key} // its holder stays the store's
+		rec := checkpoint.IdempotencyKey{Scope: k.Scope, Key: k.Key} // its holder stays the store's
 		var params string
 		var at, up pgtype.Timestamptz
-		err = s.pool.QueryRow(ctx, sqlSelectIdempotency, k.Key).Scan(&rec.RequestHash, &rec.Job, &params, &rec.RunID, &rec.State, &at, &up)
+		err = s.pool.QueryRow(ctx, sqlSelectIdempotency, k.Scope, k.Key).Scan(&rec.RequestHash, &rec.Job, &params, &rec.RunID, &rec.State, &at, &up)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
@@ -67,19 +67,19 @@ func (s *Store) BeginIdempotency(ctx context.Context, k checkpoint.IdempotencyKe
 }
 
 // FinishIdempotency implements checkpoint.IdempotencyStore.
-func (s *Store) FinishIdempotency(ctx context.Context, key, holder string, at time.Time) error {
-	tag, err := s.pool.Exec(ctx, sqlFinishIdempotency, key, holder, ts(at))
+func (s *Store) FinishIdempotency(ctx context.Context, k checkpoint.IdempotencyKey, at time.Time) error {
+	tag, err := s.pool.Exec(ctx, sqlFinishIdempotency, k.Scope, k.Key, k.Holder, ts(at))
 	if err != nil {
-		return s.wrap("finish idempotency key "+key, err)
+		return s.wrap(fmt.Sprintf("finish idempotency key %q of scope %q", k.Key, k.Scope), err)
 	}
 	if tag.RowsAffected() == 0 {
-		return &checkpoint.IdempotencyLostError{Key: key, Holder: holder}
+		return &checkpoint.IdempotencyLostError{Scope: k.Scope, Key: k.Key, Holder: k.Holder}
 	}
 	return nil
 }
 
 // DropIdempotency implements checkpoint.IdempotencyStore.
-func (s *Store) DropIdempotency(ctx context.Context, key, holder string) error {
-	_, err := s.pool.Exec(ctx, sqlDropIdempotency, key, holder)
-	return s.wrap("drop idempotency key "+key, err)
+func (s *Store) DropIdempotency(ctx context.Context, k checkpoint.IdempotencyKey) error {
+	_, err := s.pool.Exec(ctx, sqlDropIdempotency, k.Scope, k.Key, k.Holder)
+	return s.wrap(fmt.Sprintf("drop idempotency key %q of scope %q", k.Key, k.Scope), err)
 }

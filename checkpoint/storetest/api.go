@@ -101,10 +101,10 @@ func testAPI(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		ik := capability[checkpoint.IdempotencyStore](t, st, "idempotency keys")
-		k := checkpoint.IdempotencyKey{Key: "k-1", RequestHash: "h1", Job: "settle", Params: []byte(params), RunID: "settle/1", CreatedAt: t0}
+		k := checkpoint.IdempotencyKey{Scope: "token:a", Key: "k-1", RequestHash: "h1", Job: "settle", Params: []byte(params), RunID: "settle/1", CreatedAt: t0}
 		rec0, begun, err := ik.BeginIdempotency(e.ctx, k, t0.Add(-time.Minute))
-		if err != nil || !begun || rec0.State != checkpoint.IdempotencyAccepting || rec0.Holder == "" {
-			t.Fatalf("first BeginIdempotency: %+v, %v, %v; want begun, accepting, with a holder", rec0, begun, err)
+		if err != nil || !begun || rec0.State != checkpoint.IdempotencyAccepting || rec0.Holder == "" || rec0.Scope != "token:a" {
+			t.Fatalf("first BeginIdempotency: %+v, %v, %v; want begun, accepting, in scope token:a, with a holder", rec0, begun, err)
 		}
 		// A second request meanwhile finds it accepting; with another
 		// fingerprint, it finds the first one's.
@@ -120,17 +120,16 @@ func testAPI(t *testing.T, h Harness) {
 		if begun || rec.RequestHash != "h1" || string(rec.Params) != params {
 			t.Fatalf("BeginIdempotency of another request with the key: %+v, %v; want the first request's record, not begun", rec, begun)
 		}
-		first := rec0.Holder
+		first := rec0
 		// A stale accepting key of the same request is taken over, with a
 		// holder of its own.
-		rec, begun, err = ik.BeginIdempotency(e.ctx, k2, t0.Add(time.Millisecond))
-		if err != nil || !begun || rec.Holder == "" || rec.Holder == first {
-			t.Fatalf("BeginIdempotency of a stale accepting key: %+v, %v, %v; want taken over with a new holder (not %q)", rec, begun, err, first)
+		takeover, begun, err := ik.BeginIdempotency(e.ctx, k2, t0.Add(time.Millisecond))
+		if err != nil || !begun || takeover.Holder == "" || takeover.Holder == first.Holder {
+			t.Fatalf("BeginIdempotency of a stale accepting key: %+v, %v, %v; want taken over with a new holder (not %q)", takeover, begun, err, first.Holder)
 		}
-		takeover := rec.Holder
 		// The request that lost it (slow, not dead) can neither forget it
 		// nor mark it done.
-		if err := ik.DropIdempotency(e.ctx, "k-1", first); err != nil {
+		if err := ik.DropIdempotency(e.ctx, first); err != nil {
 			t.Fatal(err)
 		}
 		rec, begun, err = ik.BeginIdempotency(e.ctx, k3, t0.Add(time.Hour))
@@ -138,57 +137,112 @@ func testAPI(t *testing.T, h Harness) {
 			t.Fatalf("after the old holder's drop, another request with the key: %+v, %v, %v; want the key kept, accepting", rec, begun, err)
 		}
 		var lost *checkpoint.IdempotencyLostError
-		if err := ik.FinishIdempotency(e.ctx, "k-1", first, t0.Add(2*time.Second)); !errors.As(err, &lost) || lost.Key != "k-1" {
-			t.Fatalf("FinishIdempotency by the holder that lost the key: %v; want *IdempotencyLostError", err)
+		if err := ik.FinishIdempotency(e.ctx, first, t0.Add(2*time.Second)); !errors.As(err, &lost) || lost.Key != "k-1" || lost.Scope != "token:a" {
+			t.Fatalf("FinishIdempotency by the holder that lost the key: %v; want *IdempotencyLostError of k-1 in token:a", err)
 		}
-		if err := ik.FinishIdempotency(e.ctx, "k-1", takeover, t0.Add(2*time.Second)); err != nil {
+		// The holder, under another scope, names another key: not this one.
+		elsewhere := takeover
+		elsewhere.Scope = "token:b"
+		if err := ik.FinishIdempotency(e.ctx, elsewhere, t0.Add(2*time.Second)); !errors.As(err, &lost) {
+			t.Fatalf("FinishIdempotency of the holder in another scope: %v; want *IdempotencyLostError", err)
+		}
+		if err := ik.DropIdempotency(e.ctx, elsewhere); err != nil {
+			t.Fatal(err)
+		}
+		if err := ik.FinishIdempotency(e.ctx, takeover, t0.Add(2*time.Second)); err != nil {
 			t.Fatalf("FinishIdempotency by the holder that took it over: %v", err)
 		}
-		if err := ik.FinishIdempotency(e.ctx, "k-1", takeover, t0.Add(3*time.Second)); !errors.As(err, &lost) {
+		if err := ik.FinishIdempotency(e.ctx, takeover, t0.Add(3*time.Second)); !errors.As(err, &lost) {
 			t.Errorf("FinishIdempotency of a done key: %v; want *IdempotencyLostError", err)
 		}
 		// Done: stays so, replayed, even when old, dropped by its own
 		// holder and on another host.
 		other := capability[checkpoint.IdempotencyStore](t, e.open(), "idempotency keys")
-		if err := other.DropIdempotency(e.ctx, "k-1", takeover); err != nil {
+		if err := other.DropIdempotency(e.ctx, takeover); err != nil {
 			t.Fatal(err)
 		}
 		rec, begun, err = other.BeginIdempotency(e.ctx, k, t0.Add(time.Hour))
-		if err != nil || begun || rec.State != checkpoint.IdempotencyDone || rec.RunID != "settle/1" {
+		if err != nil || begun || rec.State != checkpoint.IdempotencyDone || rec.RunID != "settle/1" || rec.Scope != "token:a" {
 			t.Fatalf("BeginIdempotency of a done key: %+v, %v, %v; want the done record", rec, begun, err)
 		}
 		// An accepting key dropped is begun anew.
-		k4 := checkpoint.IdempotencyKey{Key: "k-2", RequestHash: "h", Job: "settle", Params: []byte(params), RunID: "settle/2", CreatedAt: t0}
+		k4 := checkpoint.IdempotencyKey{Scope: "token:a", Key: "k-2", RequestHash: "h", Job: "settle", Params: []byte(params), RunID: "settle/2", CreatedAt: t0}
 		rec4, begun, err := ik.BeginIdempotency(e.ctx, k4, t0)
 		if err != nil || !begun {
 			t.Fatalf("BeginIdempotency k-2: %v, %v", begun, err)
 		}
-		if err := ik.DropIdempotency(e.ctx, "k-2", rec4.Holder); err != nil {
+		if err := ik.DropIdempotency(e.ctx, rec4); err != nil {
 			t.Fatal(err)
 		}
 		if _, begun, err := ik.BeginIdempotency(e.ctx, k4, t0); err != nil || !begun {
 			t.Errorf("BeginIdempotency after a drop: begun %v, %v; want begun", begun, err)
 		}
-		// Many at once: exactly one begins.
-		k5 := checkpoint.IdempotencyKey{Key: "k-3", RequestHash: "h", Job: "settle", Params: []byte(params), RunID: "settle/3", CreatedAt: t0}
-		results := make(chan bool, 8)
-		for range 8 {
+		// Many at once, in two scopes: exactly one begins in each.
+		results := make(chan string, 16)
+		for i := range 16 {
 			go func() {
+				k5 := checkpoint.IdempotencyKey{Scope: []string{"token:a", "token:b"}[i%2], Key: "k-3", RequestHash: "h",
+					Job: "settle", Params: []byte(params), RunID: "settle/3", CreatedAt: t0}
 				_, begun, err := ik.BeginIdempotency(e.ctx, k5, t0.Add(-time.Hour))
 				if err != nil {
 					t.Error(err)
 				}
-				results <- begun
+				if !begun {
+					k5.Scope = ""
+				}
+				results <- k5.Scope
 			}()
 		}
-		n := 0
-		for range 8 {
-			if <-results {
-				n++
+		n := map[string]int{}
+		for range 16 {
+			n[<-results]++
+		}
+		if n["token:a"] != 1 || n["token:b"] != 1 {
+			t.Errorf("16 BeginIdempotency at once, 8 in each of two scopes: begun %d in token:a and %d in token:b; want 1 in each", n["token:a"], n["token:b"])
+		}
+	})
+
+	t.Run("IdempotencyKeyScopes", func(t *testing.T) {
+		e := newEnv(t, h)
+		ik := capability[checkpoint.IdempotencyStore](t, e.open(), "idempotency keys")
+		a := checkpoint.IdempotencyKey{Scope: "token:a", Key: "k", RequestHash: "ha", Job: "settle", Params: []byte(params), RunID: "settle/a", CreatedAt: t0}
+		b := checkpoint.IdempotencyKey{Scope: "token:b", Key: "k", RequestHash: "hb", Job: "settle", Params: []byte(`{"date":"b"}`), RunID: "settle/b", CreatedAt: t0}
+		legacy := checkpoint.IdempotencyKey{Key: "k", RequestHash: "hl", Job: "settle", Params: []byte(`{"date":"l"}`), RunID: "settle/l", CreatedAt: t0}
+		// The same key in three scopes (the empty one too) is three keys,
+		// whatever each request is, each begun while the others accept.
+		var holds []checkpoint.IdempotencyKey
+		for _, k := range []checkpoint.IdempotencyKey{a, b, legacy} {
+			rec, begun, err := ik.BeginIdempotency(e.ctx, k, t0.Add(-time.Minute))
+			if err != nil || !begun || rec.Scope != k.Scope || rec.RunID != k.RunID {
+				t.Fatalf("BeginIdempotency of key k in scope %q while it accepts in others: %+v, %v, %v; want begun, its own", k.Scope, rec, begun, err)
+			}
+			holds = append(holds, rec)
+		}
+		// Each scope's record answers only in its own scope: b's request
+		// again is b's, not a conflict with a's.
+		if err := ik.FinishIdempotency(e.ctx, holds[0], t0.Add(time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []checkpoint.IdempotencyKey{a, b, legacy} {
+			rec, begun, err := ik.BeginIdempotency(e.ctx, k, t0.Add(-time.Minute))
+			if err != nil || begun || rec.Scope != k.Scope || rec.RequestHash != k.RequestHash || rec.RunID != k.RunID || string(rec.Params) != string(k.Params) {
+				t.Fatalf("BeginIdempotency again in scope %q: %+v, %v, %v; want that scope's record (run %s)", k.Scope, rec, begun, err, k.RunID)
 			}
 		}
-		if n != 1 {
-			t.Errorf("8 BeginIdempotency at once: %d begun; want %d", n, 1)
+		if rec, _, _ := ik.BeginIdempotency(e.ctx, a, t0.Add(time.Hour)); rec.State != checkpoint.IdempotencyDone {
+			t.Errorf("key k in token:a after its finish: %q; want done", rec.State)
+		}
+		// Dropping b's hold leaves a's and the empty scope's.
+		if err := ik.DropIdempotency(e.ctx, holds[1]); err != nil {
+			t.Fatal(err)
+		}
+		if _, begun, _ := ik.BeginIdempotency(e.ctx, b, t0.Add(-time.Minute)); !begun {
+			t.Errorf("key k in token:b after its drop: not begun; want begun anew")
+		}
+		for _, k := range []checkpoint.IdempotencyKey{a, legacy} {
+			if rec, begun, _ := ik.BeginIdempotency(e.ctx, k, t0.Add(-time.Minute)); begun || rec.RunID != k.RunID {
+				t.Errorf("key k in scope %q after token:b's drop: %+v, begun %v; want its record kept", k.Scope, rec, begun)
+			}
 		}
 	})
 }
