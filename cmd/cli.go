@@ -25,7 +25,7 @@ type CLI struct {
 	Enqueue  EnqueueCmd  `cmd:"" group:"Workers" help:"Queue a run of JOB for a pool of workers; an existing run key is left as it is."`
 	Worker   WorkerCmd   `cmd:"" group:"Workers" help:"Take queued runs (and runs whose worker died) and drive them, --concurrency at a time, until SIGTERM."`
 	Dispatch DispatchCmd `cmd:"" help:"Deliver queued notifications (at least once, with stable keys), once or --every interval; several may run at once."`
-	Outbox   OutboxCmd   `cmd:"" help:"List notifications: queued, sent or dead (failed --max-tries times), oldest first."`
+	Outbox   OutboxCmd   `cmd:"" help:"List notifications: queued, sent or dead (failed --max-tries times), oldest first; 'outbox requeue' sends dead ones again."`
 
 	Recover  RecoverCmd  `cmd:"" group:"Operating runs" help:"Mark a stale run (its runner died) failed, so it is resumable."`
 	Rerun    RerunCmd    `cmd:"" group:"Operating runs" help:"Run a run again: from the top (--force for a succeeded run) or --from-step STEP."`

@@ -25,11 +25,12 @@ const exitCodesHelp = `Exit codes (each means one thing):
   0  the run succeeded (or had already succeeded), or the operation was done.
   1  the run failed (an error in a step beyond its retries, an int64 overflow):
      rerun or resume it.
-  2  bad usage or input: an unknown job, run or step; bad or changed parameters;
-     a database file that is missing, not a database, read-only or too new; a
-     PostgreSQL store that cannot be opened: a bad URL, the server down, the login
-     refused, a missing database or privilege, too many connections (nothing was
-     written; the same server errors mid-run fail the run: exit 1).
+  2  bad usage or input: an unknown job, run, step or outbox message; bad or
+     changed parameters; a database file that is missing, not a database,
+     read-only or too new; a PostgreSQL store that cannot be opened: a bad URL,
+     the server down, the login refused, a missing database or privilege, too
+     many connections (nothing was written; the same server errors mid-run fail
+     the run: exit 1).
   3  interrupted (SIGINT/SIGTERM), resumable: run or resume it again.
   4  another process holds it: a live runner holds the run's lease (run, resume and
      rerun without --wait; recover, abandon, reset and resolve on a live run), this
@@ -44,7 +45,7 @@ const exitCodesHelp = `Exit codes (each means one thing):
      abandoned or pruned run; rerun of a succeeded run without --force; reset or
      rerun --from-step of steps whose effects applied, without --force; recover of
      a run that is not running; resolve of a step awaiting no decision; abandon of
-     an abandoned or succeeded run.
+     an abandoned or succeeded run; outbox requeue of a message that is not dead.
 
 SIGINT/SIGTERM: the current step or chunk finishes or rolls back within $STEPWISE_GRACE (30s),
 the attempt is recorded as interrupted and the process exits 3; a second signal ends it at once
@@ -103,8 +104,9 @@ const (
 // library errors carry data, the command line names its own flags.
 func hint(err error, name string, wait waitFlag) string {
 	var (
-		held    *checkpoint.LeaseHeldError
-		reached *checkpoint.LimitReachedError
+		held        *checkpoint.LeaseHeldError
+		reached     *checkpoint.LimitReachedError
+		unknownMsgs *checkpoint.UnknownMessagesError
 	)
 	switch {
 	case errors.As(err, &reached):
@@ -115,6 +117,8 @@ func hint(err error, name string, wait waitFlag) string {
 		return h + ", or queue it for a worker (`" + name + " enqueue`), which starts it when there is room"
 	case errors.Is(err, checkpoint.ErrAlreadySucceeded) && !errors.Is(err, ErrNeedsDecision):
 		return "--force runs it again, still skipping completed steps"
+	case errors.As(err, &unknownMsgs):
+		return "`" + name + " outbox --status dead` lists the dead messages and their keys"
 	case errors.Is(err, checkpoint.ErrNotFound):
 		return "`" + name + " runs` lists the runs"
 	case errors.Is(err, jobs.ErrUnknownJob):

@@ -209,9 +209,10 @@ type shown struct {
 	} `json:"attempts"`
 	Steps []shownStep `json:"steps"`
 	Audit []struct {
-		Command string `json:"command"`
-		Reason  string `json:"reason"`
-		Details string `json:"details"`
+		Command  string `json:"command"`
+		Operator string `json:"operator"`
+		Reason   string `json:"reason"`
+		Details  string `json:"details"`
 	} `json:"audit"`
 	Outbox []struct {
 		Key    string    `json:"key"`

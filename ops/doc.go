@@ -3,8 +3,9 @@
 // refuse exactly the same things with the same words: the views of runs,
 // steps, batches, effect plans, the outbox, the audit trail and the
 // schedules, and the manual operations (recover, abandon, reset a step,
-// rerun, resume, accept changed items, resolve an outside call), each
-// recorded in the run's audit trail with who did it and why.
+// rerun, resume, accept changed items, resolve an outside call, requeue
+// dead outbox messages), each recorded in the run's audit trail with who
+// did it and why.
 //
 // Import rule: ops imports runner, jobs, steps and checkpoint (the
 // contract: it is handed a checkpoint.Backend); cmd and httpapi import it.

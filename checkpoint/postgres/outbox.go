@@ -45,6 +45,19 @@ WHERE key = $1`
 	sqlMarkFailed = `UPDATE outbox SET tries = tries + 1, last_error = $2, next_at = coalesce($3::timestamptz, now()),
 status = CASE WHEN tries + 1 >= $4 THEN 'dead' ELSE 'queued' END
 WHERE key = $1 AND status = 'queued' RETURNING status`
+	// sqlRequeueKeys and sqlRequeueDead queue dead messages again, due at
+	// $1 (NULL: now()) with no tries; nothing but a dead message changes.
+	// Each is one statement: a claim in flight (FOR UPDATE SKIP LOCKED)
+	// locks only queued messages, and a delivery report only changes
+	// queued ones.
+	sqlRequeueKeys = `UPDATE outbox SET status = 'queued', tries = 0, next_at = coalesce($1::timestamptz, now())
+WHERE key = ANY($2::text[]) AND status = 'dead' RETURNING ` + messageCols
+	sqlRequeueDead = `UPDATE outbox SET status = 'queued', tries = 0, next_at = coalesce($1::timestamptz, now())
+WHERE status = 'dead' AND ($2 = '' OR run_id = $2) RETURNING ` + messageCols
+	// sqlNamedMessages reads the messages of the given keys that the
+	// requeue left alone, in the order given.
+	sqlNamedMessages = `SELECT o.key, o.run_id, o.topic, o.payload, o.status, o.tries, o.next_at, o.last_error, o.created_at, o.sent_at
+FROM unnest($1::text[]) WITH ORDINALITY AS k(key, n) JOIN outbox AS o ON o.key = k.key ORDER BY k.n`
 )
 
 var _ checkpoint.OutboxStore = (*Store)(nil)
@@ -59,9 +72,18 @@ func (t *pgTx) Enqueue(m checkpoint.Message) error {
 
 // messages runs a query of messageCols.
 func (s *Store) messages(ctx context.Context, op, query string, args ...any) ([]checkpoint.Message, error) {
-	rows, err := s.pool.Query(ctx, query, args...)
+	out, err := queryMessages(ctx, s.pool, query, args...)
+	return out, s.wrap(op, err)
+}
+
+// queryMessages runs a query of messageCols on q (the pool or a
+// transaction).
+func queryMessages(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, query string, args ...any) ([]checkpoint.Message, error) {
+	rows, err := q.Query(ctx, query, args...)
 	if err != nil {
-		return nil, s.wrap(op, err)
+		return nil, err
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (checkpoint.Message, error) {
 		var m checkpoint.Message
@@ -73,7 +95,7 @@ func (s *Store) messages(ctx context.Context, op, query string, args ...any) ([]
 	if len(out) == 0 {
 		out = nil // as from the SQLite store
 	}
-	return out, s.wrap(op, err)
+	return out, err
 }
 
 // ClaimMessages implements checkpoint.OutboxStore with one statement
@@ -116,4 +138,68 @@ func (s *Store) MarkFailed(ctx context.Context, f checkpoint.DeliveryFailure) (b
 		return false, nil // no longer queued: sent or dead already
 	}
 	return status == checkpoint.MessageDead, s.wrap("mark message "+f.Key+" failed", err)
+}
+
+// RequeueDead implements checkpoint.OutboxStore in one transaction: one
+// UPDATE queues the selected dead messages again, then the messages named
+// but not dead are read, and the audit rows written; an unknown key rolls
+// it all back.
+func (s *Store) RequeueDead(ctx context.Context, r checkpoint.Requeue) (checkpoint.RequeueResult, error) {
+	if err := r.Validate(); err != nil {
+		return checkpoint.RequeueResult{}, err
+	}
+	var res checkpoint.RequeueResult
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		res = checkpoint.RequeueResult{}
+		var err error
+		if len(r.Keys) == 0 {
+			res.Requeued, err = queryMessages(ctx, tx, sqlRequeueDead, s.clock(r.Now), r.RunID)
+			if err != nil {
+				return err
+			}
+		} else {
+			keys := checkpoint.UniqueKeys(r.Keys)
+			if res.Requeued, err = queryMessages(ctx, tx, sqlRequeueKeys, s.clock(r.Now), keys); err != nil {
+				return err
+			}
+			done := make(map[string]bool, len(res.Requeued))
+			for _, m := range res.Requeued {
+				done[m.Key] = true
+			}
+			var rest []string
+			for _, k := range keys {
+				if !done[k] {
+					rest = append(rest, k)
+				}
+			}
+			if len(rest) > 0 {
+				if res.NotDead, err = queryMessages(ctx, tx, sqlNamedMessages, rest); err != nil {
+					return err
+				}
+			}
+			found := make(map[string]bool, len(res.NotDead))
+			for _, m := range res.NotDead {
+				found[m.Key] = true
+			}
+			var unknown []string
+			for _, k := range rest {
+				if !found[k] {
+					unknown = append(unknown, k)
+				}
+			}
+			if len(unknown) > 0 {
+				return &checkpoint.UnknownMessagesError{Keys: unknown}
+			}
+		}
+		for _, a := range checkpoint.RequeueAudits(r.Audit, res.Requeued) {
+			if _, err := tx.Exec(ctx, sqlAudit, a.RunID, ts(a.At), a.Operator, a.Command, a.Reason, a.Details); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return checkpoint.RequeueResult{}, s.wrap("requeue dead messages", err)
+	}
+	return res, nil
 }

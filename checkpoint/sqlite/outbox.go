@@ -27,6 +27,12 @@ VALUES (?, ?, ?, ?, 'queued', ?, ?) ON CONFLICT (key) DO NOTHING`
 	sqlMarkFailed = `UPDATE outbox SET tries = tries + 1, last_error = ?1, next_at = ?2,
 status = CASE WHEN tries + 1 >= ?3 THEN 'dead' ELSE 'queued' END
 WHERE key = ?4 AND status = 'queued' RETURNING status`
+	// sqlRequeueKey and sqlRequeueDead queue dead messages again, due at
+	// ?1 with no tries; nothing but a dead message changes.
+	sqlRequeueKey  = `UPDATE outbox SET status = 'queued', tries = 0, next_at = ?1 WHERE key = ?2 AND status = 'dead' RETURNING ` + sqlMessageCols
+	sqlRequeueDead = `UPDATE outbox SET status = 'queued', tries = 0, next_at = ?1
+WHERE status = 'dead' AND (?2 = '' OR run_id = ?2) RETURNING ` + sqlMessageCols
+	sqlMessage = `SELECT ` + sqlMessageCols + ` FROM outbox WHERE key = ?`
 )
 
 // Enqueue implements checkpoint.Tx: the message commits or rolls back with the
@@ -138,4 +144,67 @@ func (s *Store) MarkFailed(ctx context.Context, f checkpoint.DeliveryFailure) (b
 		return false, nil // no longer queued: sent or dead already
 	}
 	return status == checkpoint.MessageDead, s.wrap(fmt.Sprintf("mark message %s failed", f.Key), err)
+}
+
+// RequeueDead implements checkpoint.OutboxStore in one write transaction
+// (BEGIN IMMEDIATE), serialised with every claim and delivery report.
+func (s *Store) RequeueDead(ctx context.Context, r checkpoint.Requeue) (checkpoint.RequeueResult, error) {
+	if err := r.Validate(); err != nil {
+		return checkpoint.RequeueResult{}, err
+	}
+	var res checkpoint.RequeueResult
+	err := s.tx(ctx, "requeue dead messages", func(tx *sql.Tx) error {
+		res = checkpoint.RequeueResult{}
+		now := fmtTime(r.Now)
+		if len(r.Keys) == 0 {
+			rows, err := tx.QueryContext(ctx, sqlRequeueDead, now, r.RunID)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				m, err := scanMessage(rows)
+				if err != nil {
+					rows.Close()
+					return err
+				}
+				res.Requeued = append(res.Requeued, m)
+			}
+			if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+				return err
+			}
+		}
+		var unknown []string
+		for _, k := range checkpoint.UniqueKeys(r.Keys) {
+			m, err := scanMessage(tx.QueryRowContext(ctx, sqlRequeueKey, now, k))
+			if err == nil {
+				res.Requeued = append(res.Requeued, m)
+				continue
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+			m, err = scanMessage(tx.QueryRowContext(ctx, sqlMessage, k))
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+				unknown = append(unknown, k)
+			case err != nil:
+				return err
+			default:
+				res.NotDead = append(res.NotDead, m)
+			}
+		}
+		if len(unknown) > 0 {
+			return &checkpoint.UnknownMessagesError{Keys: unknown}
+		}
+		for _, a := range checkpoint.RequeueAudits(r.Audit, res.Requeued) {
+			if _, err := tx.ExecContext(ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return checkpoint.RequeueResult{}, err
+	}
+	return res, nil
 }

@@ -26,6 +26,7 @@ func msgKeys(ms []checkpoint.Message) []string {
 }
 
 func testOutbox(t *testing.T, h Harness) {
+	t.Run("Requeue", func(t *testing.T) { testRequeue(t, h) })
 	t.Run("QueuedWithTheCheckpoint", func(t *testing.T) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
