@@ -365,6 +365,7 @@ func TestOperatorsActAtOnceAfterKill9(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.WantExit(c.Wait(), sigkilled)
+		settleKilled(t, c)
 		r := readRun(t, db, jobs.RunID("crashy", key)).info.Run
 		if r.Status != checkpoint.RunRunning || !time.Now().Before(r.LeaseUntil) {
 			t.Fatalf("after the kill: %s until %s; want running with its 30s lease unexpired", r.Status, r.LeaseUntil)
@@ -398,6 +399,7 @@ func TestOperatorsActAtOnceAfterKill9(t *testing.T) {
 	pay := []string{"--db", db, "run", "pay", "-p", "key=k", "-p", "outside=" + outside}
 	c, got := runChild(t, []string{crashtest.CrashAt("step:pay:after-intent")}, pay...)
 	c.WantExit(got, sigkilled)
+	settleKilled(t, c)
 	if code, out, errs := cli("resolve", "pay/k", "--step", "pay", "--as", "retry", "--reason", "not at the provider", "--json"); code != ExitOK ||
 		!strings.Contains(out, `"operation": "resolve"`) || !strings.Contains(out, `"result": "resolved as retry"`) ||
 		!strings.Contains(out, `"step": "pay"`) {

@@ -67,6 +67,7 @@ func TestCrashPointThenRerun(t *testing.T) {
 
 			c, got := runChild(t, []string{crashtest.CrashAt(tc.point)}, args...)
 			c.WantExit(got, sigkilled)
+			settleKilled(t, c)
 
 			before := readRun(t, db, runID)
 			if !before.found {
@@ -179,6 +180,9 @@ func TestRandomKillThenRerun(t *testing.T) {
 		if got != sigkilled && got != exited0 {
 			c.WantExit(got, sigkilled)
 		}
+		// A checkpoint sent just before the kill may still commit: read
+		// the state once the server has ended the child's sessions.
+		settleKilled(t, c)
 
 		before := readRun(t, db, runID)
 		ranBefore := readSide(t, side).ran
@@ -309,6 +313,7 @@ func TestKilledLeaseHolderIsTakenOver(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.WantExit(c.Wait(), sigkilled)
+		settleKilled(t, c)
 
 		before := readRun(t, db, "crashy/k")
 		owner := fmt.Sprintf("%s:%d", hostname(t), c.Pid())

@@ -486,6 +486,7 @@ func TestOutcomeUnknownAfterKill(t *testing.T) {
 			args := []string{"--db", db, "run", "pay", "-p", "key=k", "-p", "outside=" + outside}
 			c, got := runChild(t, []string{crashtest.CrashAt(tc.point)}, args...)
 			c.WantExit(got, sigkilled)
+			settleKilled(t, c)
 			if got := linesOf(t, outside); len(got) != tc.called {
 				t.Fatalf("outside calls before the kill = %q, want %d", got, tc.called)
 			}
@@ -560,6 +561,7 @@ func TestOutcomeUnknownAfterKill(t *testing.T) {
 			args := []string{"--db", db, "run", "pay", "-p", "key=k", "-p", "outside=" + outside, "-p", "reconcile=true", "--lease", "1s"}
 			c, got := runChild(t, []string{crashtest.CrashAt(tc.point)}, args...)
 			c.WantExit(got, sigkilled)
+			settleKilled(t, c)
 			if got := linesOf(t, outside); len(got) != tc.called {
 				t.Fatalf("outside calls before the kill = %q, want %d", got, tc.called)
 			}
@@ -643,6 +645,7 @@ func TestOutboxAcrossProcesses(t *testing.T) {
 		db, to := testFiles(t)
 		c, got := runChild(t, crashAfterCommit, runArgs(db, "k1")...)
 		c.WantExit(got, sigkilled)
+		settleKilled(t, c)
 		if ob := show(t, db, "outbox/k1").Outbox; len(ob) != 1 || ob[0].Status != checkpoint.MessageQueued {
 			t.Fatalf("outbox after the kill = %+v, want the message queued with its checkpoint", ob)
 		}
@@ -666,6 +669,7 @@ func TestOutboxAcrossProcesses(t *testing.T) {
 		db, to := testFiles(t)
 		c, got := runChild(t, crashAfterCommit, runArgs(db, "k2")...)
 		c.WantExit(got, sigkilled)
+		settleKilled(t, c)
 		c, got = runChild(t, nil, runArgs(db, "k2", "--deliver", "file:"+to)...)
 		c.WantExit(got, exited0)
 		if want := "run outbox/k2 succeeded (attempt 2): 0 steps executed, 2 skipped"; !strings.Contains(c.Stdout(), want) {
@@ -729,6 +733,7 @@ func TestOutboxAcrossProcesses(t *testing.T) {
 		c = startChild(t, nil, nil, "--db", db, "dispatch", "--to", hook, "--visibility", "5s")
 		victim <- c
 		c.WantExit(c.Wait(), sigkilled)
+		settleKilled(t, c)
 		ob := show(t, db, "outbox/k4").Outbox
 		if len(ob) != 1 || ob[0].Status != checkpoint.MessageQueued || ob[0].Tries != 0 {
 			t.Fatalf("outbox after the dispatcher died = %+v, want the message still queued, no try recorded", ob)

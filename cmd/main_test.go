@@ -390,6 +390,18 @@ func runChild(t *testing.T, env []string, args ...string) (*crashtest.Child, cra
 	return c, c.Wait()
 }
 
+// settleKilled waits, after c was killed with SIGKILL and reaped, until
+// the PostgreSQL server has ended c's sessions (pgtest.WaitSessionsGone),
+// so that what the test reads next is all c will ever have written: a
+// checkpoint c sent just before it died may still commit after the kill
+// (TestCheckpointSentBeforeSIGKILLCommitsAfterIt). Without
+// STEPWISE_TEST_PG it returns at once, and on SQLite it finds no session
+// at once: a dead process's SQLite writes are over when it is.
+func settleKilled(t *testing.T, c *crashtest.Child) {
+	t.Helper()
+	pgtest.WaitSessionsGone(t, c.SessionName())
+}
+
 // gatedChildren starts the CLI in n processes and returns once all of them
 // are ready to run, with release letting them all go at the same moment.
 func gatedChildren(t *testing.T, n int, args ...[]string) (cs []*crashtest.Child, release func()) {

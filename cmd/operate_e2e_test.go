@@ -31,6 +31,7 @@ func TestOperatingRunsEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed.WantExit(killed.Wait(), sigkilled)
+	settleKilled(t, killed)
 	owner := fmt.Sprintf("%s:%d", hostname(t), killed.Pid())
 
 	// Wait out the rest of the dead runner's lease (at most 300ms).

@@ -152,6 +152,7 @@ func TestWorkerTakesOverAfterLease(t *testing.T) {
 			if how == "killed" {
 				a.Kill()
 				a.WantKilled()
+				settleKilled(t, a)
 			} else if err := a.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -88,7 +89,19 @@ func startChild(t *testing.T, s store, env ...string) *crashtest.Child {
 // process died there.
 func crashAt(t *testing.T, s store, point string) {
 	t.Helper()
-	startChild(t, s, crashtest.CrashAt(point)).WantKilled()
+	c := startChild(t, s, crashtest.CrashAt(point))
+	c.WantKilled()
+	settleKilled(t, c)
+}
+
+// settleKilled waits, after c was killed with SIGKILL and reaped, until
+// the PostgreSQL server has ended c's sessions (pgtest.WaitSessionsGone),
+// so that what the test reads next is all c will ever have written: a
+// commit c sent just before it died may still land after the kill.
+// Without STEPWISE_TEST_PG it returns at once.
+func settleKilled(t *testing.T, c *crashtest.Child) {
+	t.Helper()
+	pgtest.WaitSessionsGone(t, c.SessionName())
 }
 
 // settleToSuccess runs the job in a child and fails unless it succeeds.
@@ -406,6 +419,7 @@ func randomKills(t *testing.T, l *campaignLayout, caseSeed, campaignSeed uint64)
 		if got != crashtest.Killed {
 			t.Fatalf("killed run: %s (replay with %s=%d)\n%s", got, campaignSeedEnv, campaignSeed, c.Output())
 		}
+		settleKilled(t, c)
 		log = append(log, fmt.Sprintf("killed %s (%s)", when, progressOf(t, s)))
 	}
 	settleToSuccess(t, s)

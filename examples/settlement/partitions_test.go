@@ -291,6 +291,7 @@ func TestPartitionedSettlementSurvivesSIGKILL(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.Wait()
+			settleKilled(t, c)
 			before := partitionsOf(t, s, testDate)
 			if len(before) != 4 {
 				t.Fatalf("%d partitions recorded before the kill, want 4", len(before))

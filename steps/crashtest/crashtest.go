@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -102,7 +103,15 @@ type Child struct {
 	stdout  buffer
 	stderr  buffer
 	done    chan struct{}
+	session string // PGAPPNAME in the child's environment
 }
+
+// sessionEnv is the variable libpq and pgx take a PostgreSQL session's
+// application_name from when the connection string names none.
+const sessionEnv = "PGAPPNAME"
+
+// children numbers the children of this test binary, for session names.
+var children atomic.Int64
 
 // Start starts a child of the current test binary as s says, and fails the
 // test if it cannot.
@@ -139,7 +148,16 @@ func Start(t testing.TB, s Spec) *Child {
 	// The race detector sleeps a second before a process exits (to catch
 	// late reports); children report races as they happen, and still exit 66.
 	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
-	c.cmd.Env = append(append(c.cmd.Env, "GORACE="+gorace), s.Env...)
+	c.cmd.Env = append(c.cmd.Env, "GORACE="+gorace)
+	// Every child's PostgreSQL sessions carry a name of their own, so a
+	// test can tell when the server has ended those of a killed child.
+	c.session = fmt.Sprintf("crashtest-%d-%d", os.Getpid(), children.Add(1))
+	c.cmd.Env = append(append(c.cmd.Env, sessionEnv+"="+c.session), s.Env...)
+	for _, kv := range s.Env {
+		if v, ok := strings.CutPrefix(kv, sessionEnv+"="); ok {
+			c.session = v
+		}
+	}
 	c.cmd.Stdout, c.cmd.Stderr = &c.stdout, &c.stderr
 	c.cmd.ExtraFiles = s.Files
 	if err := c.cmd.Start(); err != nil {
@@ -297,6 +315,16 @@ func (c *Child) Signal(sig os.Signal) error { return c.cmd.Process.Signal(sig) }
 
 // Kill kills the child with SIGKILL, as a crash or kill -9 would.
 func (c *Child) Kill() error { return c.cmd.Process.Kill() }
+
+// SessionName is the application_name of the child's PostgreSQL sessions:
+// Start sets PGAPPNAME in the child's environment to a name no other
+// child of this test binary has (Spec.Env may set its own), and the
+// sessions take it unless the connection URL names another. After a
+// SIGKILL the server may still be running what the child sent before it
+// died, a COMMIT included; pgtest.WaitSessionsGone waits until the
+// sessions with this name have ended, so that what the test reads next is
+// all the child will ever have written.
+func (c *Child) SessionName() string { return c.session }
 
 // Pid is the child's process ID (of the wrapper, with Spec.Wrap).
 func (c *Child) Pid() int { return c.cmd.Process.Pid }

@@ -16,7 +16,7 @@ import (
 // roleEnv selects what TestRole does in a child: "crash" and "pause" pass
 // through steps.Crash at rolePoint, "exit" exits with the code in its
 // first argument, "echo" prints its arguments, argv[0] and the variable
-// leakEnv.
+// leakEnv, "session" the variable PGAPPNAME.
 const (
 	roleEnv   = "STEPWISE_CRASHTEST_ROLE"
 	leakEnv   = "STEPWISE_CRASHTEST_LEAK"
@@ -41,6 +41,8 @@ func TestRole(t *testing.T) {
 		os.Exit(code)
 	case "echo":
 		fmt.Printf("args=%s argv0=%s leak=%q\n", strings.Join(args, ","), os.Args[0], os.Getenv(leakEnv))
+	case "session":
+		fmt.Printf("PGAPPNAME=%q\n", os.Getenv("PGAPPNAME"))
 	default:
 		t.Fatalf("unknown role %q", role)
 	}
@@ -98,6 +100,30 @@ func TestChildEnvironment(t *testing.T) {
 	c.WantExit(got, crashtest.Code(0))
 	if want := `leak="given"`; !strings.Contains(c.Stdout(), want) {
 		t.Errorf("stdout = %q, want it to contain %q", c.Stdout(), want)
+	}
+}
+
+// Each child's PostgreSQL sessions get a name no other child has, even
+// when the test's own environment sets PGAPPNAME; Spec.Env may choose it.
+func TestChildSessionName(t *testing.T) {
+	t.Setenv("PGAPPNAME", "the-test")
+	seen := map[string]bool{}
+	for range 2 {
+		c, got := crashtest.Run(t, role("session"))
+		c.WantExit(got, crashtest.Code(0))
+		name := c.SessionName()
+		if want := fmt.Sprintf("PGAPPNAME=%q\n", name); !strings.HasPrefix(c.Stdout(), want) {
+			t.Errorf("child's stdout = %q, want it to start with %q", c.Stdout(), want)
+		}
+		if !strings.HasPrefix(name, "crashtest-") || seen[name] {
+			t.Errorf("session name %q: want crashtest-..., one per child (had %v)", name, seen)
+		}
+		seen[name] = true
+	}
+	c, got := crashtest.Run(t, role("session", "PGAPPNAME=chosen"))
+	c.WantExit(got, crashtest.Code(0))
+	if c.SessionName() != "chosen" || !strings.HasPrefix(c.Stdout(), "PGAPPNAME=\"chosen\"\n") {
+		t.Errorf("with Spec.Env's PGAPPNAME=chosen: SessionName %q, child's stdout %q", c.SessionName(), c.Stdout())
 	}
 }
 

@@ -27,5 +27,6 @@
 // The child's environment is the test's own without any STEPWISE_ variable
 // (so a crash point set for the test does not leak into every child), plus
 // Spec.Env, plus GORACE=atexit_sleep_ms=0 so a race-enabled child does not
-// sleep a second before each exit.
+// sleep a second before each exit, and PGAPPNAME set to a name of its own
+// (Child.SessionName) so a test can find the child's PostgreSQL sessions.
 package crashtest
