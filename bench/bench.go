@@ -72,7 +72,7 @@ type Config struct {
 	// Steps is the number of steps in each per-step workload.
 	Steps int
 	// Claims is the number of runs each claimer count of the claims
-	// workload claims on each side; 0 means 2000.
+	// workload claims on each side; 0 means 5000.
 	Claims int
 	// Accounts is the number of accounts in the benchmark ledger.
 	Accounts int
@@ -224,7 +224,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		case WorkloadChunked:
 			err = b.chunked(cfg.Items)
 		case WorkloadClaims:
-			err = b.claims(cmp.Or(cfg.Claims, 2000))
+			err = b.claims(cmp.Or(cfg.Claims, 5000))
 		}
 		if err != nil {
 			if ctx.Err() != nil {

@@ -20,7 +20,8 @@ import (
 //
 // STEPWISE_BENCH_ITEMS sets the chunked workload's transfers (default
 // 100,000; the goals are stated at 1,000,000), STEPWISE_BENCH_STEPS the
-// per-step workloads' steps (default 2000). A CPU profile: add
+// per-step workloads' steps (default 2000), STEPWISE_BENCH_CLAIMS the runs
+// claimed per claimer count (default 5000). A CPU profile: add
 // -cpuprofile cpu.prof and read it with go tool pprof.
 
 func BenchmarkPerStep(b *testing.B) { benchWorkload(b, bench.WorkloadSteps) }
@@ -29,9 +30,11 @@ func BenchmarkEffect(b *testing.B) { benchWorkload(b, bench.WorkloadEffects) }
 
 func BenchmarkChunked(b *testing.B) { benchWorkload(b, bench.WorkloadChunked) }
 
+func BenchmarkClaims(b *testing.B) { benchWorkload(b, bench.WorkloadClaims) }
+
 func benchWorkload(b *testing.B, workload string) {
 	cfg := bench.Config{Items: envInt(b, "STEPWISE_BENCH_ITEMS", 100_000), Steps: envInt(b, "STEPWISE_BENCH_STEPS", 2000),
-		Accounts: 10_000, Workloads: []string{workload}}
+		Claims: envInt(b, "STEPWISE_BENCH_CLAIMS", 5000), Accounts: 10_000, Workloads: []string{workload}}
 	b.Run("store=sqlite", func(b *testing.B) {
 		cfg := cfg
 		cfg.Dir = b.TempDir()

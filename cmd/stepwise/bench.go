@@ -22,7 +22,7 @@ type benchCmd struct {
 	Steps int  `default:"2000" help:"Steps in each per-step workload."`
 	// Accounts is fixed by the goals' workload; tests make it small.
 	Accounts  int      `default:"10000" help:"Accounts in the benchmark ledger."`
-	Claims    int      `default:"2000" help:"Runs claimed (and raw queue rows) per claimer count (1, 4, 16) by the claims workload, on each side."`
+	Claims    int      `default:"5000" help:"Runs claimed (and raw queue rows) per claimer count (1, 4, 16) by the claims workload, on each side (fewer make the 16-claimer ratio noisy: each side then runs for well under a second)."`
 	Workloads []string `sep:"," placeholder:"NAME" help:"Workloads to run, comma-separated: steps, effects, chunked, claims; all when omitted."`
 	Dir       string   `help:"Directory for the temporary SQLite databases; defaults to the system's temporary directory. With a postgres:// --db the benchmark works in fresh schemas of that database, dropped at the end." type:"path"`
 }
