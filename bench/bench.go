@@ -476,13 +476,14 @@ func metWord(ok bool) string {
 	return "MISSED"
 }
 
-// formatRatio renders a ratio with two decimals, or three significant
-// digits when it is that small.
+// formatRatio renders a ratio with three decimals, or three significant
+// digits when it is that small: with two, 0.797 printed as "0.80 >= 0.8
+// MISSED".
 func formatRatio(r float64) string {
 	if r < 0.1 {
 		return strconv.FormatFloat(r, 'g', 3, 64)
 	}
-	return strconv.FormatFloat(r, 'f', 2, 64)
+	return strconv.FormatFloat(r, 'f', 3, 64)
 }
 
 // formatFigure renders a rate with a k/M suffix, or a time in seconds.
