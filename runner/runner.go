@@ -641,8 +641,10 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 // owner. Meanwhile it heartbeats the partition every third of Config.Lease
 // and stops by itself (a *steps.PartitionLeaseLostError) if no renewal
 // succeeded by the lease's expiry less Config.SelfFenceMargin. worked is
-// false when no partition was claimable. A Worker calls it for its free
-// slots.
+// false when no partition was claimable. It takes partitions of runs of
+// any queue, and of runs started directly; a Worker claims partitions
+// for its free slots the same way, narrowed to its Queues when it has
+// any.
 func (r *Runner) WorkPartition(ctx context.Context, owner string) (worked bool, err error) {
 	task, ok, err := r.claimPartition(ctx, owner)
 	if err != nil || !ok {
