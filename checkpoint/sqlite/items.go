@@ -47,7 +47,7 @@ func (t *sqliteTx) checkFence() error {
 		return nil
 	}
 	var fence int64
-	err := t.tx.QueryRowContext(t.ctx, sqlRunFence, t.lease.RunID).Scan(&fence)
+	err := t.tx.StmtContext(t.ctx, t.s.stmt.txFence).QueryRowContext(t.ctx, t.lease.RunID).Scan(&fence)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("%w: run %s", checkpoint.ErrNotFound, t.lease.RunID)
 	}

@@ -34,11 +34,14 @@ FROM steps WHERE run_id = ? ORDER BY started_at, step_id`
 
 type preparedStatements struct {
 	putStep, putItem *sql.Stmt
+	// txFence is sqlRunFence on the writer, for checkFence: prepared once
+	// rather than parsed again in every effect's transaction.
+	txFence          *sql.Stmt
 	fence, itemRange *sql.Stmt // on the read pool
 }
 
 func (p *preparedStatements) close() {
-	for _, s := range []*sql.Stmt{p.putStep, p.putItem, p.fence, p.itemRange} {
+	for _, s := range []*sql.Stmt{p.putStep, p.putItem, p.txFence, p.fence, p.itemRange} {
 		if s != nil {
 			s.Close()
 		}
@@ -50,7 +53,10 @@ func (s *Store) prepare(ctx context.Context) error {
 	if s.stmt.putStep, err = s.db.PrepareContext(ctx, sqlPutStep); err != nil {
 		return err
 	}
-	s.stmt.putItem, err = s.db.PrepareContext(ctx, sqlPutItem)
+	if s.stmt.putItem, err = s.db.PrepareContext(ctx, sqlPutItem); err != nil {
+		return err
+	}
+	s.stmt.txFence, err = s.db.PrepareContext(ctx, sqlRunFence)
 	return err
 }
 
