@@ -128,7 +128,8 @@ type Requeue struct {
 	Now time.Time
 	// Audit is the operator's record (who, when, the command, why). It is
 	// stored once for each run whose messages were queued again, with that
-	// run's ID and the keys in Details; its RunID is not read.
+	// run's ID and the keys in Details (before its own Details, if any);
+	// its RunID is not read.
 	Audit Audit
 }
 
@@ -190,7 +191,7 @@ func quoted(keys []string) []string {
 // RequeueAudits sorts requeued messages oldest first by creation (then
 // key) and returns the audit records of a RequeueDead that queued them
 // again: a copy of a for each run, in the order of the run's first
-// message, with every key of the run in Details. A backend stores them in
+// message, with every key of the run in Details, then a's own Details. A backend stores them in
 // the transaction that requeued the messages.
 func RequeueAudits(a Audit, requeued []Message) []Audit {
 	slices.SortFunc(requeued, func(x, y Message) int {
@@ -214,6 +215,9 @@ func RequeueAudits(a Audit, requeued []Message) []Audit {
 		ra.Details = fmt.Sprintf("requeued %d dead messages: %s", len(keys[id]), strings.Join(keys[id], ", "))
 		if len(keys[id]) == 1 {
 			ra.Details = "requeued dead message " + keys[id][0]
+		}
+		if a.Details != "" { // e.g. the request it came through
+			ra.Details += "; " + a.Details
 		}
 		out = append(out, ra)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/ops"
@@ -26,28 +25,18 @@ type OutboxListCmd struct {
 	JSON   bool   `name:"json" help:"Print JSON instead of a table."`
 }
 
-// outboxView is a message in `outbox --json`: show's message with its run.
-type outboxView struct {
-	RunID string `json:"run_id"`
-	ops.MessageView
-}
-
 // Run implements the outbox command.
 func (c *OutboxListCmd) Run(env *Env) error {
 	st, err := env.ExistingStore()
 	if err != nil {
 		return err
 	}
-	msgs, err := st.Messages(env.Ctx, c.Status, c.Limit)
+	msgs, err := ops.ListOutbox(env.Ctx, st, ops.OutboxQuery{Status: c.Status, Limit: c.Limit})
 	if err != nil {
 		return err
 	}
 	if c.JSON {
-		views := make([]outboxView, 0, len(msgs))
-		for _, m := range msgs {
-			views = append(views, outboxView{RunID: m.RunID, MessageView: ops.ViewMessage(m)})
-		}
-		return writeJSON(env.Stdout, views)
+		return writeJSON(env.Stdout, msgs)
 	}
 	if len(msgs) == 0 {
 		what := "messages"
@@ -112,16 +101,6 @@ For example:
   dispatch --to https://hooks.example/settled`
 }
 
-// requeueView is the outcome of `outbox requeue --json`.
-type requeueView struct {
-	Operation string       `json:"operation"`
-	Requeued  []outboxView `json:"requeued"`
-	NotDead   []outboxView `json:"not_dead"`
-	Operator  string       `json:"operator"`
-	Reason    string       `json:"reason"`
-	At        time.Time    `json:"at"`
-}
-
 // selection is the dead messages the flags name, or a usage error.
 func (c *OutboxRequeueCmd) selection(name string) (ops.DeadLetters, error) {
 	given := 0
@@ -168,14 +147,7 @@ func (c *OutboxRequeueCmd) Run(env *Env) error {
 			ErrNeedsDecision, strings.Join(why, "; "), env.Name)
 	}
 	if c.JSON {
-		v := requeueView{Operation: "outbox requeue", Requeued: []outboxView{}, NotDead: []outboxView{},
-			Operator: a.Operator, Reason: a.Reason, At: a.At}
-		for _, m := range res.Requeued {
-			v.Requeued = append(v.Requeued, outboxView{RunID: m.RunID, MessageView: ops.ViewMessage(m)})
-		}
-		for _, m := range res.NotDead {
-			v.NotDead = append(v.NotDead, outboxView{RunID: m.RunID, MessageView: ops.ViewMessage(m)})
-		}
+		v := ops.ViewRequeue(res, a)
 		if err := writeJSON(env.Stdout, v); err != nil {
 			return err
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/ops"
 )
 
 // TestOutboxDeadLetters runs three dispatch commands at once over one
@@ -165,7 +166,7 @@ func TestOutboxRequeue(t *testing.T) {
 	deadKeys := func() []string {
 		t.Helper()
 		o := run("outbox", "--status", "dead", "--json")
-		var ms []outboxView
+		var ms []ops.OutboxView
 		if o.code != ExitOK || json.Unmarshal([]byte(o.stdout), &ms) != nil {
 			t.Fatalf("outbox --status dead --json: exit %d\n%s", o.code, o)
 		}
@@ -222,11 +223,11 @@ func TestOutboxRequeue(t *testing.T) {
 	}
 	o = run("outbox", "requeue", "--run", "outbox/b", "--reason", "certificate renewed", "--operator", "alice", "--json")
 	var v struct {
-		Operation string       `json:"operation"`
-		Requeued  []outboxView `json:"requeued"`
-		NotDead   []outboxView `json:"not_dead"`
-		Operator  string       `json:"operator"`
-		Reason    string       `json:"reason"`
+		Operation string           `json:"operation"`
+		Requeued  []ops.OutboxView `json:"requeued"`
+		NotDead   []ops.OutboxView `json:"not_dead"`
+		Operator  string           `json:"operator"`
+		Reason    string           `json:"reason"`
 	}
 	if o.code != ExitOK || json.Unmarshal([]byte(o.stdout), &v) != nil {
 		t.Fatalf("requeue --run --json: exit %d, want 0 and its outcome\n%s", o.code, o)

@@ -42,6 +42,20 @@
 // Idempotency-Key is dropped): start it again when one of those runs has
 // ended.
 //
+// The outbox: GET /api/v1/outbox?status=queued|sent|dead&run=RUN_ID&limit=N
+// (read role; limit 1 to 1000, default 100) answers {"messages": [...]},
+// oldest first, each as `stepwise outbox --json` shows it (ops.OutboxView),
+// and "more": true when more match. POST /api/v1/outbox/requeue (operate
+// role, a manual operation like those on runs) sends dead messages again
+// (ops.RequeueDead): the body names them by exactly one of "keys":
+// [KEY, ...], "run": RUN_ID or "all_dead": true, with a "reason"; a bad
+// selection or a missing reason is 400 naming the field, an unknown key or
+// run 404 (field "keys" or "run", nothing requeued). It answers 200 with
+// what `outbox requeue --json` prints (requeued, not_dead: named messages
+// queued or sent, left as they are; operator, the token's name; reason;
+// at) and "result" in words, and is recorded in the audit trail of each
+// run whose messages it requeued.
+//
 // The common case, beside /healthz and /metrics:
 //
 //	api, err := httpapi.New(httpapi.Config{Store: st, Jobs: registry, Starter: httpapi.NewLocal(r), Tokens: tokens})

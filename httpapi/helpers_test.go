@@ -41,7 +41,8 @@ type xfer struct {
 }
 
 // registry has report (one effect step, then a step that fails when
-// asked) and settle (a batch step moving money, T3 rejected).
+// asked), settle (a batch step moving money, T3 rejected) and notify (one
+// notification in the outbox).
 func registry() *jobs.Registry {
 	var reg jobs.Registry
 	reg.MustRegister(
@@ -73,6 +74,9 @@ func registry() *jobs.Registry {
 					return x.Amount, nil
 				}, steps.WithTarget(steps.Target{Table: accounts}), steps.ChunkSize(2))
 			return err
+		}),
+		jobs.Define("notify", func(ctx context.Context, run *steps.Run, p dayParams) error {
+			return steps.Notify(ctx, run, "notify", "day.closed", map[string]string{"date": p.Date})
 		}),
 	)
 	return &reg

@@ -135,6 +135,8 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /api/v1/runs/{rest...}", s.auth(RoleRead, s.runGet))
 	s.mux.Handle("POST /api/v1/runs/{rest...}", s.auth(RoleOperate, s.runPost))
 	s.mux.Handle("GET /api/v1/schedules", s.auth(RoleRead, s.schedules))
+	s.mux.Handle("GET /api/v1/outbox", s.auth(RoleRead, s.listOutbox))
+	s.mux.Handle("POST /api/v1/outbox/requeue", s.auth(RoleOperate, s.requeueOutbox))
 	s.mux.HandleFunc("/api/v1/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, &apiError{Status: http.StatusNotFound, Code: "not_found", Message: "no such endpoint: " + r.Method + " " + r.URL.Path})
 	})
