@@ -249,9 +249,9 @@ func payloadSizes(ctx context.Context, q interface {
 // Prune implements checkpoint.Operator, set-based in one transaction: the
 // runs due are locked (a claim of one in flight is waited for, and a run
 // it reopened no longer qualifies), measured, stripped of their payloads
-// and the Idempotency-Keys naming them with one statement per table,
-// marked pruned (their fences raised) and
-// each audited. The runs come oldest finish first.
+// and of the Idempotency-Keys naming them with one statement per table,
+// marked pruned (their fences raised) and each audited. The runs come
+// oldest finish first.
 func (s *Store) Prune(ctx context.Context, a checkpoint.Audit, cutoff time.Time, dryRun bool) (checkpoint.PruneResult, error) {
 	var res checkpoint.PruneResult
 	add := func(sizes []runSize) {
