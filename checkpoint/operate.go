@@ -61,6 +61,21 @@ type PruneResult struct {
 	Steps int64    `json:"steps"` // step checkpoints whose payloads went
 	Items int64    `json:"items"` // item checkpoints deleted
 	Bytes int64    `json:"bytes"` // payload bytes freed
+	// IdempotencyKeys counts the API's Idempotency-Keys that named the
+	// runs pruned, deleted with them (accepting ones too): a start with
+	// one of those keys afterwards is answered by its run key, as a start
+	// without a key is.
+	IdempotencyKeys int64 `json:"idempotency_keys"`
+}
+
+// PruneDetails is the details of a pruned run's audit record: what its
+// prune removed. The Idempotency-Keys are named only when there were some.
+func PruneDetails(steps, items, bytes, keys int64) string {
+	d := fmt.Sprintf("%d steps, %d items, %d bytes", steps, items, bytes)
+	if keys > 0 {
+		d += fmt.Sprintf(", %d idempotency keys", keys)
+	}
+	return d
 }
 
 // JoinIDs is a short list of IDs for messages.
@@ -102,8 +117,10 @@ type Operator interface {
 	Audits(ctx context.Context, runID string) ([]Audit, error)
 	// Prune deletes the payloads of succeeded and abandoned runs that
 	// finished before cutoff: step outputs and plans, item checkpoints and
-	// chunk plans. Each run's row stays as a tombstone, so a later start of
-	// its key is refused with ErrPruned. With dryRun it only counts.
+	// chunk plans; in the same transaction, the Idempotency-Keys that name
+	// those runs (IdempotencyStore), accepting or done. Each run's row
+	// stays as a tombstone, so a later start of its key is refused with
+	// ErrPruned. With dryRun it only counts.
 	Prune(ctx context.Context, a Audit, cutoff time.Time, dryRun bool) (PruneResult, error)
 }
 

@@ -587,20 +587,22 @@ func TestPruneJSON(t *testing.T) {
 		Steps     int64    `json:"steps"`
 		Items     int64    `json:"items"`
 		Bytes     int64    `json:"bytes"`
+		Keys      int64    `json:"idempotency_keys"`
 	}
+	c.idempotencyKey("k-1", "crashy/a")
 	var got pruneJSON
 	decodeOne(t, c.want(ExitOK, nil, "prune", "--older-than", "0s", "--dry-run", "--json"), &got)
-	if !got.DryRun || got.OlderThan != "0s" || got.Cutoff == "" || !slices.Equal(got.Runs, []string{"crashy/a"}) || got.Steps != 3 || got.Bytes <= 0 {
-		t.Errorf("prune --dry-run --json = %+v", got)
+	if !got.DryRun || got.OlderThan != "0s" || got.Cutoff == "" || !slices.Equal(got.Runs, []string{"crashy/a"}) || got.Steps != 3 || got.Bytes <= 0 || got.Keys != 1 {
+		t.Errorf("prune --dry-run --json = %+v; want crashy/a, its 3 steps, some bytes and its 1 idempotency key", got)
 	}
 	got = pruneJSON{}
 	decodeOne(t, c.want(ExitOK, nil, "prune", "--older-than", "0s", "--json"), &got)
-	if got.DryRun || !slices.Equal(got.Runs, []string{"crashy/a"}) || got.Steps != 3 {
-		t.Errorf("prune --json = %+v", got)
+	if got.DryRun || !slices.Equal(got.Runs, []string{"crashy/a"}) || got.Steps != 3 || got.Keys != 1 {
+		t.Errorf("prune --json = %+v; want crashy/a, its 3 steps and its 1 idempotency key", got)
 	}
 	got = pruneJSON{}
 	decodeOne(t, c.want(ExitOK, nil, "prune", "--older-than", "0s", "--json"), &got)
-	if got.Runs == nil || len(got.Runs) != 0 || got.Steps != 0 {
+	if got.Runs == nil || len(got.Runs) != 0 || got.Steps != 0 || got.Keys != 0 {
 		t.Errorf("prune --json with nothing to prune = %+v; want an empty runs list", got)
 	}
 }

@@ -224,7 +224,7 @@ type PruneCmd struct {
 	OlderThan ageFlag `required:"" name:"older-than" placeholder:"DURATION" help:"Prune succeeded and abandoned runs that finished longer ago than this (e.g. 90d, 720h)."`
 	DryRun    bool    `name:"dry-run" help:"Only say what would be pruned."`
 	Reason    string  `default:"retention" help:"Why, for the audit log."`
-	JSON      bool    `name:"json" help:"Print what was pruned (or would be) as JSON: run IDs, step payloads, item checkpoints, bytes."`
+	JSON      bool    `name:"json" help:"Print what was pruned (or would be) as JSON: run IDs, step payloads, item checkpoints, bytes, idempotency keys."`
 }
 
 // Run implements the prune command.
@@ -245,7 +245,7 @@ func (c *PruneCmd) Run(env *Env) error {
 	}
 	if c.JSON {
 		v := pruneView{DryRun: c.DryRun, OlderThan: string(c.OlderThan), Cutoff: cutoff.Format(time.RFC3339),
-			Runs: res.Runs, Steps: res.Steps, Items: res.Items, Bytes: res.Bytes}
+			Runs: res.Runs, Steps: res.Steps, Items: res.Items, Bytes: res.Bytes, IdempotencyKeys: res.IdempotencyKeys}
 		if v.Runs == nil {
 			v.Runs = []string{}
 		}
@@ -255,7 +255,8 @@ func (c *PruneCmd) Run(env *Env) error {
 	if c.DryRun {
 		verb = "would prune"
 	}
-	fmt.Fprintf(env.Stdout, "%s %d runs: %d step payloads, %d item checkpoints, %s freed\n", verb, len(res.Runs), res.Steps, res.Items, bytesText(res.Bytes))
+	fmt.Fprintf(env.Stdout, "%s %d runs: %d step payloads, %d item checkpoints, %s freed, %d idempotency keys\n",
+		verb, len(res.Runs), res.Steps, res.Items, bytesText(res.Bytes), res.IdempotencyKeys)
 	if len(res.Runs) > 0 {
 		fmt.Fprintf(env.Stdout, "runs: %s\n", checkpoint.JoinIDs(res.Runs, 20))
 		fmt.Fprintln(env.Stdout, "their run keys stay as tombstones: starting one again is refused")

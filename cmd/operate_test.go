@@ -706,6 +706,33 @@ func TestAbandonCommand(t *testing.T) {
 // opsPastRun records a finished crashy run with key that started at at,
 // as if it ran then: two completed steps with outputs, and a batch step's
 // items. status is succeeded or failed.
+// idempotencyKey records an API Idempotency-Key, done, that started
+// runID, and returns it.
+func (c *opsCLI) idempotencyKey(key, runID string) checkpoint.IdempotencyKey {
+	c.t.Helper()
+	ctx := context.Background()
+	k := checkpoint.IdempotencyKey{Scope: "token:ops", Key: key, RequestHash: "h", Job: "crashy", Params: []byte(`{}`), RunID: runID, CreatedAt: time.Now()}
+	rec, begun, err := c.store().BeginIdempotency(ctx, k, time.Time{})
+	if err != nil || !begun {
+		c.t.Fatalf("record the idempotency key %s: begun %v, %v", key, begun, err)
+	}
+	if err := c.store().FinishIdempotency(ctx, rec, time.Now()); err != nil {
+		c.t.Fatal(err)
+	}
+	return k
+}
+
+// keyRecorded says whether the Idempotency-Key k is recorded (then, for
+// the test's sake, left so); a key found gone is recorded again.
+func (c *opsCLI) keyRecorded(k checkpoint.IdempotencyKey) bool {
+	c.t.Helper()
+	_, begun, err := c.store().BeginIdempotency(context.Background(), k, time.Time{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return !begun
+}
+
 func (c *opsCLI) opsPastRun(key, status string, at time.Time) {
 	c.t.Helper()
 	ctx := context.Background()
@@ -748,9 +775,11 @@ func TestPruneCommand(t *testing.T) {
 	c.opsPastRun("old", checkpoint.RunSucceeded, longAgo)
 	c.opsPastRun("oldfailed", checkpoint.RunFailed, longAgo)
 	c.runCrashy("recent")
+	oldKey := c.idempotencyKey("k-old", "crashy/old")
+	recentKey := c.idempotencyKey("k-recent", "crashy/recent")
 	// 2 step outputs of 17 bytes, 2 items of 1-byte key and 1-byte output:
-	// 38 bytes.
-	const freed = "2 step payloads, 2 item checkpoints, 38 bytes freed"
+	// 38 bytes; and the run's Idempotency-Key.
+	const freed = "2 step payloads, 2 item checkpoints, 38 bytes freed, 1 idempotency keys"
 
 	o := c.want(ExitOK, []string{"would prune 1 runs: " + freed, "runs: crashy/old"}, "prune", "--older-than", "90d", "--dry-run")
 	if strings.Contains(o.stdout, "recent") || strings.Contains(o.stdout, "oldfailed") {
@@ -760,6 +789,9 @@ func TestPruneCommand(t *testing.T) {
 		t.Errorf("dry run pruned: %+v", s.info.Run)
 	}
 	c.wantAudits("crashy/old")
+	if !c.keyRecorded(oldKey) {
+		t.Errorf("dry run deleted the pruned run's idempotency key")
+	}
 	c.want(ExitOK, []string{"would prune 1 runs"}, "prune", "--older-than", "720h", "--dry-run")
 
 	c.want(ExitOK, []string{"pruned 1 runs: " + freed, "runs: crashy/old", "tombstones"},
@@ -781,8 +813,11 @@ func TestPruneCommand(t *testing.T) {
 	if err != nil || items != 0 {
 		t.Errorf("pruned run keeps %d items (%v)", items, err)
 	}
+	if o, r := c.keyRecorded(oldKey), c.keyRecorded(recentKey); o || !r {
+		t.Errorf("after the prune, the pruned run's idempotency key is recorded %v (want false), the recent run's %v (want true)", o, r)
+	}
 	as := c.wantAudits("crashy/old", "prune --older-than 90d")
-	if len(as) == 1 && (as[0].Operator != "alice" || as[0].Reason != "retention policy" || as[0].Details != "2 steps, 2 items, 38 bytes") {
+	if len(as) == 1 && (as[0].Operator != "alice" || as[0].Reason != "retention policy" || as[0].Details != "2 steps, 2 items, 38 bytes, 1 idempotency keys") {
 		t.Errorf("audit = %+v; want alice, the reason and what was freed", as[0])
 	}
 	for _, id := range []string{"crashy/recent", "crashy/oldfailed"} {

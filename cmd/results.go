@@ -202,6 +202,9 @@ type pruneView struct {
 	Steps     int64    `json:"steps"`  // step checkpoints whose payloads went
 	Items     int64    `json:"items"`  // item checkpoints deleted
 	Bytes     int64    `json:"bytes"`  // payload bytes freed
+	// IdempotencyKeys counts the API's Idempotency-Keys of those runs
+	// deleted (or that would be).
+	IdempotencyKeys int64 `json:"idempotency_keys"`
 }
 
 // dispatchView is one dispatch pass in `dispatch --json`.

@@ -33,7 +33,10 @@
 // two callers starting the same run is answered as any start of an
 // existing run is (200, created false). Keys recorded before keys were
 // scoped (schema migrations sqlite 0012, postgres 0010) are kept in the
-// empty scope, which no caller has: they are never replayed.
+// empty scope, which no caller has: they are never replayed. Pruning a
+// run (stepwise prune) deletes its keys; a start with one afterwards is
+// answered by its run key, as a start without a key is (200, created
+// false, the tombstone's status), and the key is not recorded again.
 //
 // A start (POST /api/v1/runs), resume or rerun over its job's concurrency
 // limit is refused, as the command line refuses it, with 409 and code

@@ -370,3 +370,33 @@ func TestLegacyIdempotencyKeyReplaysToNobody(t *testing.T) {
 	}
 	a.wait("report/2026-11-28")
 }
+
+// Prune deletes a pruned run's Idempotency-Keys: a start with the old
+// key is then answered by the run key (the tombstone, created false, not
+// a replay), and the key is not recorded again for the next prune to miss.
+func TestPrunedRunsKeyIsAnsweredByItsRunKey(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	key := []string{"Idempotency-Key", "k-pruned"}
+	expect(t, "the first start", a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...), http.StatusCreated)
+	a.wait("report/2026-11-28")
+	if got := a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...); got.Status != http.StatusOK || got.Body["replayed"] != true {
+		t.Fatalf("a replay before the prune answered %d %s; want 200, replayed", got.Status, got.Raw)
+	}
+	res, err := a.st.Prune(ctx, checkpoint.Audit{At: time.Now(), Operator: "test", Command: "prune", Reason: "retention"}, time.Now().Add(time.Hour), false)
+	if err != nil || len(res.Runs) != 1 || res.IdempotencyKeys != 1 {
+		t.Fatalf("prune = %+v, %v; want the run and its one key", res, err)
+	}
+	for range 2 {
+		got := a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...)
+		expect(t, "a start with the pruned run's key", got, http.StatusOK)
+		if got.str("id") != "report/2026-11-28" || got.str("status") != checkpoint.RunSucceeded || got.Body["created"] != false || got.Body["replayed"] != nil {
+			t.Errorf("a start with the pruned run's key answered %s; want its run key's tombstone, succeeded, not created, not replayed", got.Raw)
+		}
+	}
+	rec, begun, err := a.st.BeginIdempotency(ctx, checkpoint.IdempotencyKey{Scope: "token:ops-alice", Key: "k-pruned", RequestHash: "x",
+		Job: "report", Params: []byte(`{}`), RunID: "report/x", CreatedAt: time.Now()}, time.Time{})
+	if err != nil || !begun {
+		t.Errorf("the pruned run's key after the starts: %+v, begun %v, %v; want not recorded again", rec, begun, err)
+	}
+}

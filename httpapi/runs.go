@@ -368,9 +368,11 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 	}
 	started, err := s.cfg.Starter.Start(ctx, runner.Request{Job: job.Name(), Values: values, ParamsFile: file, CreateOnly: true})
 	var exists *checkpoint.RunExistsError
+	pruned := false // the run exists and was pruned
 	switch {
 	case errors.As(err, &exists):
 		started, err = Started{RunID: exists.Run.ID, Status: exists.Run.Status}, nil
+		pruned = !exists.Run.PrunedAt.IsZero()
 	case err != nil:
 		if key != "" {
 			// Only this request's hold is dropped: a retry that took the
@@ -382,7 +384,15 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if key != "" {
+	switch {
+	case key != "" && pruned:
+		// The prune of the run deleted its keys, and its tombstone
+		// answers every start of its run key, with a key or without:
+		// recording this key would only keep it forever.
+		if derr := s.cfg.Store.DropIdempotency(ctx, hold); derr != nil {
+			s.cfg.Logger.Error().Err(derr).Str("request_id", RequestID(r)).Msg("could not drop an idempotency key")
+		}
+	case key != "":
 		err := s.cfg.Store.FinishIdempotency(ctx, hold, s.cfg.Now())
 		var lost *checkpoint.IdempotencyLostError
 		if errors.As(err, &lost) {

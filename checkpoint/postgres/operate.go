@@ -65,8 +65,15 @@ WHERE run_id = $1 AND step_id = $2`
        FROM steps WHERE run_id = r.id),
     (SELECT count(*) FROM items WHERE run_id = r.id),
     (SELECT coalesce(sum(coalesce(octet_length(output), 0) + octet_length(error) + octet_length(item_key)), 0)::bigint
-       FROM items WHERE run_id = r.id)
+       FROM items WHERE run_id = r.id),
+    (SELECT count(*) FROM idempotency_keys WHERE run_id = r.id)
 FROM unnest($1::text[]) WITH ORDINALITY AS r(id, n) ORDER BY r.n`
+	// sqlPruneIdempotency deletes the Idempotency-Keys naming the pruned
+	// runs, accepting ones too (the runs are finished, and their
+	// tombstones answer a later start with the key), and counts them per
+	// run: what went, whatever was recorded since the runs were measured.
+	sqlPruneIdempotency = `WITH gone AS (DELETE FROM idempotency_keys WHERE run_id = ANY($1::text[]) RETURNING run_id)
+SELECT run_id, count(*) FROM gone GROUP BY run_id`
 	sqlPruneSteps      = `UPDATE steps SET output = NULL, plan = NULL WHERE run_id = ANY($1::text[])`
 	sqlPruneItems      = `DELETE FROM items WHERE run_id = ANY($1::text[])`
 	sqlPruneChunkPlans = `DELETE FROM chunk_plans WHERE run_id = ANY($1::text[])`
@@ -221,8 +228,8 @@ func (s *Store) Audits(ctx context.Context, runID string) ([]checkpoint.Audit, e
 
 // runSize is what pruning one run frees.
 type runSize struct {
-	id                              string
-	steps, stepBytes, items, itemBy int64
+	id                                    string
+	steps, stepBytes, items, itemBy, keys int64
 }
 
 // payloadSizes measures the payloads of the runs ids, in their order.
@@ -235,15 +242,16 @@ func payloadSizes(ctx context.Context, q interface {
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (runSize, error) {
 		var z runSize
-		return z, r.Scan(&z.id, &z.steps, &z.stepBytes, &z.items, &z.itemBy)
+		return z, r.Scan(&z.id, &z.steps, &z.stepBytes, &z.items, &z.itemBy, &z.keys)
 	})
 }
 
 // Prune implements checkpoint.Operator, set-based in one transaction: the
 // runs due are locked (a claim of one in flight is waited for, and a run
 // it reopened no longer qualifies), measured, stripped of their payloads
-// with one statement per table, marked pruned (their fences raised) and
-// each audited. The runs come oldest finish first.
+// and of the Idempotency-Keys naming them with one statement per table,
+// marked pruned (their fences raised) and each audited. The runs come
+// oldest finish first.
 func (s *Store) Prune(ctx context.Context, a checkpoint.Audit, cutoff time.Time, dryRun bool) (checkpoint.PruneResult, error) {
 	var res checkpoint.PruneResult
 	add := func(sizes []runSize) {
@@ -252,6 +260,7 @@ func (s *Store) Prune(ctx context.Context, a checkpoint.Audit, cutoff time.Time,
 			res.Steps += z.steps
 			res.Items += z.items
 			res.Bytes += z.stepBytes + z.itemBy
+			res.IdempotencyKeys += z.keys
 		}
 	}
 	if dryRun {
@@ -285,9 +294,21 @@ func (s *Store) Prune(ctx context.Context, a checkpoint.Audit, cutoff time.Time,
 		if err != nil {
 			return err
 		}
+		rows, err = tx.Query(ctx, sqlPruneIdempotency, ids)
+		if err != nil {
+			return err
+		}
+		keys := map[string]int64{}
+		var runID string
+		var n int64
+		if _, err := pgx.ForEachRow(rows, []any{&runID, &n}, func() error { keys[runID] = n; return nil }); err != nil {
+			return err
+		}
 		details := make([]string, len(sizes))
-		for i, z := range sizes {
-			details[i] = fmt.Sprintf("%d steps, %d items, %d bytes", z.steps, z.items, z.stepBytes+z.itemBy)
+		for i := range sizes {
+			z := &sizes[i]
+			z.keys = keys[z.id]
+			details[i] = checkpoint.PruneDetails(z.steps, z.items, z.stepBytes+z.itemBy, z.keys)
 		}
 		b := &pgx.Batch{}
 		for _, q := range []string{sqlPruneSteps, sqlPruneItems, sqlPruneChunkPlans, sqlPruneChanges, sqlPrunePartitions} {

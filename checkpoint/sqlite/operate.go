@@ -40,12 +40,17 @@ ORDER BY finished_at`
     (SELECT count(*) FROM steps WHERE run_id = ?1),
     (SELECT COALESCE(sum(length(output) + COALESCE(length(plan), 0)), 0) FROM steps WHERE run_id = ?1),
     (SELECT count(*) FROM items WHERE run_id = ?1),
-    (SELECT COALESCE(sum(COALESCE(length(output), 0) + length(error) + length(item_key)), 0) FROM items WHERE run_id = ?1)`
-	sqlPruneSteps      = `UPDATE steps SET output = NULL, plan = NULL WHERE run_id = ?`
-	sqlPruneItems      = `DELETE FROM items WHERE run_id = ?`
-	sqlPruneChunkPlans = `DELETE FROM chunk_plans WHERE run_id = ?`
-	sqlPrunePartitions = `DELETE FROM partitions WHERE run_id = ?`
-	sqlMarkPruned      = `UPDATE runs SET pruned_at = ?, updated_at = ? WHERE id = ?`
+    (SELECT COALESCE(sum(COALESCE(length(output), 0) + length(error) + length(item_key)), 0) FROM items WHERE run_id = ?1),
+    (SELECT count(*) FROM idempotency_keys WHERE run_id = ?1)`
+	// sqlPruneIdempotency deletes the Idempotency-Keys naming a pruned
+	// run, accepting ones too: the run is finished, and its tombstone
+	// answers a later start with the key.
+	sqlPruneIdempotency = `DELETE FROM idempotency_keys WHERE run_id = ?`
+	sqlPruneSteps       = `UPDATE steps SET output = NULL, plan = NULL WHERE run_id = ?`
+	sqlPruneItems       = `DELETE FROM items WHERE run_id = ?`
+	sqlPruneChunkPlans  = `DELETE FROM chunk_plans WHERE run_id = ?`
+	sqlPrunePartitions  = `DELETE FROM partitions WHERE run_id = ?`
+	sqlMarkPruned       = `UPDATE runs SET pruned_at = ?, updated_at = ? WHERE id = ?`
 )
 
 // operate runs fn on the run in one write transaction and records the audit
@@ -159,55 +164,75 @@ func (s *Store) Audits(ctx context.Context, runID string) ([]checkpoint.Audit, e
 }
 
 // Prune deletes the payloads of succeeded and abandoned runs that finished
-// before cutoff: step outputs and plans, item checkpoints and chunk plans.
-// Each run's row stays as a tombstone, so a later start of its key is
-// refused with ErrPruned instead of silently running again. With dryRun it
-// only counts.
+// before cutoff: step outputs and plans, item checkpoints and chunk plans,
+// and the Idempotency-Keys naming them. Each run's row stays as a
+// tombstone, so a later start of its key is refused with ErrPruned instead
+// of silently running again. With dryRun it only counts. Each run is
+// pruned, measured and audited in a transaction of its own.
 func (s *Store) Prune(ctx context.Context, a checkpoint.Audit, cutoff time.Time, dryRun bool) (checkpoint.PruneResult, error) {
 	var res checkpoint.PruneResult
 	rows, err := s.rdb.QueryContext(ctx, sqlPrunable, fmtTime(cutoff))
 	if err != nil {
 		return res, s.wrap("find runs to prune", err)
 	}
+	var candidates []string
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
 			return res, s.wrap("find runs to prune", err)
 		}
-		res.Runs = append(res.Runs, id)
+		candidates = append(candidates, id)
 	}
 	rows.Close()
-	candidates := res.Runs
-	res.Runs = nil
+	if err := rows.Err(); err != nil {
+		return res, s.wrap("find runs to prune", err)
+	}
+	add := func(id string, z payloadSize) {
+		res.Runs = append(res.Runs, id)
+		res.Steps += z.steps
+		res.Items += z.items
+		res.Bytes += z.stepBytes + z.itemBytes
+		res.IdempotencyKeys += z.keys
+	}
 	for _, id := range candidates {
-		var steps, stepBytes, items, itemBytes int64
-		if err := s.rdb.QueryRowContext(ctx, sqlPayloadSize, id).Scan(&steps, &stepBytes, &items, &itemBytes); err != nil {
-			return res, s.wrap("measure run "+id, err)
-		}
 		if dryRun {
-			res.Runs = append(res.Runs, id)
-			res.Steps += steps
-			res.Items += items
-			res.Bytes += stepBytes + itemBytes
+			z, err := measure(ctx, s.rdb, id)
+			if err != nil {
+				return res, s.wrap("measure run "+id, err)
+			}
+			add(id, z)
 			continue
 		}
-		ra := a
-		ra.RunID = id
-		ra.Details = fmt.Sprintf("%d steps, %d items, %d bytes", steps, items, stepBytes+itemBytes)
-		err := s.operate(ctx, ra, ra.At, checkpoint.OperateOptions{}, false, func(tx *sql.Tx, run checkpoint.Run) error {
+		var z payloadSize
+		err := s.tx(ctx, a.Command+" "+id, func(tx *sql.Tx) error {
+			run, err := scanRun(tx.QueryRowContext(ctx, sqlSelectRun, id))
+			if err != nil {
+				return err
+			}
 			// Re-checked inside the transaction: the run may have been
 			// rerun since it was listed.
 			if (run.Status != checkpoint.RunSucceeded && run.Status != checkpoint.RunAbandoned) || !run.PrunedAt.IsZero() ||
 				run.FinishedAt.IsZero() || !run.FinishedAt.Before(cutoff) {
 				return errSkipPrune
 			}
+			// Measured in the transaction (the one writer), so the audit
+			// says exactly what went.
+			if z, err = measure(ctx, tx, id); err != nil {
+				return err
+			}
 			for _, q := range []string{sqlPruneSteps, sqlPruneItems, sqlPruneChunkPlans, sqlPruneChanges, sqlPrunePartitions} {
 				if _, err := tx.ExecContext(ctx, q, id); err != nil {
 					return err
 				}
 			}
-			_, err := tx.ExecContext(ctx, sqlMarkPruned, fmtTime(ra.At), fmtTime(ra.At), id)
+			if _, err := tx.ExecContext(ctx, sqlPruneIdempotency, id); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, sqlMarkPruned, fmtTime(a.At), fmtTime(a.At), id); err != nil {
+				return err
+			}
+			_, err = tx.ExecContext(ctx, sqlInsertAudit, id, fmtTime(a.At), a.Operator, a.Command, a.Reason, z.details())
 			return err
 		})
 		if errors.Is(err, errSkipPrune) {
@@ -216,12 +241,29 @@ func (s *Store) Prune(ctx context.Context, a checkpoint.Audit, cutoff time.Time,
 		if err != nil {
 			return res, err
 		}
-		res.Runs = append(res.Runs, id)
-		res.Steps += steps
-		res.Items += items
-		res.Bytes += stepBytes + itemBytes
+		add(id, z)
 	}
 	return res, nil
+}
+
+// payloadSize is what Prune removes of one run.
+type payloadSize struct {
+	steps, stepBytes, items, itemBytes, keys int64
+}
+
+// measure reads the size of run id's payloads.
+func measure(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, id string) (payloadSize, error) {
+	var z payloadSize
+	err := q.QueryRowContext(ctx, sqlPayloadSize, id).Scan(&z.steps, &z.stepBytes, &z.items, &z.itemBytes, &z.keys)
+	return z, err
+}
+
+// details is the audit record's account of a pruned run's payloads; the
+// Idempotency-Keys are named only when there were some.
+func (z payloadSize) details() string {
+	return checkpoint.PruneDetails(z.steps, z.items, z.stepBytes+z.itemBytes, z.keys)
 }
 
 // errSkipPrune rolls back the pruning of a run that no longer qualifies.

@@ -296,6 +296,109 @@ func testOperations(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("PruneDeletesIdempotencyKeys", func(t *testing.T) {
+		e, st, op := hosts(t)
+		ik := capability[checkpoint.IdempotencyStore](t, st, "idempotency keys")
+		finish := func(id, status string, at time.Time) {
+			c := e.claim(st, id, ownerA, at.Add(-time.Hour))
+			e.inTx(st, c.Lease, func(tx checkpoint.Tx) error { return tx.PutStep(completed("load", `1`)) })
+			if err := st.Finish(e.ctx, c.Lease, checkpoint.Ending{Status: status, At: at}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		key := func(scope, k, runID string) checkpoint.IdempotencyKey {
+			return checkpoint.IdempotencyKey{Scope: scope, Key: k, RequestHash: "h-" + runID, Job: "prune", Params: []byte(params), RunID: runID, CreatedAt: t0}
+		}
+		// begin records a key naming runID, done unless accepting.
+		begin := func(k checkpoint.IdempotencyKey, accepting bool) {
+			rec, begun, err := ik.BeginIdempotency(e.ctx, k, t0.Add(-time.Minute))
+			if err != nil || !begun {
+				t.Fatalf("BeginIdempotency %s/%s: %v, begun %v", k.Scope, k.Key, err, begun)
+			}
+			if !accepting {
+				if err := ik.FinishIdempotency(e.ctx, rec, t0); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		// recorded says whether k is still recorded, and checks it names
+		// its run; a key found gone is recorded again, as a fresh start
+		// with it would.
+		recorded := func(k checkpoint.IdempotencyKey) bool {
+			t.Helper()
+			rec, begun, err := ik.BeginIdempotency(e.ctx, k, t0.Add(-time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !begun && rec.RunID != k.RunID {
+				t.Errorf("key %s/%s names %s; want %s", k.Scope, k.Key, rec.RunID, k.RunID)
+			}
+			return !begun
+		}
+		cutoff := t0.Add(30 * 24 * time.Hour)
+		finish("keys/old-ok", checkpoint.RunSucceeded, t0)
+		finish("keys/old-abandoned", checkpoint.RunAbandoned, t0.Add(time.Hour))
+		finish("keys/old-failed", checkpoint.RunFailed, t0)
+		finish("keys/new-ok", checkpoint.RunSucceeded, cutoff)
+		gone := []checkpoint.IdempotencyKey{
+			key("token:a", "k-1", "keys/old-ok"),
+			key("token:b", "k-1", "keys/old-ok"), // the same key of another caller
+			key("token:a", "k-2", "keys/old-ok"), // still accepting: goes too
+		}
+		begin(gone[0], false)
+		begin(gone[1], false)
+		begin(gone[2], true)
+		kept := []checkpoint.IdempotencyKey{
+			key("token:a", "k-3", "keys/old-failed"),
+			key("token:a", "k-4", "keys/new-ok"),
+			key("token:a", "k-5", "keys/never-started"),
+		}
+		for _, k := range kept {
+			begin(k, false)
+		}
+
+		a := audit("", "prune", cutoff.Add(time.Hour))
+		dry, err := op.Prune(e.ctx, a, cutoff, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{"keys/old-ok", "keys/old-abandoned"}; !slices.Equal(dry.Runs, want) || dry.IdempotencyKeys != 3 {
+			t.Errorf("dry prune = %+v; want runs %v and 3 idempotency keys", dry, want)
+		}
+		for _, k := range gone {
+			if !recorded(k) {
+				t.Errorf("a dry prune deleted the key %s/%s", k.Scope, k.Key)
+			}
+		}
+		res, err := op.Prune(e.ctx, a, cutoff, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(res.Runs, dry.Runs) || res.IdempotencyKeys != 3 {
+			t.Errorf("prune = %+v; want what the dry run counted, %+v", res, dry)
+		}
+		for _, k := range gone {
+			if recorded(k) {
+				t.Errorf("after the prune of %s, its key %s/%s is still recorded", k.RunID, k.Scope, k.Key)
+			}
+		}
+		for _, k := range kept {
+			if !recorded(k) {
+				t.Errorf("the prune deleted the key %s/%s of %s, a run it did not prune", k.Scope, k.Key, k.RunID)
+			}
+		}
+		for id, want := range map[string]string{"keys/old-ok": ", 3 idempotency keys", "keys/old-abandoned": ""} {
+			as, err := op.Audits(e.ctx, id)
+			if err != nil || len(as) != 1 || !strings.HasSuffix(as[0].Details, " bytes"+want) {
+				t.Errorf("audit of pruned run %s = %+v, %v; want the prune, its details ending %q", id, as, err, " bytes"+want)
+			}
+		}
+		// Nothing more to prune, no key counted.
+		if again, err := op.Prune(e.ctx, a, cutoff, false); err != nil || len(again.Runs) != 0 || again.IdempotencyKeys != 0 {
+			t.Errorf("a second prune = %+v, %v; want nothing", again, err)
+		}
+	})
+
 	t.Run("AuditKeepsOrder", func(t *testing.T) {
 		e, st, op := hosts(t)
 		e.claim(st, "ops/8", ownerA, t0)
