@@ -610,13 +610,7 @@ func TestPruneJSON(t *testing.T) {
 func TestDispatchJSON(t *testing.T) {
 	t.Parallel()
 	db, _ := testFiles(t)
-	run := func(args ...string) opsOut {
-		t.Helper()
-		var out, errb syncBuffer
-		args = append([]string{"--db", db}, args...)
-		code := Execute(context.Background(), testRegistry(), args, &out, &errb)
-		return opsOut{args: args, code: code, stdout: out.String(), stderr: errb.String()}
-	}
+	run := testRegistryCLI(t, db)
 	if o := run("run", "outbox", "-p", "key=k"); o.code != ExitOK {
 		t.Fatalf("run outbox: exit %d\n%s", o.code, o)
 	}

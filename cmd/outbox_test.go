@@ -15,6 +15,18 @@ import (
 	"github.com/stepwise-run/stepwise/ops"
 )
 
+// testRegistryCLI returns a runner of command lines on db (after --db)
+// through Execute with testRegistry, the test jobs with notifications.
+func testRegistryCLI(t *testing.T, db string) func(args ...string) opsOut {
+	return func(args ...string) opsOut {
+		t.Helper()
+		var out, errb syncBuffer
+		args = append([]string{"--db", db}, args...)
+		code := Execute(context.Background(), testRegistry(), args, &out, &errb)
+		return opsOut{args: args, code: code, stdout: out.String(), stderr: errb.String()}
+	}
+}
+
 // TestOutboxDeadLetters runs three dispatch commands at once over one
 // database and a local webhook that refuses one run's notification: each
 // message is delivered once with its key, the refused one is dead after
@@ -22,13 +34,7 @@ import (
 func TestOutboxDeadLetters(t *testing.T) {
 	t.Parallel()
 	db, _ := testFiles(t)
-	run := func(args ...string) opsOut {
-		t.Helper()
-		var out, errb syncBuffer
-		args = append([]string{"--db", db}, args...)
-		code := Execute(context.Background(), testRegistry(), args, &out, &errb)
-		return opsOut{args: args, code: code, stdout: out.String(), stderr: errb.String()}
-	}
+	run := testRegistryCLI(t, db)
 	keys := []string{"a", "b", "c", "d", "e"}
 	for _, k := range keys {
 		if o := run("run", "outbox", "-p", "key="+k); o.code != ExitOK {
@@ -128,13 +134,7 @@ func TestOutboxDeadLetters(t *testing.T) {
 func TestOutboxRequeue(t *testing.T) {
 	t.Parallel()
 	db, _ := testFiles(t)
-	run := func(args ...string) opsOut {
-		t.Helper()
-		var out, errb syncBuffer
-		args = append([]string{"--db", db}, args...)
-		code := Execute(context.Background(), testRegistry(), args, &out, &errb)
-		return opsOut{args: args, code: code, stdout: out.String(), stderr: errb.String()}
-	}
+	run := testRegistryCLI(t, db)
 	for _, k := range []string{"a", "b", "c"} {
 		if o := run("run", "outbox", "-p", "key="+k); o.code != ExitOK {
 			t.Fatalf("run outbox: exit %d\n%s", o.code, o)
