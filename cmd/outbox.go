@@ -21,6 +21,7 @@ type OutboxCmd struct {
 // for dead letters or a backlog.
 type OutboxListCmd struct {
 	Status string `enum:",queued,sent,dead" default:"" help:"Only messages with this status (queued, sent or dead); every status if empty."`
+	RunID  string `name:"run" placeholder:"RUN_ID" help:"Only the messages of this run (an unknown run is refused, exit 2)."`
 	Limit  int    `default:"100" nonzero:"" help:"At most this many messages (at least 1)."`
 	JSON   bool   `name:"json" help:"Print JSON instead of a table."`
 }
@@ -31,7 +32,7 @@ func (c *OutboxListCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	msgs, err := ops.ListOutbox(env.Ctx, st, ops.OutboxQuery{Status: c.Status, Limit: c.Limit})
+	msgs, err := ops.ListOutbox(env.Ctx, st, ops.OutboxQuery{Status: c.Status, RunID: c.RunID, Limit: c.Limit})
 	if err != nil {
 		return err
 	}
@@ -42,6 +43,9 @@ func (c *OutboxListCmd) Run(env *Env) error {
 		what := "messages"
 		if c.Status != "" {
 			what = c.Status + " messages"
+		}
+		if c.RunID != "" {
+			what += " of run " + c.RunID
 		}
 		fmt.Fprintf(env.Stdout, "no %s in the outbox\n", what)
 		return nil

@@ -111,6 +111,15 @@ func TestOutboxDeadLetters(t *testing.T) {
 	if o = run("outbox"); o.code != ExitOK || strings.Count(o.stdout, "/notify") != len(keys) {
 		t.Errorf("outbox: want every message listed\n%s", o)
 	}
+	if o = run("outbox", "--run", "outbox/b"); o.code != ExitOK || strings.Count(o.stdout, "/notify") != 1 || !strings.Contains(o.stdout, "outbox/b/notify") {
+		t.Errorf("outbox --run outbox/b: want its one message only\n%s", o)
+	}
+	if o = run("outbox", "--run", "outbox/b", "--status", "dead"); o.code != ExitOK || o.stdout != "no dead messages of run outbox/b in the outbox\n" {
+		t.Errorf("outbox --run outbox/b --status dead: want none\n%s", o)
+	}
+	if o = run("outbox", "--run", "outbox/nope"); o.code != ExitUsage || !strings.Contains(o.stderr, "outbox/nope") || !strings.Contains(o.stderr, "runs` lists the runs") {
+		t.Errorf("outbox --run outbox/nope: want exit 2 naming the run and the hint\n%s", o)
+	}
 	if o = run("outbox", "--status", "queued"); o.code != ExitOK || o.stdout != "no queued messages in the outbox\n" {
 		t.Errorf("outbox --status queued: want none\n%s", o)
 	}
