@@ -162,16 +162,7 @@ func queryPartitions(ctx context.Context, q interface {
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []checkpoint.Partition
-	for rows.Next() {
-		p, err := scanPartition(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p)
-	}
-	return out, rows.Err()
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (checkpoint.Partition, error) { return scanPartition(r) })
 }
 
 // Partitions implements checkpoint.PartitionStore.
