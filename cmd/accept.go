@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/stepwise-run/stepwise/ops"
+	"github.com/stepwise-run/stepwise/runner/ops"
 	"github.com/stepwise-run/stepwise/steps"
 )
 

@@ -3,8 +3,8 @@ package cmd
 import (
 	"net/http"
 
-	"github.com/stepwise-run/stepwise/httpapi"
-	"github.com/stepwise-run/stepwise/web"
+	"github.com/stepwise-run/stepwise/cmd/internal/httpapi"
+	"github.com/stepwise-run/stepwise/cmd/internal/web"
 )
 
 // apiAuth puts the dashboard's pages behind the HTTP API's

@@ -13,8 +13,8 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/ops"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // ErrNeedsDecision is returned when an operation needs an explicit flag

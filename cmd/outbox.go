@@ -7,7 +7,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/ops"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // OutboxCmd groups the outbox's commands: listing its messages (the

@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/ops"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // testRegistryCLI returns a runner of command lines on db (after --db)

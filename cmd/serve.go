@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/stepwise-run/stepwise/httpapi"
+	"github.com/stepwise-run/stepwise/cmd/internal/httpapi"
+	"github.com/stepwise-run/stepwise/cmd/internal/web"
 	"github.com/stepwise-run/stepwise/runner"
-	"github.com/stepwise-run/stepwise/web"
 )
 
 // ServeCmd runs the scheduler until SIGTERM or SIGINT.

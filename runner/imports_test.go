@@ -13,16 +13,18 @@ const modulePath = "github.com/stepwise-run/stepwise"
 
 // layerAllows says which Stepwise layers each layer may import, besides
 // itself: imports flow one way, cmd -> runner -> jobs -> steps ->
-// checkpoint, and examples use jobs and steps only; bench (the workloads
-// of `stepwise bench`) sits beside cmd, which alone imports it. ops (what
-// an operator sees of runs and does to them) sits above runner, and
-// httpapi (the HTTP API) above ops, and web (the dashboard's pages, which
-// read the ops views and operate through the API) beside httpapi; cmd
-// imports them, so the CLI, the API and the dashboard share one
-// implementation of every view and operation. The checkpoint
-// contract imports no other layer; a backend (checkpoint/sqlite, and any
-// store beside it) implements the contract, and only cmd, which opens the
-// store --db names, may import one outside tests.
+// checkpoint, and examples use jobs and steps only. The top level is the
+// design card's (checkpoint, steps, jobs, runner, cmd, examples); the
+// layers below are packages under it. runner/ops (what an operator sees of
+// runs and does to them) sits above runner; cmd/internal/httpapi (the HTTP
+// API) above ops, and cmd/internal/web (the dashboard's pages, which read
+// the ops views and operate through the API) beside it; cmd/internal/bench
+// (the workloads of `stepwise bench`) sits beside cmd, which alone imports
+// it. cmd imports them all, so the CLI, the API and the dashboard share one
+// implementation of every view and operation. The checkpoint contract
+// imports no other layer; a backend (checkpoint/sqlite, and any store beside
+// it) implements the contract, and only cmd, which opens the store --db
+// names, may import one outside tests.
 var layerAllows = map[string][]string{
 	"checkpoint":     {},
 	"backend":        {"checkpoint"},
@@ -58,10 +60,25 @@ var forbidden = map[string][]string{
 	"checkpoint": {"database/sql", "modernc.org/", "github.com/jackc/"},
 }
 
-// layerOf returns the layer of a Stepwise package: its top-level directory
-// ("" for the modulePath root), except below checkpoint, where a package
-// whose name ends in "test" is a test helper ("checkpointtest") and any
-// other is a backend. ok is false for a package outside the module.
+// subLayers are the packages below a top-level directory that are layers of
+// their own, by path below the module (a package below one belongs to it).
+var subLayers = map[string]string{
+	"runner/ops":           "ops",
+	"cmd/internal/httpapi": "httpapi",
+	"cmd/internal/web":     "web",
+	"cmd/internal/bench":   "bench",
+}
+
+// topLevel is the design card's top level: every package of the module sits
+// below one of these directories.
+var topLevel = []string{"checkpoint", "steps", "jobs", "runner", "cmd", "examples"}
+
+// layerOf returns the layer of a Stepwise package: its sub-layer when it is
+// (or sits below) one of subLayers, else its top-level directory ("" for the
+// modulePath root; "top-level X" for a directory X the card does not name),
+// except below checkpoint, where a package whose name ends
+// in "test" is a test helper ("checkpointtest") and any other is a backend.
+// ok is false for a package outside the module.
 func layerOf(path string) (layer string, ok bool) {
 	if path == modulePath {
 		return "", true
@@ -70,7 +87,15 @@ func layerOf(path string) (layer string, ok bool) {
 	if !ok {
 		return "", false
 	}
+	for prefix, sub := range subLayers {
+		if rest == prefix || strings.HasPrefix(rest, prefix+"/") {
+			return sub, true
+		}
+	}
 	layer, sub, _ := strings.Cut(rest, "/")
+	if !slices.Contains(topLevel, layer) {
+		return "top-level " + layer, true // no layer: outside the card's top level
+	}
 	if layer == "checkpoint" && sub != "" {
 		if strings.HasSuffix(sub, "test") {
 			return "checkpointtest", true
@@ -97,7 +122,7 @@ func importViolations(pkgs map[string]pkgImports) []string {
 		}
 		allowed, known := layerAllows[from]
 		if !known {
-			bad = append(bad, pkg+" is outside the fixed layout (checkpoint, steps, jobs, runner, ops, httpapi, web, bench, cmd, examples)")
+			bad = append(bad, pkg+" is outside the fixed layout (checkpoint, steps, jobs, runner, cmd, examples)")
 			continue
 		}
 		for _, dep := range deps.Imports {
@@ -138,16 +163,22 @@ func TestImportViolationsCatchesWrongArrows(t *testing.T) {
 		p("cmd"):                       {Imports: []string{p("checkpoint/sqlite")}},
 		p("cmd/stepwise"):              {Imports: []string{p("cmd"), p("examples/report")}},
 		p("internal/x"):                {},
+		p("httpapi"):                   {},
+		p("cmd/internal/web"):          {Imports: []string{p("cmd")}},
+		p("runner/ops"):                {Imports: []string{p("cmd/internal/httpapi")}},
 		"example.com/other":            {Imports: []string{p("cmd")}},
 	})
 	want := []string{
 		p("checkpoint") + " imports database/sql",
 		p("checkpoint") + " imports " + p("checkpoint/checkpointtest"),
 		p("checkpoint/sqlite") + " imports " + p("steps"),
+		p("cmd/internal/web") + " imports " + p("cmd"),
 		p("examples/report") + " imports " + p("checkpoint"),
+		p("httpapi") + " is outside",
 		p("internal/x") + " is outside",
 		p("jobs") + " imports " + p("runner"),
 		p("runner") + " imports " + p("cmd"),
+		p("runner/ops") + " imports " + p("cmd/internal/httpapi"),
 		p("steps") + " imports " + p("checkpoint/sqlite"),
 		p("steps") + " imports " + p("jobs"),
 	}

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/stepwise-run/stepwise/bench"
 	"github.com/stepwise-run/stepwise/checkpoint/stores"
 	"github.com/stepwise-run/stepwise/cmd"
+	"github.com/stepwise-run/stepwise/cmd/internal/bench"
 )
 
 // benchCmd measures Stepwise against hand-written SQL on the store --db

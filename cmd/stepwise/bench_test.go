@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stepwise-run/stepwise/bench"
 	"github.com/stepwise-run/stepwise/cmd"
+	"github.com/stepwise-run/stepwise/cmd/internal/bench"
 )
 
 // benchRows are the workloads `stepwise bench` reports, in order.

@@ -22,7 +22,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint/stores"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
-	"github.com/stepwise-run/stepwise/ops"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // ScreenshotsEnv names the directory the browser test saves its

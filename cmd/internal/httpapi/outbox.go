@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/ops"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // OutboxView is the answer of GET /api/v1/outbox.

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/httpapi"
+	"github.com/stepwise-run/stepwise/cmd/internal/httpapi"
 	"github.com/stepwise-run/stepwise/runner"
 )
 

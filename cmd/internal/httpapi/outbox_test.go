@@ -12,9 +12,9 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/httpapi"
-	"github.com/stepwise-run/stepwise/ops"
+	"github.com/stepwise-run/stepwise/cmd/internal/httpapi"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // receiver is a Delivery that refuses the keys in refuse and records the

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/httpapi"
+	"github.com/stepwise-run/stepwise/cmd/internal/httpapi"
 	"github.com/stepwise-run/stepwise/runner"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/httpapi"
+	"github.com/stepwise-run/stepwise/cmd/internal/httpapi"
 )
 
 func TestAuth(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
-	"github.com/stepwise-run/stepwise/ops"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // ErrorView is the JSON body of every error answer.

@@ -13,10 +13,10 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
-	"github.com/stepwise-run/stepwise/httpapi"
+	"github.com/stepwise-run/stepwise/cmd/internal/httpapi"
 	"github.com/stepwise-run/stepwise/jobs"
-	"github.com/stepwise-run/stepwise/ops"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/runner/ops"
 	"github.com/stepwise-run/stepwise/steps"
 )
 

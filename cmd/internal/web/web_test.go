@@ -17,12 +17,12 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/cmd/internal/httpapi"
+	"github.com/stepwise-run/stepwise/cmd/internal/web"
 	"github.com/stepwise-run/stepwise/examples/settlement"
-	"github.com/stepwise-run/stepwise/httpapi"
 	"github.com/stepwise-run/stepwise/jobs"
-	"github.com/stepwise-run/stepwise/ops"
 	"github.com/stepwise-run/stepwise/runner"
-	"github.com/stepwise-run/stepwise/web"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 const testDate = "2026-11-28"

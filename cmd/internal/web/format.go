@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stepwise-run/stepwise/ops"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // timeLayout is how the pages show a time, in Config.Location.

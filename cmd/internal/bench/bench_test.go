@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/stepwise-run/stepwise/bench"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
+	"github.com/stepwise-run/stepwise/cmd/internal/bench"
 	"github.com/stepwise-run/stepwise/runner"
 )
 

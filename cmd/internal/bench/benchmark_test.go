@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/stepwise-run/stepwise/bench"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
+	"github.com/stepwise-run/stepwise/cmd/internal/bench"
 )
 
 // The go test -bench wrappers: each runs one workload of package bench

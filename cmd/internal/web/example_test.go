@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/stepwise-run/stepwise/checkpoint/stores"
-	"github.com/stepwise-run/stepwise/web"
+	"github.com/stepwise-run/stepwise/cmd/internal/web"
 )
 
 // The dashboard over a fresh store, without authentication (as the API

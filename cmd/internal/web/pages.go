@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/ops"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // RefreshHeader marks the requests a page's script makes to refresh its
