@@ -20,7 +20,7 @@ import (
 // ledgerCmd groups the example ledger's commands.
 type ledgerCmd struct {
 	Seed  seedCmd  `cmd:"" help:"Create a reproducible example ledger: accounts and one business date's transfers."`
-	Check checkCmd `cmd:"" help:"Audit a settled date independently of the checkpoints (reads only; creates no file): exits 1 naming any wrong account or a total that overflows int64, 2 for a missing ledger or a date it was never seeded for. A date settled with -p partitions=N (N > 1) is checked against the outcomes its run recorded, as its guards saw commit order, not ID order."`
+	Check checkCmd `cmd:"" help:"Audit a settled date independently of the checkpoints (reads only; creates no file): exits 1 naming any wrong account or a total that overflows int64, 2 for a missing ledger, a date it was never seeded for, or a date seeded next to one that was still unsettled (no snapshot to compare with). Dates may be seeded and settled in any calendar order, one at a time: a date is compared with the opening balances of the date seeded after it, or the current ones. A date settled with -p partitions=N (N > 1) is checked against the outcomes its run recorded, as its guards saw commit order, not ID order."`
 }
 
 // openLedger opens the ledger, defaulting to the checkpoint database: a
@@ -54,7 +54,7 @@ func seedError(ctx context.Context, what string, err error) error {
 		return nil
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w: %s stopped; nothing of it was kept", runner.ErrInterrupted, what)
-	case errors.Is(err, settlement.ErrBadInput), errors.Is(err, settlement.ErrAlreadySeeded):
+	case errors.Is(err, settlement.ErrBadInput), errors.Is(err, settlement.ErrAlreadySeeded), errors.Is(err, settlement.ErrUnsettled):
 		return cmd.UsageError(err)
 	}
 	return err
@@ -67,10 +67,13 @@ type seedCmd struct {
 	Date      string `required:"" help:"Business date of the transfers, YYYY-MM-DD."`
 	Seed      uint64 `default:"1" help:"Random seed: the same seed gives the same ledger."`
 	Balance   int64  `default:"100000" help:"Opening balance of each new account, in minor units (cents)."`
+	// AllowUnsettled seeds past a date that looks unsettled.
+	AllowUnsettled bool `help:"Seed even when the date seeded last looks unsettled (it has transfers and no balance has moved since it was seeded). Without it that is refused (exit 2): the new date's opening balances would not be the last date's closing ones, and ledger check of the last date would have nothing to compare with."`
+	JSON           bool `name:"json" help:"Print what was seeded as JSON: ledger, date, transfers, seed."`
 }
 
 func (c *seedCmd) Run(env *cmd.Env) error {
-	cfg := settlement.SeedConfig{Accounts: c.Accounts, Transfers: c.Transfers, Date: c.Date, Seed: c.Seed, Balance: c.Balance}
+	cfg := settlement.SeedConfig{Accounts: c.Accounts, Transfers: c.Transfers, Date: c.Date, Seed: c.Seed, Balance: c.Balance, AllowUnsettled: c.AllowUnsettled}
 	if err := cfg.Validate(); err != nil {
 		return cmd.UsageError(err) // before any file is created
 	}
@@ -81,6 +84,11 @@ func (c *seedCmd) Run(env *cmd.Env) error {
 	defer db.Close()
 	if err := seedError(env.Ctx, "seeding", settlement.Seed(env.Ctx, db, cfg)); err != nil {
 		return err
+	}
+	if c.JSON {
+		b, _ := json.MarshalIndent(map[string]any{"ledger": path, "date": c.Date, "transfers": c.Transfers, "seed": c.Seed}, "", "  ")
+		fmt.Fprintln(env.Stdout, string(b))
+		return nil
 	}
 	fmt.Fprintf(env.Stdout, "seeded %s: %d transfers on %s (seed %d)\n", path, c.Transfers, c.Date, c.Seed)
 	return nil
@@ -107,8 +115,8 @@ func (c *checkCmd) Run(env *cmd.Env) error {
 	} else {
 		rep, err = settlement.Check(env.Ctx, db, c.Date)
 	}
-	if errors.Is(err, settlement.ErrBadInput) {
-		return cmd.UsageError(err)
+	if errors.Is(err, settlement.ErrBadInput) || errors.Is(err, settlement.ErrNoSnapshot) {
+		return cmd.UsageError(fmt.Errorf("%w%s", err, elsewhereHint(env, c.Date, c.Ledger)))
 	}
 	if err != nil {
 		return err
@@ -120,9 +128,32 @@ func (c *checkCmd) Run(env *cmd.Env) error {
 		fmt.Fprint(env.Stdout, rep)
 	}
 	if !rep.OK() {
-		return fmt.Errorf("%w: %d accounts wrong, total off by %s", errLedgerWrong, len(rep.Mismatches), rep.Difference())
+		return fmt.Errorf("%w: %d accounts wrong, total off by %s%s", errLedgerWrong, len(rep.Mismatches), rep.Difference(), elsewhereHint(env, c.Date, c.Ledger))
 	}
 	return nil
+}
+
+// elsewhereHint returns "; DATE was settled into the ledger L: check it
+// with --ledger L" when the checkpoint store (--db) holds date's settle run
+// and its ledger parameter names another ledger than the one checked
+// (ledger: the --ledger flag, "" for the checkpoint database); else "".
+func elsewhereHint(env *cmd.Env, date, ledger string) string {
+	st, err := env.ExistingStore()
+	if err != nil {
+		return ""
+	}
+	info, err := st.Run(env.Ctx, jobs.RunID(settlement.Job.Name(), date))
+	if err != nil {
+		return ""
+	}
+	var p struct {
+		Ledger string `json:"ledger"`
+	}
+	if json.Unmarshal(info.Run.Params, &p) != nil || p.Ledger == "" || p.Ledger == ledger {
+		return ""
+	}
+	return fmt.Sprintf("; %s was settled into the ledger %s: check it with `%s ledger check --date %s --ledger %s`",
+		date, stores.Redact(p.Ledger), env.Name, date, stores.Redact(p.Ledger))
 }
 
 // partitionedOutcomes returns the recorded outcome of every transfer of

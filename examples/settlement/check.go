@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"time"
@@ -31,6 +32,10 @@ type Report struct {
 	OpeningTotal int64      `json:"opening_total"`
 	Total        int64      `json:"total"`
 	Mismatches   []Mismatch `json:"mismatches,omitempty"`
+	// ComparedWith names the balances the replay was compared with: "the
+	// current balances", or the opening balances of the date seeded
+	// next after Date ("2026-11-30's opening balances").
+	ComparedWith string `json:"compared_with"`
 	// Recorded is true for CheckRecorded's report: which transfers
 	// posted came from the recorded outcomes, not from a replay.
 	Recorded bool `json:"recorded_outcomes,omitempty"`
@@ -57,6 +62,9 @@ func (r Report) String() string {
 	}
 	fmt.Fprintf(&b, "ledger check %s: %d accounts, %d transfers (%d posted, %d rejected%s)\n",
 		r.Date, r.Accounts, r.Transfers, r.Posted, r.Rejected, bad)
+	if r.ComparedWith != "" {
+		fmt.Fprintf(&b, "  replayed from %s's opening balances, compared with %s\n", r.Date, r.ComparedWith)
+	}
 	if r.Total == r.OpeningTotal {
 		fmt.Fprintf(&b, "  money conserved: total %d\n", r.Total)
 	} else {
@@ -97,15 +105,24 @@ const (
 // date the ledger has no opening balances for, a file that is not a ledger.
 var ErrBadInput = errors.New("settlement: bad input")
 
+// ErrNoSnapshot is returned by Check when a date next to the checked one in
+// the order they were seeded was seeded while the one before it was
+// unsettled (SeedConfig.AllowUnsettled): the checked date's opening or
+// closing balances were then never recorded.
+var ErrNoSnapshot = errors.New("settlement: the ledger has no record of the balances to check against")
+
 // Check audits the ledger for date independently of Stepwise's
 // checkpoints: it replays the date's transfers in ascending ID order from
 // the opening balances Seed recorded, posting each unless its amount is not
 // positive or it would overdraw its source account (the settlement rules),
 // and compares every account's balance and the total with the result: the
-// current balances, or for a date followed by a later seeded one, that
-// date's opening balances. It reads the ledger only. Dates are settled in
-// order: seed the next date after settling the previous one. Every sum is
-// checked: one that overflows int64 is an error wrapping ErrOverflow.
+// current balances, or for a date followed by another seeded after it
+// (in the order they were seeded, whatever their dates), that date's
+// opening balances. It reads the ledger only. Dates may be seeded and
+// settled in any order, one at a time: a date seeded before the previous
+// one was settled leaves both without a snapshot to compare with, and Check
+// says so (ErrNoSnapshot) instead of naming every account. Every sum is checked:
+// one that overflows int64 is an error wrapping ErrOverflow.
 func Check(ctx context.Context, db *sql.DB, date string) (Report, error) {
 	return check(ctx, db, date, nil)
 }
@@ -168,6 +185,7 @@ func check(ctx context.Context, db *sql.DB, date string, outcome map[string]stri
 	if len(want) == 0 {
 		return rep, fmt.Errorf("%w: ledger check: no opening balances for %s; seed that date first", ErrBadInput, date)
 	}
+	open := maps.Clone(want)
 	rows, err = db.QueryContext(ctx, `SELECT id, from_account, to_account, amount FROM transfers WHERE business_date = $1 ORDER BY id`, date)
 	if err != nil {
 		return rep, err
@@ -246,15 +264,26 @@ func check(ctx context.Context, db *sql.DB, date string, outcome map[string]stri
 		rep.Problems = append(rep.Problems, below...)
 	}
 	// Compare with the balances at the end of the day: the current ones,
-	// or, once a later date is seeded, that date's opening balances.
-	var next sql.NullString
-	if err := db.QueryRowContext(ctx, `SELECT min(business_date) FROM opening_balances WHERE business_date > $1`, date).Scan(&next); err != nil {
-		return rep, err
+	// or, once another date is seeded after it, that date's opening
+	// balances.
+	prev, next, err := seededNext(ctx, db, date)
+	if err != nil {
+		return rep, fmt.Errorf("ledger check: %w", err)
+	}
+	if prev != "" {
+		if bad, err := seededUnsettled(ctx, db, prev, date); err != nil {
+			return rep, fmt.Errorf("ledger check: %w", err)
+		} else if bad {
+			return rep, fmt.Errorf("%w: ledger check: %s was seeded before %s was settled, so its opening balances are %s's opening balances unchanged; the ledger has no record of the balances %s opened with (seed each date after settling the one before)",
+				ErrNoSnapshot, date, prev, prev, date)
+		}
 	}
 	total := sum{what: "the total of the current balances"}
-	if next.Valid {
-		total.what = "the total of " + next.String + "'s opening balances"
-		rows, err = db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = $1`, next.String)
+	rep.ComparedWith = "the current balances"
+	if next != "" {
+		total.what = "the total of " + next + "'s opening balances"
+		rep.ComparedWith = next + "'s opening balances (seeded after " + date + ")"
+		rows, err = db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = $1`, next)
 	} else {
 		rows, err = db.QueryContext(ctx, `SELECT id, balance FROM accounts`)
 	}
@@ -262,6 +291,7 @@ func check(ctx context.Context, db *sql.DB, date string, outcome map[string]stri
 		return rep, err
 	}
 	defer rows.Close()
+	moved := 0
 	for rows.Next() {
 		var id string
 		var got int64
@@ -270,6 +300,9 @@ func check(ctx context.Context, db *sql.DB, date string, outcome map[string]stri
 		}
 		rep.Accounts++
 		total.add(got)
+		if got != open[id] {
+			moved++
+		}
 		if w, ok := want[id]; !ok || w != got {
 			rep.Mismatches = append(rep.Mismatches, Mismatch{Account: id, Want: w, Got: got})
 		}
@@ -280,6 +313,68 @@ func check(ctx context.Context, db *sql.DB, date string, outcome map[string]stri
 	if rep.Total, err = total.value(); err != nil {
 		return rep, fmt.Errorf("ledger check: %w", err)
 	}
+	if next != "" && moved == 0 && len(rep.Mismatches) > 0 {
+		return rep, fmt.Errorf("%w: ledger check: %s was seeded before %s was settled, so its opening balances are %s's opening balances unchanged; the ledger has no record of %s's closing balances (seed each date after settling the one before)",
+			ErrNoSnapshot, next, date, date, date)
+	}
 	sort.Slice(rep.Mismatches, func(i, j int) bool { return rep.Mismatches[i].Account < rep.Mismatches[j].Account })
 	return rep, nil
+}
+
+// seededNext returns the dates seeded just before and just after date (""
+// where there is none): by the order the ledger recorded (seeded_dates),
+// or for dates seeded before it recorded one, by business date among
+// those, which all come before the recorded ones.
+func seededNext(ctx context.Context, db *sql.DB, date string) (prev, next string, err error) {
+	var ordered int
+	if err := db.QueryRowContext(ctx, dialectOf(db).hasSeedOrder()).Scan(&ordered); err != nil {
+		return "", "", fmt.Errorf("read the schema: %w", err)
+	}
+	one := func(query string, args ...any) string {
+		var d sql.NullString
+		if err == nil {
+			if err = db.QueryRowContext(ctx, query, args...).Scan(&d); errors.Is(err, sql.ErrNoRows) {
+				err = nil
+			}
+		}
+		return d.String
+	}
+	if ordered == 0 {
+		prev = one(`SELECT max(business_date) FROM opening_balances WHERE business_date < $1`, date)
+		next = one(`SELECT min(business_date) FROM opening_balances WHERE business_date > $1`, date)
+		return prev, next, err
+	}
+	var seq sql.NullInt64
+	if err = db.QueryRowContext(ctx, `SELECT seq FROM seeded_dates WHERE business_date = $1`, date).Scan(&seq); errors.Is(err, sql.ErrNoRows) {
+		err = nil
+	}
+	if seq.Valid {
+		prev = one(`SELECT business_date FROM seeded_dates WHERE seq < $1 ORDER BY seq DESC LIMIT 1`, seq.Int64)
+		next = one(`SELECT business_date FROM seeded_dates WHERE seq > $1 ORDER BY seq LIMIT 1`, seq.Int64)
+		if prev == "" {
+			prev = one(`SELECT max(business_date) FROM opening_balances
+WHERE business_date NOT IN (SELECT business_date FROM seeded_dates)`)
+		}
+		return prev, next, err
+	}
+	const legacy = ` AND business_date NOT IN (SELECT business_date FROM seeded_dates)`
+	prev = one(`SELECT max(business_date) FROM opening_balances WHERE business_date < $1`+legacy, date)
+	if next = one(`SELECT min(business_date) FROM opening_balances WHERE business_date > $1`+legacy, date); next == "" {
+		next = one(`SELECT business_date FROM seeded_dates ORDER BY seq LIMIT 1`)
+	}
+	return prev, next, err
+}
+
+// seededUnsettled reports whether date was seeded while prev, the date
+// seeded before it, was unsettled: prev has transfers of a positive amount
+// and date's opening balances are prev's, every one.
+func seededUnsettled(ctx context.Context, db *sql.DB, prev, date string) (bool, error) {
+	var movable, moved int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM transfers WHERE business_date = $1 AND amount > 0`, prev).Scan(&movable); err != nil || movable == 0 {
+		return false, err
+	}
+	err := db.QueryRowContext(ctx, `SELECT count(*) FROM opening_balances AS a LEFT JOIN opening_balances AS b
+ON b.account_id = a.account_id AND b.business_date = $2
+WHERE a.business_date = $1 AND (b.balance IS NULL OR a.balance <> b.balance)`, date, prev).Scan(&moved)
+	return moved == 0, err
 }

@@ -54,6 +54,12 @@ CREATE TABLE IF NOT EXISTS opening_balances (
     balance       INTEGER NOT NULL,
     PRIMARY KEY (business_date, account_id)
 ) WITHOUT ROWID;
+-- The order dates were seeded in: a date's closing balances are the
+-- opening balances of the date seeded next (or the current balances).
+CREATE TABLE IF NOT EXISTS seeded_dates (
+    business_date TEXT PRIMARY KEY,
+    seq           INTEGER NOT NULL UNIQUE
+) WITHOUT ROWID;
 `
 
 const postgresSchema = `
@@ -77,6 +83,12 @@ CREATE TABLE IF NOT EXISTS opening_balances (
     balance       BIGINT NOT NULL,
     PRIMARY KEY (business_date, account_id)
 );
+-- The order dates were seeded in: a date's closing balances are the
+-- opening balances of the date seeded next (or the current balances).
+CREATE TABLE IF NOT EXISTS seeded_dates (
+    business_date TEXT COLLATE "C" PRIMARY KEY,
+    seq           BIGINT NOT NULL UNIQUE
+);
 `
 
 // ledgerTables counts which of the ledger's three tables exist, as the
@@ -87,6 +99,15 @@ func (d dialect) ledgerTables() string {
 (to_regclass('opening_balances') IS NOT NULL)::int`
 	}
 	return `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN ('accounts', 'transfers', 'opening_balances')`
+}
+
+// hasSeedOrder tells whether the ledger records the order its dates were
+// seeded in (a ledger seeded by an older Stepwise has no seeded_dates).
+func (d dialect) hasSeedOrder() string {
+	if d.postgres {
+		return `SELECT (to_regclass('seeded_dates') IS NOT NULL)::int`
+	}
+	return `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'seeded_dates'`
 }
 
 // daySums counts a date's transfers and sums their amounts; a sum that

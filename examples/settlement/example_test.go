@@ -85,6 +85,7 @@ func Example() {
 	// run settle/2026-11-28 succeeded
 	// settlement 2026-11-28: 12 transfers, 11 posted (3622), 1 rejected [T-2026-11-28-00000008]
 	// ledger check 2026-11-28: 5 accounts, 12 transfers (11 posted, 1 rejected)
+	//   replayed from 2026-11-28's opening balances, compared with the current balances
 	//   money conserved: total 5000
 	//   every account equals its opening balance plus posted incoming minus posted outgoing
 	// forced rerun succeeded: 0 steps executed, every one replayed from its checkpoint

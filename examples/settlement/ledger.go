@@ -26,6 +26,10 @@ type SeedConfig struct {
 	// MaxAmount bounds a transfer's amount (minor units). Defaults to
 	// Balance/2, which makes a few transfers overdraw and get rejected.
 	MaxAmount int64
+	// AllowUnsettled seeds Date even when the date seeded last looks
+	// unsettled (see ErrUnsettled). Its check then has no closing balances
+	// to compare with.
+	AllowUnsettled bool
 }
 
 // Validate checks the configuration as Seed does, without touching a
@@ -69,9 +73,18 @@ func TransferID(date string, n int) string { return fmt.Sprintf("T-%s-%08d", dat
 // transfers for the date.
 var ErrAlreadySeeded = errors.New("settlement: the ledger already has transfers for this date")
 
+// ErrUnsettled is returned by Seed when the date seeded last has transfers
+// but not one balance has moved since it was seeded: it looks unsettled.
+// The new date's opening balances would then not be the last date's
+// closing ones, and Check of the last date would have nothing to compare
+// with. Settle it first, or set SeedConfig.AllowUnsettled.
+var ErrUnsettled = errors.New("settlement: the date seeded last looks unsettled")
+
 // Seed creates the ledger tables in db if needed, the accounts if there are
 // none, and cfg.Transfers transfers for cfg.Date, all in one transaction,
-// and records every account's balance as the date's opening balance.
+// and records every account's balance as the date's opening balance and
+// the date's place in the order dates were seeded in (any order of dates
+// is fine, as long as each is settled before the next is seeded).
 func Seed(ctx context.Context, db *sql.DB, cfg SeedConfig) error {
 	if err := cfg.validate(); err != nil {
 		return err
@@ -91,6 +104,11 @@ func Seed(ctx context.Context, db *sql.DB, cfg SeedConfig) error {
 	}
 	if existing > 0 {
 		return fmt.Errorf("%w: %d transfers on %s; seed another date or another file", ErrAlreadySeeded, existing, cfg.Date)
+	}
+	if !cfg.AllowUnsettled {
+		if err := refuseUnsettled(ctx, tx, cfg.Date); err != nil {
+			return err
+		}
 	}
 	var accounts int
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM accounts`).Scan(&accounts); err != nil {
@@ -128,7 +146,53 @@ func Seed(ctx context.Context, db *sql.DB, cfg SeedConfig) error {
 SELECT $1, id, balance FROM accounts`, cfg.Date); err != nil {
 		return fmt.Errorf("seed: record opening balances: %w", err)
 	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO seeded_dates (business_date, seq)
+SELECT $1, COALESCE(max(seq), 0) + 1 FROM seeded_dates`, cfg.Date); err != nil {
+		return fmt.Errorf("seed: record the order of seeded dates: %w", err)
+	}
 	return tx.Commit()
+}
+
+// refuseUnsettled returns an error wrapping ErrUnsettled when the date
+// seeded last (before date) has transfers of a positive amount and no
+// account's balance differs from its opening balance of that date.
+func refuseUnsettled(ctx context.Context, tx *sql.Tx, date string) error {
+	last, err := lastSeeded(ctx, tx)
+	if err != nil || last == "" {
+		return err
+	}
+	var movable, moved int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM transfers WHERE business_date = $1 AND amount > 0`, last).Scan(&movable); err != nil {
+		return err
+	}
+	if movable == 0 {
+		return nil
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM accounts AS a JOIN opening_balances AS o
+ON o.account_id = a.id AND o.business_date = $1 WHERE a.balance <> o.balance`, last).Scan(&moved); err != nil {
+		return err
+	}
+	if moved > 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s, seeded before %s, has %d transfers and no balance has moved since; settle it first (stepwise run settle -p date=%s), or seed anyway with --allow-unsettled (ledger check of %s and %s then has no balances to compare with)",
+		ErrUnsettled, last, date, movable, last, last, date)
+}
+
+// lastSeeded returns the date seeded last: the one with the highest
+// seeded_dates sequence, or in a ledger whose dates were seeded before
+// their order was recorded, the latest date with opening balances; "" if
+// no date was seeded.
+func lastSeeded(ctx context.Context, tx *sql.Tx) (string, error) {
+	var last sql.NullString
+	err := tx.QueryRowContext(ctx, `SELECT business_date FROM seeded_dates ORDER BY seq DESC LIMIT 1`).Scan(&last)
+	if errors.Is(err, sql.ErrNoRows) {
+		err = tx.QueryRowContext(ctx, `SELECT max(business_date) FROM opening_balances`).Scan(&last)
+	}
+	if err != nil {
+		return "", fmt.Errorf("seed: find the date seeded last: %w", err)
+	}
+	return last.String, nil
 }
 
 // inserter inserts rows a few hundred to a statement: one round trip per
