@@ -35,7 +35,52 @@ type CLI struct {
 	Prune    PruneCmd    `cmd:"" group:"Operating runs" help:"Delete old finished runs' step payloads; their keys stay as tombstones."`
 	Backfill BackfillCmd `cmd:"" group:"Operating runs" help:"Start one run per business date of a job whose key is a date."`
 
-	Help HelpCmd `cmd:"" help:"Show a command's help: '${name} help run' is '${name} run --help'."`
+	Help    HelpCmd    `cmd:"" help:"Show a command's help: '${name} help run' is '${name} run --help'."`
+	Version VersionCmd `cmd:"" help:"Print the program's version (module version, VCS revision), as --version does."`
+}
+
+// VersionCmd prints the program's version.
+type VersionCmd struct{}
+
+// Run implements the version command.
+func (VersionCmd) Run(env *Env) error {
+	fmt.Fprintln(env.Stdout, versionText(env.Name, readBuildInfo()))
+	return nil
+}
+
+// commonCommands are what the short usage of a bare invocation lists, in
+// the order a newcomer meets them, each with its most common form.
+var commonCommands = [][2]string{
+	{"demo", "seed a demo ledger and settle a day on it"},
+	{"jobs", "list the jobs and their parameters"},
+	{"run JOB -p NAME=VALUE", "start a run, or resume it if its run key exists"},
+	{"runs", "list runs, newest first (stale ones marked)"},
+	{"show RUN_ID", "a run's attempts, steps and outputs"},
+	{"resume RUN_ID", "resume a run with its stored parameters"},
+	{"serve", "the scheduler, the dashboard and the API"},
+	{"worker", "take queued runs for a pool"},
+}
+
+// shortUsage is what a bare invocation prints: the common commands that
+// this program has, and where the rest is.
+func shortUsage(name string, parser *kong.Kong) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Usage: %s COMMAND [FLAGS]\n\nCommon commands:\n", name)
+	have := map[string]bool{}
+	for _, n := range parser.Model.Children {
+		have[n.Name] = true
+	}
+	width := 0
+	for _, c := range commonCommands {
+		width = max(width, len(c[0]))
+	}
+	for _, c := range commonCommands {
+		if cmd, _, _ := strings.Cut(c[0], " "); have[cmd] {
+			fmt.Fprintf(&b, "  %s %-*s  %s\n", name, width, c[0], c[1])
+		}
+	}
+	fmt.Fprintf(&b, "\nEvery command and flag: %s --help; one command's: %s help COMMAND.\n", name, name)
+	return b.String()
 }
 
 // Globals are the flags every command takes.

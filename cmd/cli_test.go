@@ -173,7 +173,7 @@ func TestHelpListsEnumValues(t *testing.T) {
 		{[]string{"--help"}, "Log level ($STEPWISE_LOG_LEVEL). One of: debug, info, warn, error."},
 		{[]string{"--help"}, "One of: full, normal."},
 		{[]string{"resolve", "--help"}, "One of: done, retry."},
-		{[]string{"runs", "--help"}, "One of: queued, running, succeeded, failed, interrupted, abandoned."},
+		{[]string{"runs", "--help"}, "--status=STATUS Only runs with this status: queued (waiting for a worker), running, stale (left running by a runner that is gone), succeeded, failed, interrupted or abandoned"},
 		{[]string{"backfill", "--help"}, "One of: none, failed, all."},
 	} {
 		if out := oneLine(cliRun(t, c.args).stdout); !strings.Contains(out, c.want) {

@@ -65,7 +65,7 @@ func (c *JobsCmd) Run(env *Env) error {
 // RunsCmd lists runs.
 type RunsCmd struct {
 	Job    string `help:"Only runs of this job."`
-	Status string `enum:",queued,running,succeeded,failed,interrupted,abandoned" default:"" help:"Only runs with this status (queued: waiting for a worker); every status if empty."`
+	Status string `placeholder:"STATUS" help:"Only runs with this status: queued (waiting for a worker), running, stale (left running by a runner that is gone), succeeded, failed, interrupted or abandoned; every status if not given."`
 	Limit  int    `default:"100" nonzero:"" help:"At most this many runs (at least 1)."`
 	JSON   bool   `name:"json" help:"Print JSON instead of a table."`
 }
@@ -105,18 +105,21 @@ func ago(t, now time.Time) string {
 
 // Run implements the runs command.
 func (c *RunsCmd) Run(env *Env) error {
+	if err := ops.CheckRunStatus(c.Status); err != nil {
+		return usageError{fmt.Errorf("--status: %w", err)}
+	}
 	st, err := env.ExistingStore()
 	if err != nil {
 		return err
 	}
-	runs, err := st.Runs(env.Ctx, checkpoint.RunFilter{Job: c.Job, Status: c.Status, Limit: c.Limit})
+	now := env.now()
+	runs, _, err := ops.ListRunRecords(env.Ctx, st, ops.RunsQuery{Job: c.Job, Status: c.Status, Limit: c.Limit}, now)
 	if err != nil {
 		return err
 	}
 	if err := c.checkJob(env, st, len(runs) > 0); err != nil {
 		return err
 	}
-	now := env.now()
 	if c.JSON {
 		views := make([]ops.RunView, 0, len(runs))
 		for _, r := range runs {

@@ -162,6 +162,10 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 		return ExitUsage
 	}
 	groupGlobals(parser)
+	if len(args) == 0 {
+		fmt.Fprint(stderr, shortUsage(name, parser))
+		return ExitUsage
+	}
 	kctx, err := parser.Parse(args)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)

@@ -20,7 +20,7 @@ type OutboxCmd struct {
 // OutboxListCmd lists outbox messages across runs, for an operator looking
 // for dead letters or a backlog.
 type OutboxListCmd struct {
-	Status string `enum:",queued,sent,dead" default:"" help:"Only messages with this status (queued, sent or dead); every status if empty."`
+	Status string `placeholder:"STATUS" help:"Only messages with this status: queued, sent or dead; every status if not given."`
 	RunID  string `name:"run" placeholder:"RUN_ID" help:"Only the messages of this run (an unknown run is refused, exit 2)."`
 	Limit  int    `default:"100" nonzero:"" help:"At most this many messages (at least 1)."`
 	JSON   bool   `name:"json" help:"Print JSON instead of a table."`
@@ -28,6 +28,9 @@ type OutboxListCmd struct {
 
 // Run implements the outbox command.
 func (c *OutboxListCmd) Run(env *Env) error {
+	if err := oneOf("--status", c.Status, []string{"queued", "sent", "dead"}); err != nil {
+		return err
+	}
 	st, err := env.ExistingStore()
 	if err != nil {
 		return err

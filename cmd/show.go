@@ -3,6 +3,7 @@ package cmd
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,15 +16,31 @@ import (
 type ShowCmd struct {
 	RunID   string `arg:"" name:"run-id" help:"Run ID, e.g. settle/2026-11-28."`
 	JSON    bool   `name:"json" help:"Print JSON instead of text."`
-	Effects bool   `help:"Also list the recorded effect plans: each effect step's, and each chunk's of a batch step (its items; each key: before -> after, versions), and whether it applied. At most --limit chunk plans unless --all."`
-	Items   string `enum:",rejected,skipped,completed,planned" default:"" placeholder:"STATUS" help:"Also list the batch items with this status (rejected or skipped, with their reasons; completed; planned), in step and key order: --limit at a time, the next page with --after, or --all."`
+	Effects bool   `help:"Also list the recorded effect plans: each effect step's, and each chunk's of a batch step (its items; each key: before -> after, versions), and whether it applied. At most --limit chunk plans, and --limit keys of each plan, unless --all."`
+	Items   string `placeholder:"STATUS" help:"Also list the batch items with this status (rejected or skipped, with their reasons; completed; planned), in step and key order: --limit at a time, the next page with --after, or --all."`
 	Limit   int    `default:"50" help:"At most this many items (--items) and chunk plans (--effects)."`
 	After   string `placeholder:"STEP/KEY" help:"With --items: list the items after this one (the last of the previous page, as printed)."`
 	All     bool   `help:"List every item (--items) and chunk plan (--effects), not --limit of them."`
 }
 
+// itemStatuses are the item statuses show --items lists.
+var itemStatuses = []string{"rejected", "skipped", "completed", "planned"}
+
+// oneOf returns a usage error naming flag and the values it takes unless
+// value is one of them or empty (not given): kong's enum would list the
+// empty default as a value to give.
+func oneOf(flag, value string, values []string) error {
+	if value == "" || slices.Contains(values, value) {
+		return nil
+	}
+	return usageError{fmt.Errorf("%s %q: use one of %s", flag, value, strings.Join(values, ", "))}
+}
+
 // validate checks the flags that depend on each other.
 func (c *ShowCmd) validate() (limit int, after [2]string, err error) {
+	if err := oneOf("--items", c.Items, itemStatuses); err != nil {
+		return 0, after, err
+	}
 	if c.Limit < 1 && !c.All {
 		return 0, after, usageError{fmt.Errorf("--limit %d: give at least 1, or --all", c.Limit)}
 	}
@@ -194,6 +211,10 @@ func (c *ShowCmd) printItems(env *Env, p *ops.ItemsPage) error {
 // plan, then each chunk plan of the batch steps.
 func (c *ShowCmd) printEffects(env *Env, v ops.ShowView) {
 	fmt.Fprintln(env.Stdout, "\nEFFECTS")
+	keys := c.Limit // keys listed a plan
+	if c.All {
+		keys = 0
+	}
 	n := 0
 	for _, s := range v.Steps {
 		if s.Plan == nil {
@@ -209,7 +230,7 @@ func (c *ShowCmd) printEffects(env *Env, v ops.ShowView) {
 			id = "same-store transaction"
 		}
 		fmt.Fprintf(env.Stdout, "%s  on %s  [%s]  %s\n", s.ID, s.Plan.Target, id, state)
-		printWrites(env, s.Plan.Writes)
+		printWrites(env, s.Plan.Writes, keys)
 	}
 	for _, p := range v.ChunkPlans {
 		n++
@@ -228,7 +249,7 @@ func (c *ShowCmd) printEffects(env *Env, v ops.ShowView) {
 			}
 		}
 		fmt.Fprintf(env.Stdout, "%s chunk  on %s  [%s]  %s%s\n", p.Step, p.Target, p.EffectID, state, items)
-		printWrites(env, p.Writes)
+		printWrites(env, p.Writes, keys)
 	}
 	if rest := v.ChunkPlansTotal - int64(len(v.ChunkPlans)); rest > 0 {
 		fmt.Fprintf(env.Stdout, "... and %s not listed (--limit %d): --all lists every one\n",
@@ -255,7 +276,13 @@ func hasChunkPlans(v ops.ShowView, step string) bool {
 	return false
 }
 
-func printWrites(env *Env, ws []checkpoint.Write) {
+// printWrites writes a plan's writes, at most limit of them (0: all) and
+// then how many more there are.
+func printWrites(env *Env, ws []checkpoint.Write, limit int) {
+	if limit > 0 && len(ws) > limit {
+		defer fmt.Fprintf(env.Stdout, "    ... and %s (--limit %d): --all lists every one\n", plural(len(ws)-limit, "more key"), limit)
+		ws = ws[:limit]
+	}
 	for _, w := range ws {
 		fmt.Fprintf(env.Stdout, "    %s: %d -> %d  (%+d, version %d -> %d)\n", w.Key, w.OldValue, w.NewValue,
 			w.NewValue-w.OldValue, w.OldVersion, w.OldVersion+1)

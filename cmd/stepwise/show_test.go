@@ -213,6 +213,12 @@ func TestShowSettlementEffectsAndItems(t *testing.T) {
 			if n := strings.Count(out, "post chunk  on "); n != 3 {
 				t.Errorf("show --effects --limit 3 lists %d chunk plans; want 3\n%s", n, out)
 			}
+			// --limit bounds the keys listed for each plan too.
+			out, _ = mustRun(t, cmd.ExitOK, append(show, "--effects", "--limit", "1")...)
+			if n := strings.Count(out, ", version "); n != 1 || len(p0.Writes) < 2 {
+				t.Errorf("show --effects --limit 1 lists %d keys; want 1 (of the first plan's %d)\n%s", n, len(p0.Writes), out)
+			}
+			wantContains(t, "show --effects --limit 1", out, "    ... and "+itoa(len(p0.Writes)-1)+" more key")
 
 			// The notification's payload is JSON, not base64.
 			if len(v.Outbox) != 1 {

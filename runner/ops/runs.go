@@ -2,6 +2,9 @@ package ops
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
@@ -10,6 +13,20 @@ import (
 // StatusStale is the status a run listing filters by for the runs left
 // running by a runner that is gone (see Stale).
 const StatusStale = "stale"
+
+// RunStatuses are the statuses a run listing filters by, on every face:
+// the run statuses, with running split into running and StatusStale.
+var RunStatuses = []string{checkpoint.RunQueued, checkpoint.RunRunning, StatusStale, checkpoint.RunSucceeded,
+	checkpoint.RunFailed, checkpoint.RunInterrupted, checkpoint.RunAbandoned}
+
+// CheckRunStatus returns an error naming the statuses a listing takes
+// unless status is one of RunStatuses or "" (every run).
+func CheckRunStatus(status string) error {
+	if status == "" || slices.Contains(RunStatuses, status) {
+		return nil
+	}
+	return fmt.Errorf("status %q is not a run status; use one of %s, or none for every run", status, strings.Join(RunStatuses, ", "))
+}
 
 // RunsQuery selects one page of the run listing, newest first.
 type RunsQuery struct {
@@ -39,6 +56,18 @@ type RunsPage struct {
 // expired, or an owner surely gone), so a status filter of either reads
 // running runs until the page is full.
 func ListRuns(ctx context.Context, st checkpoint.Backend, q RunsQuery, now time.Time) (RunsPage, error) {
+	runs, next, err := ListRunRecords(ctx, st, q, now)
+	page := RunsPage{Runs: make([]RunView, 0, len(runs)), Next: next}
+	for _, r := range runs {
+		page.Runs = append(page.Runs, ViewRun(r, now))
+	}
+	return page, err
+}
+
+// ListRunRecords is ListRuns with the runs as the store records them, for a
+// face that renders more than the view (the CLI's table); next, when more
+// may follow, is where the next page starts.
+func ListRunRecords(ctx context.Context, st checkpoint.Backend, q RunsQuery, now time.Time) (page []checkpoint.Run, next *checkpoint.RunCursor, err error) {
 	limit := q.Limit
 	if limit <= 0 {
 		limit = 100
@@ -53,28 +82,26 @@ func ListRuns(ctx context.Context, st checkpoint.Backend, q RunsQuery, now time.
 	case checkpoint.RunRunning:
 		keep = func(r checkpoint.Run) bool { return !Stale(r, now) }
 	}
-	page := RunsPage{Runs: []RunView{}}
 	for {
 		runs, err := st.Runs(ctx, f)
 		if err != nil {
-			return page, err
+			return page, nil, err
 		}
 		for i, r := range runs {
-			if len(page.Runs) == limit {
+			if len(page) == limit {
 				// One more run exists: the page ends at the last one kept.
-				last := page.Runs[len(page.Runs)-1]
-				page.Next = &checkpoint.RunCursor{CreatedAt: last.CreatedAt, ID: last.ID}
-				return page, nil
+				last := page[len(page)-1]
+				return page, &checkpoint.RunCursor{CreatedAt: last.CreatedAt, ID: last.ID}, nil
 			}
 			if i == limit { // read one past the page: more follow
 				break
 			}
 			if keep(r) {
-				page.Runs = append(page.Runs, ViewRun(r, now))
+				page = append(page, r)
 			}
 		}
 		if len(runs) <= limit {
-			return page, nil
+			return page, nil, nil
 		}
 		// Every run read but the last was looked at: go on after the
 		// last one looked at.

@@ -82,8 +82,7 @@ func parseLimit(q url.Values, def, max int) (int, error) {
 	return n, nil
 }
 
-var runStatuses = []string{checkpoint.RunRunning, ops.StatusStale, checkpoint.RunSucceeded, checkpoint.RunFailed,
-	checkpoint.RunInterrupted, checkpoint.RunAbandoned}
+var runStatuses = ops.RunStatuses
 
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
