@@ -52,8 +52,12 @@ type LimitReachedError struct {
 }
 
 func (e *LimitReachedError) Error() string {
-	return fmt.Sprintf("run %s cannot start: limit %q allows %d at once and %s (%s) hold it",
-		e.RunID, e.Limit.Key, e.Limit.Max, plural(len(e.Holders), "run"), strings.Join(e.Holders, ", "))
+	verb := "hold"
+	if len(e.Holders) == 1 {
+		verb = "holds"
+	}
+	return fmt.Sprintf("run %s cannot start: limit %q allows %d at once and %s (%s) %s it",
+		e.RunID, e.Limit.Key, e.Limit.Max, plural(len(e.Holders), "run"), strings.Join(e.Holders, ", "), verb)
 }
 
 func plural(n int, what string) string {

@@ -58,6 +58,6 @@ func TestChunkPlansWrittenAsJSONStillShow(t *testing.T) {
 		v.ChunkPlans[0].Writes[0] != (checkpoint.Write{Key: "acct:old", NewValue: 2, Insert: true}) {
 		t.Errorf("show --json chunk plans = %+v; want the JSON plan's 2 items and its write", v.ChunkPlans)
 	}
-	c.want(ExitOperator, []string{"pay: 2 items applied their effects to stepwise_state: 1 writes in 1 chunks, net acct:old +2"},
+	c.want(ExitOperator, []string{"pay: 2 items applied their effects to stepwise_state: 1 write in 1 chunk, net acct:old +2"},
 		"reset", runID, "--step", "pay", "--reason", "test")
 }

@@ -255,8 +255,8 @@ func (c *PruneCmd) Run(env *Env) error {
 	if c.DryRun {
 		verb = "would prune"
 	}
-	fmt.Fprintf(env.Stdout, "%s %d runs: %d step payloads, %d item checkpoints, %s freed, %d idempotency keys\n",
-		verb, len(res.Runs), res.Steps, res.Items, bytesText(res.Bytes), res.IdempotencyKeys)
+	fmt.Fprintf(env.Stdout, "%s %s: %s, %s, %s freed, %s\n", verb, plural(len(res.Runs), "run"), plural(int(res.Steps), "step payload"),
+		plural(int(res.Items), "item checkpoint"), bytesText(res.Bytes), plural(int(res.IdempotencyKeys), "idempotency key"))
 	if len(res.Runs) > 0 {
 		fmt.Fprintf(env.Stdout, "runs: %s\n", checkpoint.JoinIDs(res.Runs, 20))
 		fmt.Fprintln(env.Stdout, "their run keys stay as tombstones: starting one again is refused")

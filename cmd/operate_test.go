@@ -779,9 +779,9 @@ func TestPruneCommand(t *testing.T) {
 	recentKey := c.idempotencyKey("k-recent", "crashy/recent")
 	// 2 step outputs of 17 bytes, 2 items of 1-byte key and 1-byte output:
 	// 38 bytes; and the run's Idempotency-Key.
-	const freed = "2 step payloads, 2 item checkpoints, 38 bytes freed, 1 idempotency keys"
+	const freed = "2 step payloads, 2 item checkpoints, 38 bytes freed, 1 idempotency key"
 
-	o := c.want(ExitOK, []string{"would prune 1 runs: " + freed, "runs: crashy/old"}, "prune", "--older-than", "90d", "--dry-run")
+	o := c.want(ExitOK, []string{"would prune 1 run: " + freed, "runs: crashy/old"}, "prune", "--older-than", "90d", "--dry-run")
 	if strings.Contains(o.stdout, "recent") || strings.Contains(o.stdout, "oldfailed") {
 		t.Errorf("dry run lists runs it must not prune\n%s", o)
 	}
@@ -792,9 +792,9 @@ func TestPruneCommand(t *testing.T) {
 	if !c.keyRecorded(oldKey) {
 		t.Errorf("dry run deleted the pruned run's idempotency key")
 	}
-	c.want(ExitOK, []string{"would prune 1 runs"}, "prune", "--older-than", "720h", "--dry-run")
+	c.want(ExitOK, []string{"would prune 1 run"}, "prune", "--older-than", "720h", "--dry-run")
 
-	c.want(ExitOK, []string{"pruned 1 runs: " + freed, "runs: crashy/old", "tombstones"},
+	c.want(ExitOK, []string{"pruned 1 run: " + freed, "runs: crashy/old", "tombstones"},
 		"prune", "--older-than", "90d", "--operator", "alice", "--reason", "retention policy")
 	s := c.run("crashy/old")
 	if s.info.Run.PrunedAt.IsZero() || s.info.Run.Status != checkpoint.RunSucceeded {

@@ -122,12 +122,12 @@ func printDryRun(env *Env, res runner.Result) {
 	for _, p := range res.DryPlans {
 		head := p.Step
 		if p.Items > 0 {
-			head = fmt.Sprintf("%s (%d items, %d rejected)", p.Step, p.Items, len(p.Rejected))
+			head = fmt.Sprintf("%s (%s, %d rejected)", p.Step, plural(p.Items, "item"), len(p.Rejected))
 		}
 		fmt.Fprintf(env.Stdout, "%s  on %s\n", head, p.Target)
 		for i, w := range p.Writes {
 			if i == dryRunListed {
-				fmt.Fprintf(env.Stdout, "    ... and %d more keys\n", len(p.Writes)-i)
+				fmt.Fprintf(env.Stdout, "    ... and %s\n", plural(len(p.Writes)-i, "more key"))
 				break
 			}
 			fmt.Fprintf(env.Stdout, "    %s: %d -> %d  (version %d -> %d)\n", w.Key, w.OldValue, w.NewValue, w.OldVersion, w.OldVersion+1)
@@ -140,7 +140,11 @@ func printDryRun(env *Env, res runner.Result) {
 			fmt.Fprintf(env.Stdout, "    rejected %s\n", r)
 		}
 	}
-	fmt.Fprintf(env.Stdout, "%d steps would run, %d are already checkpointed\n", res.Stats.Executed, res.Stats.Skipped)
+	verb := "are"
+	if res.Stats.Skipped == 1 {
+		verb = "is"
+	}
+	fmt.Fprintf(env.Stdout, "%s would run, %d %s already checkpointed\n", plural(res.Stats.Executed, "step"), res.Stats.Skipped, verb)
 }
 
 // report prints the one-line outcome of a run on stdout and returns the

@@ -257,8 +257,8 @@ func (c *ShowCmd) printEffects(env *Env, v ops.ShowView) {
 	}
 	for _, b := range v.Batches {
 		if b.Target != "" && b.Completed > 0 && !hasChunkPlans(v, b.Step) && v.ChunkPlansTotal == int64(len(v.ChunkPlans)) {
-			fmt.Fprintf(env.Stdout, "%s: %d items applied their effects to %s; their chunk plans were not recorded "+
-				"(a same-store run by a Stepwise older than chunk plans)\n", b.Step, b.Completed, b.Target)
+			fmt.Fprintf(env.Stdout, "%s: %s applied effects to %s; their chunk plans were not recorded "+
+				"(a same-store run by a Stepwise older than chunk plans)\n", b.Step, plural(int(b.Completed), "item"), b.Target)
 			n++
 		}
 	}

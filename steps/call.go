@@ -245,7 +245,7 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 		class := Classify(fnErr, ClassPermanent)
 		if class != ClassTransient || try >= policy.MaxTries || interrupted {
 			if class == ClassTransient && policy.MaxTries > 1 {
-				fnErr = fmt.Errorf("%w (gave up after %d tries)", fnErr, try)
+				fnErr = fmt.Errorf("%w (gave up after %s)", fnErr, plural(try, "try", "tries"))
 			}
 			return zero, r.recordFailure(wctx, cp, fnErr)
 		}

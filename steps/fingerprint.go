@@ -103,8 +103,8 @@ func (e *ItemChangedError) describe(b *strings.Builder) {
 			e.Key, e.Step, e.RunID, short(e.Old), short(e.New))
 	case ItemMissing:
 		if e.Key == "" { // not named: the source did not yield the same items when read again
-			fmt.Fprintf(b, "%d items of batch step %s (run %s) were processed, and the source no longer yields them "+
-				"(the source did not yield the same items again, so they are not named)", e.Count, e.Step, e.RunID)
+			fmt.Fprintf(b, "%s of batch step %s (run %s) processed, and the source no longer yields them "+
+				"(the source did not yield the same items again, so they are not named)", plural(e.Count, "item was", "items were"), e.Step, e.RunID)
 			break
 		}
 		fmt.Fprintf(b, "item %s of batch step %s (run %s) was processed, and the source no longer yields it", e.Key, e.Step, e.RunID)
@@ -479,7 +479,7 @@ func (b *batch[I, O]) checkGone(ctx context.Context, src Source[I]) error {
 		// They could not be named (the source did not yield the same items
 		// when read again): report the count.
 		b.add(b.changeError("", ItemMissing, nil), nil, missing,
-			fmt.Sprintf("%d items are no longer yielded: kept as processed", missing))
+			fmt.Sprintf("%s no longer yielded: kept as processed", plural(int(missing), "item is", "items are")))
 	}
 	return b.settleChanges(ctx)
 }

@@ -401,7 +401,7 @@ func (b *batch[I, O]) runItem(ctx context.Context, key string, item I) (checkpoi
 		return rec, nil, nil
 	default:
 		if b.opts.skipLimit > 0 {
-			err = fmt.Errorf("%w (more than %d items failed; the skip limit is reached)", err, b.opts.skipLimit)
+			err = fmt.Errorf("%w (more than %s failed; the skip limit is reached)", err, plural(b.opts.skipLimit, "item", "items"))
 		}
 		return rec, nil, &StepError{RunID: b.r.lease.RunID, Step: b.name + "/" + key, Err: err}
 	}

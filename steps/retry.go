@@ -184,7 +184,7 @@ func callWithPolicy[T any](ctx context.Context, r *Run, cp *checkpoint.Step, o d
 		class := Classify(err, policy.Default)
 		if class != ClassTransient || try >= policy.MaxTries || ctx.Err() != nil {
 			if class == ClassTransient && policy.MaxTries > 1 {
-				err = fmt.Errorf("%w (gave up after %d tries)", err, try)
+				err = fmt.Errorf("%w (gave up after %s)", err, plural(try, "try", "tries"))
 			}
 			return out, err
 		}

@@ -217,11 +217,15 @@ func AppliedEffects(ctx context.Context, st checkpoint.Backend, runID string, ss
 		if err != nil {
 			return out, err
 		}
-		line := fmt.Sprintf("%s: %d items applied their effects to %s", s.ID, done, sum.Target)
+		verb := "applied their effects"
+		if done == 1 {
+			verb = "applied its effects"
+		}
+		line := fmt.Sprintf("%s: %s %s to %s", s.ID, Plural(int(done), "item"), verb, sum.Target)
 		out.Items += done
 		if net.Plans > 0 {
 			out.ItemWrites += net.Writes
-			line += fmt.Sprintf(": %d writes in %d chunks, net %s", net.Writes, net.Plans, net)
+			line += fmt.Sprintf(": %s in %s, net %s", Plural(int(net.Writes), "write"), Plural(int(net.Plans), "chunk"), net)
 		}
 		out.Lines = append(out.Lines, line)
 	}

@@ -192,7 +192,7 @@ func (p RerunPlan) Clears() string {
 	if p.FromStep == "" {
 		return ""
 	}
-	return fmt.Sprintf("rerun %s from step %s clears %d checkpoints: %s", p.RunID, p.FromStep, len(p.Cleared),
+	return fmt.Sprintf("rerun %s from step %s clears %s: %s", p.RunID, p.FromStep, Plural(len(p.Cleared), "checkpoint"),
 		checkpoint.JoinIDs(p.Cleared, 10))
 }
 

@@ -424,7 +424,7 @@ func TestOperationsRefuseAsTheCLIAndAreAudited(t *testing.T) {
 	a.wait("report/2026-11-28")
 	fr := a.do("POST", run+"/rerun", operateToken, reason("redo the load", "from_step", "load"))
 	expect(t, "rerun from a step without effects", fr, http.StatusOK)
-	if !strings.Contains(fr.str("result"), "clears 1 checkpoints: load") {
+	if !strings.Contains(fr.str("result"), "clears 1 checkpoint: load") {
 		t.Errorf("rerun from load answered %s", fr.Raw)
 	}
 	a.wait("report/2026-11-28")
