@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"reflect"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // The conventions every command's flags follow, applied in one place:
@@ -22,8 +25,13 @@ import (
 //   - an enum flag's help lists its values.
 //   - the program's own flags in a command's help come first, the global
 //     ones after them under "Global flags:".
+//   - every text flag, argument and parameter value (from the command
+//     line or the environment) is valid UTF-8 without control characters
+//     (ops.CheckText; newlines and tabs only in --reason), refused
+//     naming the flag, exit 2.
 func cliConventions() []kong.Option {
 	return []kong.Option{
+		kong.KindMapper(reflect.String, textMapper{}),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
 		kong.ValueFormatter(helpValue),
 		kong.TypeMapper(reflect.TypeFor[time.Duration](), durationMapper{}),
@@ -183,4 +191,28 @@ func helpPath(name string, ctx *kong.Context) string {
 		}
 	}
 	return name
+}
+
+// textMapper decodes a string flag or argument, refusing what
+// ops.CheckText refuses (kong's error names the flag).
+type textMapper struct{}
+
+func (textMapper) Decode(ctx *kong.DecodeContext, target reflect.Value) error {
+	var s string
+	if err := ctx.Scan.PopValueInto("string", &s); err != nil {
+		return err
+	}
+	name := ""
+	if ctx.Value != nil {
+		name = ctx.Value.Name // "reason" may span lines
+	}
+	if err := ops.CheckText(name, s); err != nil {
+		var te *ops.TextError
+		if errors.As(err, &te) {
+			te.Field = "the value" // kong's error names the flag
+		}
+		return err
+	}
+	target.SetString(s)
+	return nil
 }
