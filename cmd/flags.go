@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"os"
 	"reflect"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/alecthomas/kong"
 
@@ -27,7 +29,7 @@ import (
 //     ones after them under "Global flags:".
 //   - every text flag, argument and parameter value (from the command
 //     line or the environment) is valid UTF-8 without control characters
-//     (ops.CheckText; newlines and tabs only in --reason), refused
+//     (ops.CheckText; newlines and tabs only in --reason and --output), refused
 //     naming the flag, exit 2.
 func cliConventions() []kong.Option {
 	return []kong.Option{
@@ -215,4 +217,43 @@ func (textMapper) Decode(ctx *kong.DecodeContext, target reflect.Value) error {
 	}
 	target.SetString(s)
 	return nil
+}
+
+// checkArgs applies ops.CheckText to the raw command line and to the
+// environment variables flags read, before kong parses them: kong hands
+// a mapper bytes that are not UTF-8 already turned into U+FFFD. A bad
+// value is named by its flag (the one it follows, or --flag=value), an
+// argument by its position, a variable by its name and flag.
+func checkArgs(model *kong.Node, args []string) error {
+	for i, a := range args {
+		if utf8.ValidString(a) {
+			continue
+		}
+		field := fmt.Sprintf("argument %d", i+1)
+		switch name, _, eq := strings.Cut(a, "="); {
+		case strings.HasPrefix(a, "-") && eq:
+			field = name
+		case i > 0 && strings.HasPrefix(args[i-1], "-") && !strings.Contains(args[i-1], "="):
+			field = args[i-1]
+		}
+		return usageError{ops.CheckText(field, a)}
+	}
+	var err error
+	_ = kong.Visit(model, func(n kong.Visitable, next kong.Next) error {
+		if f, ok := n.(*kong.Flag); ok && err == nil {
+			for _, env := range f.Envs {
+				if v, set := os.LookupEnv(env); set {
+					if e := ops.CheckText(f.Name, v); e != nil {
+						var te *ops.TextError
+						if errors.As(e, &te) {
+							te.Field = "$" + env + " (--" + f.Name + ")"
+						}
+						err = usageError{e}
+					}
+				}
+			}
+		}
+		return next(nil)
+	})
+	return err
 }

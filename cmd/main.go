@@ -162,6 +162,10 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 		return ExitUsage
 	}
 	groupGlobals(parser)
+	if err := checkArgs(parser.Model.Node, args); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return ExitUsage
+	}
 	kctx, err := parser.Parse(args)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)

@@ -38,16 +38,21 @@ func (e *TextError) Error() string {
 // Unwrap makes errors.Is(err, ErrBadText) hold.
 func (e *TextError) Unwrap() error { return ErrBadText }
 
-// Multiline reports whether field (as its face names it) is a reason,
-// the one kind of text that may span lines: "reason" in an API body,
-// "--reason" on the command line.
+// Multiline reports whether field (as its face names it) is text that
+// may span lines: a reason ("reason" in an API body, "--reason" on the
+// command line), or resolve's --output, a JSON document whose whitespace
+// may be newlines and tabs.
 func Multiline(field string) bool {
-	return strings.TrimLeft(field, "-") == "reason"
+	switch strings.TrimLeft(field, "-") {
+	case "reason", "output":
+		return true
+	}
+	return false
 }
 
 // CheckText is the rule for every text field of a request: valid UTF-8,
-// no control character (C0, DEL, C1; NUL never), except newlines and tabs
-// in a reason (Multiline). It returns a *TextError naming field, or nil.
+// no control character (C0, DEL, C1; NUL never), except newlines, tabs
+// and carriage returns in a reason (Multiline). It returns a *TextError naming field, or nil.
 func CheckText(field, s string) error {
 	multiline := Multiline(field)
 	for i, r := range s {

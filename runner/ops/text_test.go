@@ -25,6 +25,8 @@ func TestCheckText(t *testing.T) {
 		{"operator", "alice\nbob", false}, // newlines only in reasons
 		{"from_step", "load\t", false},
 		{"--reason", "two\nlines", true},
+		{"--output", "{\n\t\"id\": \"rcpt-77\"\n}", true},
+		{"--output", "{\"id\": \"\x00\"}", false},
 	} {
 		err := ops.CheckText(c.field, c.text)
 		if c.ok != (err == nil) {
