@@ -53,4 +53,6 @@ func TestOperatorTextIsCheckedOnTheCommandLine(t *testing.T) {
 	if as[1].Reason != "the host is back\nticket 42" || as[1].Operator != "ops-dave" {
 		t.Errorf("the resume's record = %+v; want its reason as given, by ops-dave", as[1])
 	}
+	// show keeps its table on one line a record.
+	c.want(ExitOK, []string{"resume   the host is back / ticket 42  \n"}, "show", "crashy/k1")
 }

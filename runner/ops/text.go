@@ -25,14 +25,21 @@ var ErrBadText = errors.New("not valid text")
 // TextError is a text field refused by CheckText.
 type TextError struct {
 	// Field names the field as its face calls it: "reason", "params.date",
-	// "keys[0]", "--operator", "query parameter status".
+	// "keys[0]", "--operator", "status" (of In "query parameter"), "path".
 	Field string
+	// In, if set, says what kind of field it is, before its name in the
+	// message: "query parameter".
+	In string
 	// Problem says what is wrong with it, in words.
 	Problem string
 }
 
 func (e *TextError) Error() string {
-	return fmt.Sprintf("%s %s; give valid UTF-8 text without control characters", e.Field, e.Problem)
+	name := e.Field
+	if e.In != "" {
+		name = e.In + " " + name
+	}
+	return fmt.Sprintf("%s %s; give valid UTF-8 text without control characters", name, e.Problem)
 }
 
 // Unwrap makes errors.Is(err, ErrBadText) hold.
@@ -139,8 +146,8 @@ func checkJSON(field string, raw []byte) error {
 }
 
 // CheckURL applies CheckText to a request's path, as decoded (%00 is a
-// NUL), and to each query parameter, name and values, naming it: "path",
-// "query parameter status".
+// NUL), and to each query parameter, name and values: a *TextError whose
+// Field is "path", or the parameter's name In "query parameter".
 func CheckURL(u *url.URL) error {
 	if err := CheckText("path", u.Path); err != nil {
 		return err
@@ -149,14 +156,23 @@ func CheckURL(u *url.URL) error {
 	// the handlers read.
 	q, _ := url.ParseQuery(u.RawQuery)
 	for _, k := range slices.Sorted(maps.Keys(q)) {
-		if err := CheckText("the name of query parameter "+strconv.Quote(k), k); err != nil {
-			return err
+		if err := CheckText(strconv.Quote(k), k); err != nil {
+			return in("the name of query parameter", err)
 		}
 		for _, v := range q[k] {
-			if err := CheckText("query parameter "+k, v); err != nil {
-				return err
+			if err := CheckText(k, v); err != nil {
+				return in("query parameter", err)
 			}
 		}
 	}
 	return nil
+}
+
+// in sets the In of err, a *TextError.
+func in(kind string, err error) error {
+	var te *TextError
+	if errors.As(err, &te) {
+		te.In = kind
+	}
+	return err
 }
