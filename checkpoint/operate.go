@@ -2,9 +2,11 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Audit is one manual operation on a run: who, when, what and why.
@@ -15,6 +17,30 @@ type Audit struct {
 	Command  string    `json:"command"`
 	Reason   string    `json:"reason"`
 	Details  string    `json:"details,omitempty"`
+}
+
+// ErrBadAudit is returned (wrapped, naming the field) when an audit
+// record holds text no store keeps: a NUL or bytes that are not UTF-8
+// (PostgreSQL keeps neither in text, so no store does). The operation it
+// records is refused with it.
+var ErrBadAudit = errors.New("checkpoint: the audit record cannot be kept")
+
+// Check returns an error wrapping ErrBadAudit if a cannot be stored. A
+// store checks each record in the transaction that writes it, so a record
+// refused there undoes the operation with it. Operator layers refuse such
+// text earlier, when they read a request.
+func (a Audit) Check() error {
+	for _, f := range []struct{ name, value string }{
+		{"run_id", a.RunID}, {"operator", a.Operator}, {"command", a.Command}, {"reason", a.Reason}, {"details", a.Details},
+	} {
+		switch {
+		case !utf8.ValidString(f.value):
+			return fmt.Errorf("%w: its %s is not valid UTF-8", ErrBadAudit, f.name)
+		case strings.IndexByte(f.value, 0) >= 0:
+			return fmt.Errorf("%w: its %s holds a NUL character", ErrBadAudit, f.name)
+		}
+	}
+	return nil
 }
 
 // OperateOption changes how a manual operation (Recover, Abandon,

@@ -183,6 +183,13 @@ type ClaimRequest struct {
 	// to be dead (its process is surely gone); its lease is then taken over
 	// at once instead of waiting for it to expire. Nil means never.
 	OwnerGone func(owner string) bool
+	// Audits are operators' records of this claim (a resume or a rerun
+	// they asked for: who, why), each of RunID. They are written in the
+	// claim's transaction, after the run is taken, so a record and its
+	// claim commit together, before any step runs: one that cannot be
+	// written (Audit.Check refuses it, or the database does) fails the
+	// claim, and nothing of it is kept (no fence raised, no attempt).
+	Audits []Audit
 }
 
 // LeaseExpired is the ErrFenced error Heartbeat returns for a lease that
@@ -351,6 +358,11 @@ func (r ClaimRequest) Validate(needNow bool) error {
 	if r.RunID == "" || r.Owner == "" || r.LeaseFor <= 0 || (needNow && r.Now.IsZero()) {
 		return fmt.Errorf("checkpoint: a claim needs a RunID, an Owner, a positive LeaseFor and, on the caller's clock, Now (got %q, %q, %s, %v)",
 			r.RunID, r.Owner, r.LeaseFor, r.Now)
+	}
+	for _, a := range r.Audits {
+		if a.RunID != r.RunID {
+			return fmt.Errorf("checkpoint: a claim of run %s carries an audit record of run %q (%s); a claim records only its own run's", r.RunID, a.RunID, a.Command)
+		}
 	}
 	return r.Limit.validate()
 }

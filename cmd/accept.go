@@ -29,17 +29,14 @@ func (f acceptFlags) check(command, reason, operator string) error {
 	return nil
 }
 
-// acceptance records the operator's decision in the audit log and returns
-// it for the run, or nil without --accept-changed.
-func (f acceptFlags) acceptance(env *Env, op operatorFlags, runID, command, reason string) (*steps.Acceptance, error) {
-	if err := f.check(command, reason, op.identity()); err != nil || !f.AcceptChanged {
-		return nil, err
+// resumption checks --accept-changed's needs and returns what an
+// operator's resume or rerun (command) claims the run with: its audit
+// records, which commit with the claim, and the acceptance, if any.
+func (f acceptFlags) resumption(env *Env, op operatorFlags, runID, command, fromStep, reason string) (ops.Resumption, error) {
+	if err := f.check(command, reason, op.identity()); err != nil {
+		return ops.Resumption{}, err
 	}
-	st, err := env.ExistingStore()
-	if err != nil {
-		return nil, err
-	}
-	return ops.Accept(env.Ctx, st, op.who(reason), runID, command, env.now())
+	return ops.Resume(op.who(reason), runID, command, fromStep, f.AcceptChanged, env.now())
 }
 
 // itemChangedHint adds to an *steps.ItemChangedError what the operator

@@ -130,16 +130,11 @@ func (c *BackfillCmd) Run(env *Env) error {
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
+			var audits []checkpoint.Audit // committed with the claim
 			if p.force {
-				a := c.audit(env, p.runID, "backfill --reprocess "+c.Reprocess, "backfill "+c.From+".."+c.To, "")
-				if err := st.RecordAudit(env.Ctx, a); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-					return
-				}
+				audits = append(audits, c.audit(env, p.runID, "backfill --reprocess "+c.Reprocess, "backfill "+c.From+".."+c.To, ""))
 			}
-			res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: p.values, Force: p.force})
+			res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: p.values, Force: p.force, Audits: audits})
 			mu.Lock()
 			defer mu.Unlock()
 			var told reported

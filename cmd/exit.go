@@ -7,6 +7,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/runner/ops"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -84,7 +85,7 @@ func ExitCode(err error) int {
 		errors.Is(err, jobs.ErrUnknownJob), errors.Is(err, checkpoint.ErrNotFound),
 		errors.Is(err, checkpoint.ErrNoDirectory), errors.Is(err, checkpoint.ErrNotDatabase),
 		errors.Is(err, checkpoint.ErrReadOnly), errors.Is(err, checkpoint.ErrTooNew),
-		errors.Is(err, checkpoint.ErrNoDatabase):
+		errors.Is(err, checkpoint.ErrNoDatabase), errors.Is(err, ops.ErrBadText), errors.Is(err, checkpoint.ErrBadAudit):
 		return ExitUsage
 	}
 	return ExitFailed

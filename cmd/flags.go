@@ -1,14 +1,19 @@
 package cmd
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
+	"os"
 	"reflect"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/alecthomas/kong"
+
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // The conventions every command's flags follow, applied in one place:
@@ -22,8 +27,13 @@ import (
 //   - an enum flag's help lists its values.
 //   - the program's own flags in a command's help come first, the global
 //     ones after them under "Global flags:".
+//   - every text flag, argument and parameter value (from the command
+//     line or the environment) is valid UTF-8 without control characters
+//     (ops.CheckText; newlines and tabs only in --reason and --output), refused
+//     naming the flag, exit 2.
 func cliConventions() []kong.Option {
 	return []kong.Option{
+		kong.KindMapper(reflect.String, textMapper{}),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
 		kong.ValueFormatter(helpValue),
 		kong.TypeMapper(reflect.TypeFor[time.Duration](), durationMapper{}),
@@ -183,4 +193,67 @@ func helpPath(name string, ctx *kong.Context) string {
 		}
 	}
 	return name
+}
+
+// textMapper decodes a string flag or argument, refusing what
+// ops.CheckText refuses (kong's error names the flag).
+type textMapper struct{}
+
+func (textMapper) Decode(ctx *kong.DecodeContext, target reflect.Value) error {
+	var s string
+	if err := ctx.Scan.PopValueInto("string", &s); err != nil {
+		return err
+	}
+	name := ""
+	if ctx.Value != nil {
+		name = ctx.Value.Name // "reason" may span lines
+	}
+	if err := ops.CheckText(name, s); err != nil {
+		var te *ops.TextError
+		if errors.As(err, &te) {
+			te.Field = "the value" // kong's error names the flag
+		}
+		return err
+	}
+	target.SetString(s)
+	return nil
+}
+
+// checkArgs applies ops.CheckText to the raw command line and to the
+// environment variables flags read, before kong parses them: kong hands
+// a mapper bytes that are not UTF-8 already turned into U+FFFD. A bad
+// value is named by its flag (the one it follows, or --flag=value), an
+// argument by its position, a variable by its name and flag.
+func checkArgs(model *kong.Node, args []string) error {
+	for i, a := range args {
+		if utf8.ValidString(a) {
+			continue
+		}
+		field := fmt.Sprintf("argument %d", i+1)
+		switch name, _, eq := strings.Cut(a, "="); {
+		case strings.HasPrefix(a, "-") && eq:
+			field = name
+		case i > 0 && strings.HasPrefix(args[i-1], "-") && !strings.Contains(args[i-1], "="):
+			field = args[i-1]
+		}
+		return usageError{ops.CheckText(field, a)}
+	}
+	var err error
+	_ = kong.Visit(model, func(n kong.Visitable, next kong.Next) error {
+		if f, ok := n.(*kong.Flag); ok && err == nil {
+			for _, env := range f.Envs {
+				if v, set := os.LookupEnv(env); set {
+					if e := ops.CheckText(f.Name, v); e != nil {
+						var te *ops.TextError
+						if errors.As(e, &te) {
+							te.Field = "$" + env + " (--" + f.Name + ")"
+						}
+						err = usageError{e}
+					}
+				}
+			}
+		}
+		return next(nil)
+	})
+	return err
 }

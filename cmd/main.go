@@ -166,6 +166,10 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 		fmt.Fprint(stderr, shortUsage(name, parser))
 		return ExitUsage
 	}
+	if err := checkArgs(parser.Model.Node, args); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return ExitUsage
+	}
 	kctx, err := parser.Parse(args)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)

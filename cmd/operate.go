@@ -195,22 +195,27 @@ func (c *RerunCmd) Run(env *Env) error {
 			return usageError{fmt.Errorf("rerun --from-step needs --reason \"...\" (recorded in the audit log)")}
 		}
 	}
-	if err := plan.Record(env.Ctx, st, c.who(c.Reason), c.AcceptChanged, env.now()); err != nil {
-		return err
-	}
-	return c.resume(env, c.Force)
-}
-
-func (c *RerunCmd) resume(env *Env, force bool) error {
-	accept, err := c.acceptance(env, c.operatorFlags, c.RunID, "rerun", c.Reason)
+	// Checked before anything is cleared: the claim's record must be
+	// writable too.
+	rs, err := c.resumption(env, c.operatorFlags, c.RunID, "rerun", c.FromStep, c.Reason)
 	if err != nil {
 		return err
 	}
+	if err := plan.Record(env.Ctx, st, c.who(c.Reason), env.now()); err != nil {
+		return err
+	}
+	return c.resume(env, c.Force, rs)
+}
+
+// resume claims and runs the run, with the rerun's audit records in the
+// claim's transaction.
+func (c *RerunCmd) resume(env *Env, force bool, rs ops.Resumption) error {
 	r, prog, err := c.runner(env)
 	if err != nil {
 		return err
 	}
-	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: force, RetrySkipped: c.RetrySkipped, AcceptChanged: accept})
+	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: force, RetrySkipped: c.RetrySkipped,
+		AcceptChanged: rs.Accept, Audits: rs.Audits})
 	prog.close()
 	if c.JSON {
 		return printResultJSON(env, res, err)

@@ -89,7 +89,7 @@ type ResumeCmd struct {
 	acceptFlags
 	RunID  string `arg:"" name:"run-id" help:"Run ID as shown by '${name} runs', e.g. report/2026-11-28."`
 	JSON   bool   `name:"json" help:"Print the outcome as JSON on stdout."`
-	Reason string `help:"Why, for the audit log. Required with --accept-changed."`
+	Reason string `help:"Why, for the audit log (recorded with the resume's claim, before any step runs). Required with --accept-changed."`
 }
 
 // Run implements the resume command.
@@ -97,7 +97,7 @@ func (c *ResumeCmd) Run(env *Env) error {
 	if _, err := env.ExistingStore(); err != nil { // the run is recorded there
 		return err
 	}
-	accept, err := c.acceptance(env, c.operatorFlags, c.RunID, "resume", c.Reason)
+	rs, err := c.resumption(env, c.operatorFlags, c.RunID, "resume", "", c.Reason)
 	if err != nil {
 		return err
 	}
@@ -105,7 +105,9 @@ func (c *ResumeCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: c.Force, RetrySkipped: c.RetrySkipped, AcceptChanged: accept})
+	// The resume's audit record (with --reason) commits with its claim.
+	res, err := r.Resume(env.Ctx, c.RunID, runner.Request{Force: c.Force, RetrySkipped: c.RetrySkipped,
+		AcceptChanged: rs.Accept, Audits: rs.Audits})
 	prog.close()
 	if c.JSON {
 		return printResultJSON(env, res, err)

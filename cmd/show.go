@@ -162,7 +162,7 @@ func (c *ShowCmd) print(env *Env, r checkpoint.Run, v ops.ShowView, now time.Tim
 	if len(v.Audit) > 0 {
 		fmt.Fprintln(tw, "\nAUDIT\tOPERATOR\tCOMMAND\tREASON\tDETAILS")
 		for _, a := range v.Audit {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.At.Format(time.RFC3339), a.Operator, a.Command, a.Reason, preview(a.Details, 60))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.At.Format(time.RFC3339), a.Operator, a.Command, reasonLine(a.Reason), preview(a.Details, 60))
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -287,4 +287,10 @@ func printWrites(env *Env, ws []checkpoint.Write, limit int) {
 		fmt.Fprintf(env.Stdout, "    %s: %d -> %d  (%+d, version %d -> %d)\n", w.Key, w.OldValue, w.NewValue,
 			w.NewValue-w.OldValue, w.OldVersion, w.OldVersion+1)
 	}
+}
+
+// reasonLine is a reason, which may span lines, on one line of a table: its
+// line breaks shown as " / " (--json has it as recorded).
+func reasonLine(s string) string {
+	return strings.NewReplacer("\r\n", " / ", "\n", " / ", "\r", " / ", "\t", " ").Replace(s)
 }

@@ -187,6 +187,11 @@ type Request struct {
 	// run is refused with a *checkpoint.RunExistsError (or a
 	// *checkpoint.ParamsMismatchError) and is neither resumed nor changed.
 	CreateOnly bool
+	// Audits are the operator's records of this run or resume (who, why:
+	// a rerun, a resume with a reason, an acceptance of changed items),
+	// written in the claim's transaction (checkpoint.ClaimRequest.Audits):
+	// if they cannot be written, nothing is claimed and no step runs.
+	Audits []checkpoint.Audit
 }
 
 // Result says how a run ended.
@@ -355,7 +360,7 @@ func (r *Runner) claimRun(ctx context.Context, job jobs.Job, dec jobs.Decoded, r
 	claim, claimedAt, err := r.claim(ctx, checkpoint.ClaimRequest{
 		RunID: runID, Job: job.Name(), RunKey: dec.RunKey, Params: dec.JSON, ParamsHash: dec.Hash,
 		Owner: r.cfg.Owner, LeaseFor: r.cfg.Lease, Force: req.Force, CreateOnly: req.CreateOnly, OwnerGone: OwnerGone,
-		Limit: dec.Limit,
+		Limit: dec.Limit, Audits: req.Audits,
 	}, log)
 	if err != nil {
 		return nil, err

@@ -259,6 +259,9 @@ func (t *pgTx) explainRefusedItems(steps, keys []string) error {
 
 // AcceptItemChanges implements checkpoint.Tx.
 func (t *pgTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item, changes []checkpoint.ItemChange) error {
+	if err := a.Check(); err != nil {
+		return fmt.Errorf("%s of %s: %w", a.Command, a.RunID, err)
+	}
 	steps := make([]string, len(items))
 	keys := make([]string, len(items))
 	fps := make([][]byte, len(items))

@@ -129,6 +129,9 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimR
 		if err := s.checkLimit(ctx, conn, req.RunID, req.Limit, now); err != nil {
 			return checkpoint.Claim{}, err
 		}
+		if err := insertAudits(ctx, conn, req.Audits...); err != nil {
+			return checkpoint.Claim{}, err
+		}
 		if err := commit(ctx, conn); err != nil {
 			return checkpoint.Claim{}, err
 		}
@@ -163,6 +166,10 @@ func (s *Store) claim(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimR
 		return checkpoint.Claim{}, fmt.Errorf("%w: run %s changed while being claimed", checkpoint.ErrFenced, run.ID)
 	}
 	if err != nil {
+		return checkpoint.Claim{}, err
+	}
+	// After the take, in its transaction: a record refused undoes it.
+	if err := insertAudits(ctx, conn, req.Audits...); err != nil {
 		return checkpoint.Claim{}, err
 	}
 	if err := commit(ctx, conn); err != nil {

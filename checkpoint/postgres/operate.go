@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
@@ -94,6 +95,9 @@ var _ checkpoint.Operator = (*Store)(nil)
 // a *LeaseHeldError. fn gets the run and the time its lease was judged at.
 func (s *Store) operate(ctx context.Context, a checkpoint.Audit, now time.Time, o checkpoint.OperateOptions, allowLive bool,
 	fn func(tx pgx.Tx, run checkpoint.Run, at time.Time) error) error {
+	if err := a.Check(); err != nil { // its text goes into the run's error too
+		return fmt.Errorf("%s of %s: %w", a.Command, a.RunID, err)
+	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var at time.Time
 		run, err := scanRun(tx.QueryRow(ctx, sqlLockRunOp, a.RunID, s.clock(now)), &at)
@@ -110,10 +114,31 @@ func (s *Store) operate(ctx context.Context, a checkpoint.Audit, now time.Time, 
 		if err := fn(tx, run, at); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, sqlAudit, a.RunID, ts(a.At), a.Operator, a.Command, a.Reason, a.Details)
-		return err
+		return insertAudits(ctx, tx, a)
 	})
 	return s.wrap(a.Command+" "+a.RunID, err)
+}
+
+// execer is what an audit record is written through: a transaction, or a
+// connection inside one.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// insertAudits writes audit records through q, each checked first
+// (checkpoint.Audit.Check, which refuses what the server would: a NUL,
+// bytes that are not UTF-8): one refused fails the transaction, and the
+// operation it records with it.
+func insertAudits(ctx context.Context, q execer, audits ...checkpoint.Audit) error {
+	for _, a := range audits {
+		if err := a.Check(); err != nil {
+			return fmt.Errorf("%s of %s: %w", a.Command, a.RunID, err)
+		}
+		if _, err := q.Exec(ctx, sqlAudit, a.RunID, ts(a.At), a.Operator, a.Command, a.Reason, a.Details); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Recover implements checkpoint.Operator: a stale run (running, lease
@@ -203,8 +228,7 @@ func (s *Store) ResolveStep(ctx context.Context, a checkpoint.Audit, now time.Ti
 
 // RecordAudit implements checkpoint.Operator.
 func (s *Store) RecordAudit(ctx context.Context, a checkpoint.Audit) error {
-	_, err := s.pool.Exec(ctx, sqlAudit, a.RunID, ts(a.At), a.Operator, a.Command, a.Reason, a.Details)
-	return s.wrap("record audit of "+a.RunID, err)
+	return s.wrap("record audit of "+a.RunID, insertAudits(ctx, s.pool, a))
 }
 
 // Audits implements checkpoint.Operator: in the order recorded.

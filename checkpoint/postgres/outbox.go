@@ -191,12 +191,7 @@ func (s *Store) RequeueDead(ctx context.Context, r checkpoint.Requeue) (checkpoi
 				return &checkpoint.UnknownMessagesError{Keys: unknown}
 			}
 		}
-		for _, a := range checkpoint.RequeueAudits(r.Audit, res.Requeued) {
-			if _, err := tx.Exec(ctx, sqlAudit, a.RunID, ts(a.At), a.Operator, a.Command, a.Reason, a.Details); err != nil {
-				return err
-			}
-		}
-		return nil
+		return insertAudits(ctx, tx, checkpoint.RequeueAudits(r.Audit, res.Requeued)...)
 	})
 	if err != nil {
 		return checkpoint.RequeueResult{}, s.wrap("requeue dead messages", err)

@@ -104,7 +104,7 @@ func (t *sqliteTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item
 			return err
 		}
 	}
-	if _, err := t.tx.ExecContext(t.ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details); err != nil {
+	if err := insertAudits(t.ctx, t.tx, a); err != nil {
 		return fmt.Errorf("checkpoint: record audit of %s: %w", a.RunID, err)
 	}
 	return nil

@@ -110,6 +110,9 @@ func claimTx(ctx context.Context, tx *sql.Tx, req checkpoint.ClaimRequest) (chec
 		if err != nil {
 			return checkpoint.Claim{}, err
 		}
+		if err := insertAudits(ctx, tx, req.Audits...); err != nil {
+			return checkpoint.Claim{}, err
+		}
 		return checkpoint.Claim{Lease: checkpoint.Lease{RunID: req.RunID, Fence: 1, Attempt: 1, Owner: req.Owner}, Run: run, Created: true}, nil
 	case err != nil:
 		return checkpoint.Claim{}, err
@@ -125,7 +128,15 @@ func claimTx(ctx context.Context, tx *sql.Tx, req checkpoint.ClaimRequest) (chec
 	if err := checkLimit(ctx, tx, run.ID, limit, now); err != nil {
 		return checkpoint.Claim{}, err
 	}
-	return takeTx(ctx, tx, run, take, req.Owner, req.Now, req.LeaseFor, req.Limit)
+	c, err := takeTx(ctx, tx, run, take, req.Owner, req.Now, req.LeaseFor, req.Limit)
+	if err != nil {
+		return checkpoint.Claim{}, err
+	}
+	// After the take, in its transaction: a record refused undoes it.
+	if err := insertAudits(ctx, tx, req.Audits...); err != nil {
+		return checkpoint.Claim{}, err
+	}
+	return c, nil
 }
 
 // takeTx takes over run (as read in the transaction): raises its fence,

@@ -56,6 +56,9 @@ ORDER BY finished_at`
 // operate runs fn on the run in one write transaction and records the audit
 // row with it. Unless allowLive, it refuses a run held by a live runner.
 func (s *Store) operate(ctx context.Context, a checkpoint.Audit, now time.Time, o checkpoint.OperateOptions, allowLive bool, fn func(tx *sql.Tx, run checkpoint.Run) error) error {
+	if err := a.Check(); err != nil { // its text goes into the run's error too
+		return fmt.Errorf("%s of %s: %w", a.Command, a.RunID, err)
+	}
 	return s.tx(ctx, a.Command+" "+a.RunID, func(tx *sql.Tx) error {
 		run, err := scanRun(tx.QueryRowContext(ctx, sqlSelectRun, a.RunID))
 		if errors.Is(err, sql.ErrNoRows) {
@@ -70,9 +73,23 @@ func (s *Store) operate(ctx context.Context, a checkpoint.Audit, now time.Time, 
 		if err := fn(tx, run); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details)
-		return err
+		return insertAudits(ctx, tx, a)
 	})
+}
+
+// insertAudits writes audit records in tx, each checked first
+// (checkpoint.Audit.Check): one refused fails the transaction, and the
+// operation it records with it.
+func insertAudits(ctx context.Context, tx *sql.Tx, audits ...checkpoint.Audit) error {
+	for _, a := range audits {
+		if err := a.Check(); err != nil {
+			return fmt.Errorf("%s of %s: %w", a.Command, a.RunID, err)
+		}
+		if _, err := tx.ExecContext(ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Recover marks a stale run (running, lease expired or owner gone: its
@@ -139,6 +156,9 @@ func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Tim
 // RecordAudit stores a manual operation that changed nothing else (a forced
 // rerun, say).
 func (s *Store) RecordAudit(ctx context.Context, a checkpoint.Audit) error {
+	if err := a.Check(); err != nil {
+		return fmt.Errorf("%s of %s: %w", a.Command, a.RunID, err)
+	}
 	_, err := s.db.ExecContext(ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details)
 	return s.wrap("record audit of "+a.RunID, err)
 }

@@ -196,12 +196,7 @@ func (s *Store) RequeueDead(ctx context.Context, r checkpoint.Requeue) (checkpoi
 		if len(unknown) > 0 {
 			return &checkpoint.UnknownMessagesError{Keys: unknown}
 		}
-		for _, a := range checkpoint.RequeueAudits(r.Audit, res.Requeued) {
-			if _, err := tx.ExecContext(ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details); err != nil {
-				return err
-			}
-		}
-		return nil
+		return insertAudits(ctx, tx, checkpoint.RequeueAudits(r.Audit, res.Requeued)...)
 	})
 	if err != nil {
 		return checkpoint.RequeueResult{}, err

@@ -399,6 +399,8 @@ func testOperations(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("ClaimAudits", func(t *testing.T) { testClaimAudits(t, h) })
+
 	t.Run("AuditKeepsOrder", func(t *testing.T) {
 		e, st, op := hosts(t)
 		e.claim(st, "ops/8", ownerA, t0)

@@ -99,6 +99,9 @@ func (r *Refusal) Unwrap() error { return r.Err }
 // a live runner holds, with a *checkpoint.LeaseHeldError, unless force.
 func Recover(ctx context.Context, st checkpoint.Backend, who Who, runID string, force bool, now time.Time) (checkpoint.Audit, error) {
 	a := who.Audit(runID, "recover", "", now)
+	if err := who.Check(); err != nil {
+		return a, err
+	}
 	if err := st.Recover(ctx, a, now, force, OwnerGone); err != nil {
 		var held *checkpoint.LeaseHeldError
 		if errors.Is(err, checkpoint.ErrNotStale) && !errors.As(err, &held) {
@@ -113,6 +116,9 @@ func Recover(ctx context.Context, st checkpoint.Backend, who Who, runID string, 
 // succeeded run is refused with ErrNeedsDecision.
 func Abandon(ctx context.Context, st checkpoint.Backend, who Who, runID string, now time.Time) (checkpoint.Audit, error) {
 	a := who.Audit(runID, "abandon", "", now)
+	if err := who.Check(); err != nil {
+		return a, err
+	}
 	if err := st.Abandon(ctx, a, now, OwnerGone); err != nil {
 		if errors.Is(err, checkpoint.ErrAlreadySucceeded) {
 			return a, fmt.Errorf("%w: %w", ErrNeedsDecision, err)
@@ -126,6 +132,9 @@ func Abandon(ctx context.Context, st checkpoint.Backend, who Who, runID string, 
 // A step whose effects applied is refused (a *Refusal, ResetApplied)
 // unless force: they are not undone, and apply again.
 func Reset(ctx context.Context, st checkpoint.Backend, who Who, runID, step string, force bool, now time.Time) (checkpoint.Audit, error) {
+	if err := who.Check(); err != nil {
+		return checkpoint.Audit{}, err
+	}
 	all, err := RunSteps(ctx, st, runID)
 	if err != nil {
 		return checkpoint.Audit{}, err
@@ -156,6 +165,9 @@ func Reset(ctx context.Context, st checkpoint.Backend, who Who, runID, step stri
 // it completed with output (JSON), otherwise the next resume calls again.
 // A step awaiting no such decision is refused with ErrNeedsDecision.
 func Resolve(ctx context.Context, st checkpoint.Backend, who Who, runID, step string, done bool, output []byte, now time.Time) (checkpoint.Audit, error) {
+	if err := who.Check(); err != nil {
+		return checkpoint.Audit{}, err
+	}
 	if !json.Valid(output) {
 		return checkpoint.Audit{}, fmt.Errorf("%w: %q", ErrBadOutput, output)
 	}
@@ -244,16 +256,16 @@ func PlanRerun(ctx context.Context, st checkpoint.Backend, runID, fromStep strin
 	return p, nil
 }
 
-// Record carries out the plan before the rerun's attempt: from the top it
-// records the rerun in the audit trail (unless accepting, when the
-// acceptance's record says it: see Accept); from a step it clears the
-// steps, audited, which needs a reason (ErrNeedsReason).
-func (p RerunPlan) Record(ctx context.Context, st checkpoint.Backend, who Who, accepting bool, now time.Time) error {
+// Record carries out the plan before the rerun's attempt: from a step it
+// clears the steps, audited in the same transaction, which needs a reason
+// (ErrNeedsReason). From the top it records nothing: the rerun's record
+// commits with its claim (see Resumption).
+func (p RerunPlan) Record(ctx context.Context, st checkpoint.Backend, who Who, now time.Time) error {
+	if err := who.Check(); err != nil {
+		return err
+	}
 	if p.FromStep == "" {
-		if accepting {
-			return nil
-		}
-		return st.RecordAudit(ctx, who.Audit(p.RunID, "rerun", "", now))
+		return nil
 	}
 	if strings.TrimSpace(who.Reason) == "" {
 		return fmt.Errorf("%w: a rerun from step %s clears checkpoints; say why, for the audit trail", ErrNeedsReason, p.FromStep)
@@ -265,28 +277,39 @@ func (p RerunPlan) Record(ctx context.Context, st checkpoint.Backend, who Who, a
 	return st.ResetSteps(ctx, who.Audit(p.RunID, "rerun --from-step "+p.FromStep, details, now), now, p.Cleared, OwnerGone)
 }
 
-// RecordResume records a resume in the audit trail when it has a reason
-// and is not accepting changed items (the acceptance's record says it).
-func RecordResume(ctx context.Context, st checkpoint.Backend, who Who, runID string, accepting bool, now time.Time) error {
-	if accepting || strings.TrimSpace(who.Reason) == "" {
-		return nil
-	}
-	return st.RecordAudit(ctx, who.Audit(runID, "resume", "", now))
+// Resumption is what an operator's resume or rerun claims the run with
+// (runner.Request's Audits and AcceptChanged): the records that commit
+// in the claim's transaction, before any step runs, and the acceptance of
+// changed items, if any.
+type Resumption struct {
+	Audits []checkpoint.Audit
+	Accept *steps.Acceptance
 }
 
-// Accept records an operator's decision to go on past the batch items
-// whose source changed that the run's last refusal named (command is
-// "resume" or "rerun") and returns it for the run's next attempt. It needs
-// a reason and an operator (ErrNeedsReason).
-func Accept(ctx context.Context, st checkpoint.Backend, who Who, runID, command string, now time.Time) (*steps.Acceptance, error) {
-	if strings.TrimSpace(who.Reason) == "" || strings.TrimSpace(who.Operator) == "" {
-		return nil, fmt.Errorf("%w: accepting changed items needs a reason and who accepts them, for the audit trail", ErrNeedsReason)
+// Resume is the Resumption of an operator's resume or rerun (command) of
+// runID. Accepting changed items needs a reason and an operator
+// (ErrNeedsReason) and is recorded as "COMMAND --accept-changed"; else a
+// rerun from the top is recorded as "rerun", a resume with a reason as
+// "resume", and a rerun from a step (fromStep) by nothing more: Record
+// wrote its record with the steps it cleared. who's text is checked
+// (CheckText).
+func Resume(who Who, runID, command, fromStep string, accepting bool, now time.Time) (Resumption, error) {
+	if err := who.Check(); err != nil {
+		return Resumption{}, err
 	}
-	a := who.Audit(runID, command+" --accept-changed", "", now)
-	if err := st.RecordAudit(ctx, a); err != nil {
-		return nil, err
+	switch {
+	case accepting:
+		if strings.TrimSpace(who.Reason) == "" || strings.TrimSpace(who.Operator) == "" {
+			return Resumption{}, fmt.Errorf("%w: accepting changed items needs a reason and who accepts them, for the audit trail", ErrNeedsReason)
+		}
+		a := who.Audit(runID, command+" --accept-changed", "", now)
+		return Resumption{Audits: []checkpoint.Audit{a}, Accept: &steps.Acceptance{Operator: a.Operator, Reason: who.Reason}}, nil
+	case command == "rerun" && fromStep == "":
+		return Resumption{Audits: []checkpoint.Audit{who.Audit(runID, "rerun", "", now)}}, nil
+	case command == "resume" && strings.TrimSpace(who.Reason) != "":
+		return Resumption{Audits: []checkpoint.Audit{who.Audit(runID, "resume", "", now)}}, nil
 	}
-	return &steps.Acceptance{Operator: a.Operator, Reason: who.Reason}, nil
+	return Resumption{}, nil
 }
 
 // RunSteps returns a run's step checkpoints in the order they started;

@@ -30,6 +30,9 @@ type DeadLetters struct {
 // an unknown run is checkpoint.ErrNotFound.
 func RequeueDead(ctx context.Context, st checkpoint.Backend, who Who, sel DeadLetters, now time.Time) (checkpoint.RequeueResult, checkpoint.Audit, error) {
 	a := who.Audit("", "outbox requeue", "", now)
+	if err := who.Check(); err != nil {
+		return checkpoint.RequeueResult{}, a, err
+	}
 	if strings.TrimSpace(who.Reason) == "" {
 		return checkpoint.RequeueResult{}, a, fmt.Errorf("%w: requeuing dead messages sends them again; say why (what was fixed), for the audit trail", ErrNeedsReason)
 	}

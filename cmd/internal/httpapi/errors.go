@@ -15,7 +15,7 @@ type ErrorView struct {
 	// Error says what is wrong and what to do, in words.
 	Error string `json:"error"`
 	// Code is a stable word for what kind of error it is: bad_json,
-	// bad_params, bad_request, unauthenticated, forbidden, csrf,
+	// bad_params, bad_request, bad_text, unauthenticated, forbidden, csrf,
 	// cross_origin, not_found, conflict, held, needs_decision,
 	// idempotency_conflict, params_mismatch, limit_reached, too_large,
 	// busy, misdirected, internal.
@@ -66,10 +66,15 @@ func classify(err error) *apiError {
 		reached  *checkpoint.LimitReachedError
 		mismatch *checkpoint.ParamsMismatchError
 		param    *jobs.ParamError
+		text     *ops.TextError
 	)
 	switch {
 	case errors.As(err, &api):
 		return api
+	case errors.As(err, &text):
+		return &apiError{Status: http.StatusBadRequest, Code: "bad_text", Field: text.Field, Message: err.Error()}
+	case errors.Is(err, checkpoint.ErrBadAudit):
+		return &apiError{Status: http.StatusBadRequest, Code: "bad_text", Message: err.Error()}
 	case errors.As(err, &nostep):
 		return &apiError{Status: http.StatusNotFound, Code: "not_found", Message: err.Error()}
 	case errors.As(err, &refusal):

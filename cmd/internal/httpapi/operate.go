@@ -11,7 +11,6 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/runner"
 	"github.com/stepwise-run/stepwise/runner/ops"
-	"github.com/stepwise-run/stepwise/steps"
 )
 
 // OperateBody is the body of the operations (POST
@@ -137,10 +136,17 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, p runPath, b Ope
 		s.fail(w, r, &checkpoint.LeaseHeldError{RunID: p.RunID, Owner: info.Run.LeaseOwner, Until: info.Run.LeaseUntil})
 		return
 	}
+	// The operation's audit record commits with the claim, before any
+	// step runs: a record that cannot be written claims nothing.
+	res, err := ops.Resume(who, p.RunID, p.Verb, b.FromStep, b.AcceptChanged, now)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	if p.Verb == "rerun" {
 		plan, err := ops.PlanRerun(ctx, s.cfg.Store, p.RunID, b.FromStep, b.Force)
 		if err == nil {
-			err = plan.Record(ctx, s.cfg.Store, who, b.AcceptChanged, now)
+			err = plan.Record(ctx, s.cfg.Store, who, now)
 		}
 		if err != nil {
 			s.fail(w, r, err)
@@ -150,19 +156,11 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, p runPath, b Ope
 			v.Result = c + "; "
 		}
 	}
-	var accept *steps.Acceptance
-	if b.AcceptChanged {
-		a, err := ops.Accept(ctx, s.cfg.Store, who, p.RunID, p.Verb, now)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		accept = a
-	}
-	// The claim and its audit record are not cut short by a client that
-	// hangs up: a run claimed is recorded as such, and executed.
+	// The claim is not cut short by a client that hangs up: a run
+	// claimed is recorded as such, and executed.
 	ctx = context.WithoutCancel(ctx)
-	started, err := s.cfg.Starter.Resume(ctx, p.RunID, runner.Request{Force: b.Force, RetrySkipped: b.RetrySkipped, AcceptChanged: accept})
+	started, err := s.cfg.Starter.Resume(ctx, p.RunID, runner.Request{Force: b.Force, RetrySkipped: b.RetrySkipped,
+		AcceptChanged: res.Accept, Audits: res.Audits})
 	if errors.Is(err, checkpoint.ErrAlreadySucceeded) {
 		v.Result += "nothing to do: " + err.Error() + ` ("force": true runs its job again, skipping every checkpointed step)`
 		writeJSON(w, http.StatusOK, v)
@@ -171,11 +169,6 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, p runPath, b Ope
 	if err != nil {
 		s.fail(w, r, err)
 		return
-	}
-	if p.Verb == "resume" {
-		if err := ops.RecordResume(ctx, s.cfg.Store, who, p.RunID, b.AcceptChanged, now); err != nil {
-			s.cfg.Logger.Error().Err(err).Str("request_id", RequestID(r)).Msg("could not record a resume in the audit trail")
-		}
 	}
 	v.Result += started.Status
 	if info, err := s.cfg.Store.Run(ctx, p.RunID); err == nil && len(info.Attempts) > 0 {

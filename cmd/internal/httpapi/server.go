@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -20,6 +21,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // Config configures a Server.
@@ -122,6 +124,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
 	if r.Body != nil {
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBody)
+	}
+	if err := ops.CheckURL(r.URL); err != nil { // before any store reads them
+		s.fail(w, r, err)
+		return
 	}
 	s.mux.ServeHTTP(w, r)
 }
@@ -323,14 +329,15 @@ func (s *Server) session(w http.ResponseWriter, r *http.Request) {
 // decode reads a JSON body into v: unknown fields, trailing data and
 // bodies over MaxBody are refused, naming what is wrong.
 func (s *Server) decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(r.Body)
+	var raw bytes.Buffer // every text field is checked in the bytes sent
+	dec := json.NewDecoder(io.TeeReader(r.Body, &raw))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
 	if err == nil && dec.More() {
 		err = errors.New("data after the JSON object")
 	}
 	if err == nil {
-		return nil
+		return ops.CheckJSON(raw.Bytes())
 	}
 	var (
 		tooBig *http.MaxBytesError

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 //go:embed assets
@@ -170,6 +171,10 @@ func (h *Handler) guard(page func(http.ResponseWriter, *http.Request, Caller, bo
 	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p, ok := r.Context().Value(reachedKey{}).(*bool); ok {
 			*p = true
+		}
+		if err := ops.CheckURL(r.URL); err != nil { // a NUL would reach the store's queries
+			h.fail(w, r, http.StatusBadRequest, "Bad request", err.Error(), nil)
+			return
 		}
 		var who Caller
 		ok := false
