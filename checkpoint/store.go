@@ -110,9 +110,9 @@ type Tx interface {
 // than PutItems, which must look for a recorded item under each key (on
 // PostgreSQL an upsert: a conflict check per row). A batch step's attempt
 // that found none of its items recorded, its keys ascending, knows every
-// item of its chunks is new. It is optional: a caller whose Tx does not
-// implement it (a backend without a cheaper way, or a wrapper) calls
-// PutItems.
+// item of its chunks is new. It is optional: callers go through
+// PutNewItems, the one place it is probed, which calls PutItems on a Tx
+// without it (a backend without a cheaper way, or a test's wrapper).
 type NewItemsTx interface {
 	Tx
 	// PutNewItems records items none of which is recorded yet, checked
@@ -122,6 +122,15 @@ type NewItemsTx interface {
 	// PutItems), and an unfinished one either fails the transaction or is
 	// overwritten as PutItems would. An item given twice fails it.
 	PutNewItems(items []Item) error
+}
+
+// PutNewItems records items none of which is recorded yet in tx: with
+// NewItemsTx.PutNewItems where tx offers it, with PutItems otherwise.
+func PutNewItems(tx Tx, items []Item) error {
+	if nt, ok := tx.(NewItemsTx); ok {
+		return nt.PutNewItems(items)
+	}
+	return tx.PutItems(items)
 }
 
 // Run statuses.

@@ -21,8 +21,8 @@ import (
 type fpBatch struct {
 	t      *testing.T
 	st     checkpoint.Backend
-	store  checkpoint.Store // st, or a wrapper of it
-	ledger string           // the ledger's database location
+	store  checkpoint.Backend // st, or a wrapper of it
+	ledger string             // the ledger's database location
 	target steps.Target
 	items  []xfer // the source's current data, in key order
 	calls  []string

@@ -31,10 +31,7 @@ func (tx newItemsTx) PutItems(items []checkpoint.Item) error {
 
 func (tx newItemsTx) PutNewItems(items []checkpoint.Item) error {
 	*tx.log = append(*tx.log, "new "+items[0].Key)
-	if nt, ok := tx.Tx.(checkpoint.NewItemsTx); ok {
-		return nt.PutNewItems(items)
-	}
-	return tx.Tx.PutItems(items)
+	return checkpoint.PutNewItems(tx.Tx, items)
 }
 
 func (s newItemsStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {

@@ -42,7 +42,7 @@ func (s *rvHookStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(chec
 	return err
 }
 
-func rvBegin(t *testing.T, st checkpoint.Backend, store checkpoint.Store) *steps.Run {
+func rvBegin(t *testing.T, st checkpoint.Backend, store checkpoint.Backend) *steps.Run {
 	t.Helper()
 	ctx := context.Background()
 	c, err := st.Claim(ctx, checkpoint.ClaimRequest{RunID: "j/k", Job: "j", RunKey: "k", Params: []byte("{}"), ParamsHash: "h",

@@ -30,13 +30,9 @@ func (e *env) putItems(st checkpoint.Store, l checkpoint.Lease, items ...checkpo
 	e.inTx(st, l, func(tx checkpoint.Tx) error { return tx.PutItems(items) })
 }
 
-// putNew records items as new (checkpoint.NewItemsTx) where the store's
-// Tx offers it, and with PutItems otherwise.
+// putNew records items as new (checkpoint.PutNewItems).
 func putNew(tx checkpoint.Tx, items ...checkpoint.Item) error {
-	if nt, ok := tx.(checkpoint.NewItemsTx); ok {
-		return nt.PutNewItems(items)
-	}
-	return tx.PutItems(items)
+	return checkpoint.PutNewItems(tx, items)
 }
 
 func testItems(t *testing.T, h Harness) {
