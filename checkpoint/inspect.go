@@ -34,9 +34,8 @@ type Inspector interface {
 // maintenance check). Both stores implement all of it, and each asserts
 // it at compile time: var _ checkpoint.Backend = (*Store)(nil). Code
 // above checkpoint takes a Backend and never looks for a capability by
-// type assertion; the only optional parts are a Backend's QueueWaker
-// (probed by Waker) and a Tx's NewItemsTx (probed by PutNewItems), each
-// in one place.
+// type assertion. Its one optional part is QueueWaker, probed in one
+// place: Waker.
 type Backend interface {
 	Store
 	Operator

@@ -134,10 +134,9 @@ func types(e ast.Expr) string {
 // stores implement in full, as each asserts at compile time) and never
 // finds out by type assertion what a store can do, so a wrapper cannot hide
 // a capability (a scheduler's claim counter once hid partitions that way).
-// The two optional parts of the contract are probed inside checkpoint, in
-// one place each: checkpoint.Waker (QueueWaker) and checkpoint.PutNewItems
-// (NewItemsTx). Every Go file of the module outside checkpoint/ is parsed,
-// tests included.
+// The one optional part of the contract, QueueWaker, is probed inside
+// checkpoint, in one place: checkpoint.Waker. Every Go file of the module
+// outside checkpoint/ is parsed, tests included.
 func TestNoCapabilityAssertionsAboveCheckpoint(t *testing.T) {
 	root, err := filepath.Abs("..")
 	if err != nil {
@@ -184,7 +183,7 @@ func TestNoCapabilityAssertionsAboveCheckpoint(t *testing.T) {
 // TestCapabilityAssertionsAreFound checks the checker itself on source that
 // has each kind of probe, and on source that has none.
 func TestCapabilityAssertionsAreFound(t *testing.T) {
-	ifaces := map[string]bool{"Store": true, "QueueStore": true, "NewItemsTx": true}
+	ifaces := map[string]bool{"Store": true, "QueueStore": true, "QueueWaker": true}
 	src := `package p
 
 import cp "` + modulePath + `/checkpoint"
@@ -193,7 +192,7 @@ func probes(s cp.Store, tx cp.Tx, v any) {
 	_, _ = s.(cp.QueueStore)
 	_ = s.(interface{ Unwrap() cp.Store })
 	switch v.(type) {
-	case cp.NewItemsTx:
+	case cp.QueueWaker:
 	case int, string:
 	}
 	_ = v.(cp.Item) // a struct: no capability
@@ -205,7 +204,7 @@ func probes(s cp.Store, tx cp.Tx, v any) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"p.go:6:9: .(cp.QueueStore)", "p.go:7:6: .(interface{...})", "p.go:9:7: .(cp.NewItemsTx)"}
+	want := []string{"p.go:6:9: .(cp.QueueStore)", "p.go:7:6: .(interface{...})", "p.go:9:7: .(cp.QueueWaker)"}
 	if !slices.Equal(got, want) {
 		t.Errorf("found %q; want %q", got, want)
 	}

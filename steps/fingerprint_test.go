@@ -625,14 +625,24 @@ type noFingerprintTx struct {
 	key string
 }
 
+func (tx noFingerprintTx) PutNewItems(items []checkpoint.Item) error {
+	return tx.Tx.PutNewItems(tx.strip(items))
+}
+
 func (tx noFingerprintTx) PutItems(items []checkpoint.Item) error {
+	return tx.Tx.PutItems(tx.strip(items))
+}
+
+// strip returns items with the fingerprint of the item under tx.key taken
+// away.
+func (tx noFingerprintTx) strip(items []checkpoint.Item) []checkpoint.Item {
 	items = slices.Clone(items)
 	for i := range items {
 		if items[i].Key == tx.key {
 			items[i].Fingerprint = nil
 		}
 	}
-	return tx.Tx.PutItems(items)
+	return items
 }
 
 func TestForEachDoesNotCheckItemsRecordedWithoutAFingerprint(t *testing.T) {

@@ -525,7 +525,7 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 // store may then skip looking), as doneKeys skips reading them back.
 func (b *batch[I, O]) putItems(tx checkpoint.Tx) error {
 	if b.fresh && b.ordered && len(b.resumed) == 0 {
-		return checkpoint.PutNewItems(tx, b.recs)
+		return tx.PutNewItems(b.recs)
 	}
 	return tx.PutItems(b.recs)
 }
