@@ -27,9 +27,15 @@ type Inspector interface {
 	ChunkPlanCounts(ctx context.Context, runID string) ([]ItemCount, error)
 }
 
-// Backend is everything one store offers the command line: the Store
-// contract, the operator and inspection methods, the outbox, the
-// schedules and the run queue. Each backend asserts it: var _ checkpoint.Backend = (*Store)(nil).
+// Backend is the one typed handle on a store: everything it offers the
+// runner, steps, workers, runner/ops and the operator surfaces (the
+// Store contract, the operator and inspection methods, the outbox,
+// partitions, schedules, idempotency keys, the run queue and its
+// maintenance check). Both stores implement all of it, and each asserts
+// it at compile time: var _ checkpoint.Backend = (*Store)(nil). Code
+// above checkpoint takes a Backend and never looks for a capability by
+// type assertion. Its one optional part is QueueWaker, probed in one
+// place: Waker.
 type Backend interface {
 	Store
 	Operator
@@ -39,4 +45,5 @@ type Backend interface {
 	ScheduleStore
 	IdempotencyStore
 	QueueStore
+	MaintenanceChecker
 }

@@ -231,22 +231,6 @@ type PartitionStore interface {
 	EndPartition(ctx context.Context, w PartitionWrite, p PartitionProgress) error
 }
 
-// AsPartitionStore returns s as a PartitionStore, looking through stores
-// that wrap another (a method Unwrap() Store).
-func AsPartitionStore(s Store) (PartitionStore, bool) {
-	for s != nil {
-		if ps, ok := s.(PartitionStore); ok {
-			return ps, true
-		}
-		u, ok := s.(interface{ Unwrap() Store })
-		if !ok {
-			return nil, false
-		}
-		s = u.Unwrap()
-	}
-	return nil, false
-}
-
 // PartitionFenced is the ErrFenced error a store returns when a write of
 // the partition held by l found it as p: claimed since (another fence),
 // no longer running, or its run no longer running.

@@ -158,8 +158,10 @@ type QueueStore interface {
 }
 
 // QueueWaker is a QueueStore that can tell a worker at once when runs are
-// enqueued (PostgreSQL's LISTEN/NOTIFY). Workers of a store without it
-// only poll.
+// enqueued (PostgreSQL's LISTEN/NOTIFY). It is the one optional
+// capability of a Backend (SQLite has no way to wake another process):
+// it is probed only by Waker, and workers of a store without it only
+// poll.
 type QueueWaker interface {
 	// WakeOnEnqueue returns a channel that receives a value soon after
 	// any Enqueue commits, in any process (several enqueues may share one
@@ -185,11 +187,19 @@ func MayEnqueue(run Run, req EnqueueRequest) error {
 	return nil
 }
 
+// Waker returns b's QueueWaker, if it has one (see QueueWaker). It is the
+// one place the optional capability is looked for.
+func Waker(b Backend) (QueueWaker, bool) {
+	qw, ok := b.(QueueWaker)
+	return qw, ok
+}
+
 // MaintenanceChecker is a Store that can tell when its database's
 // housekeeping is switched off in a way a queue in service suffers from
 // (PostgreSQL without autovacuum: dead rows and stale statistics pile up
 // as runs are claimed and finished, and claims slow down as the tables
-// grow). Workers log what it finds when they start.
+// grow). Workers log what it finds when they start. Every Backend has it;
+// one whose database needs no such housekeeping (SQLite) finds nothing.
 type MaintenanceChecker interface {
 	// MaintenanceWarnings returns one sentence per problem found, each
 	// naming what is off, the tables it affects and what to do; none when

@@ -90,6 +90,18 @@ type Tx interface {
 	// the operator, in place of the step's earlier refused ones: the
 	// changes an acceptance may accept.
 	RefuseItemChanges(step string, at time.Time, changes []ItemChange) error
+	// PutNewItems records items known to be new (none of them recorded
+	// yet) more cheaply than PutItems may, which must look for a recorded
+	// item under each key (on PostgreSQL an upsert: a conflict check per
+	// row). A batch step's attempt that found none of its items recorded,
+	// its keys ascending, knows every item of its chunks is new. It is
+	// checked against the fence as PutItems is. It may skip looking for
+	// recorded items; one recorded after all is never overwritten if it
+	// is finished (the transaction fails with ErrItemFinished, as from
+	// PutItems), and an unfinished one either fails the transaction or is
+	// overwritten as PutItems would. An item given twice fails it. A
+	// backend without a cheaper way records them as PutItems does.
+	PutNewItems(items []Item) error
 	// PutChunkPlan records a chunk's effect plan: planned (separate store,
 	// before it applies) or applied (same store, in the transaction that
 	// applies it).
@@ -104,24 +116,6 @@ type Tx interface {
 	// with the checkpoint. A table opened with Store.OpenTarget is served
 	// from prepared statements.
 	Target(t Table) (Target, error)
-}
-
-// NewItemsTx is a Tx that records items known to be new more cheaply
-// than PutItems, which must look for a recorded item under each key (on
-// PostgreSQL an upsert: a conflict check per row). A batch step's attempt
-// that found none of its items recorded, its keys ascending, knows every
-// item of its chunks is new. It is optional: a caller whose Tx does not
-// implement it (a backend without a cheaper way, or a wrapper) calls
-// PutItems.
-type NewItemsTx interface {
-	Tx
-	// PutNewItems records items none of which is recorded yet, checked
-	// against the fence as PutItems is. It may skip looking for recorded
-	// items; one recorded after all is never overwritten if it is
-	// finished (the transaction fails with ErrItemFinished, as from
-	// PutItems), and an unfinished one either fails the transaction or is
-	// overwritten as PutItems would. An item given twice fails it.
-	PutNewItems(items []Item) error
 }
 
 // Run statuses.

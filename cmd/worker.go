@@ -120,7 +120,7 @@ func (c *WorkerCmd) Run(env *Env) error {
 		queues = "queues " + strings.Join(c.Queues, ", ")
 	}
 	wake := "polling every " + c.Poll.String()
-	if _, ok := st.(checkpoint.QueueWaker); ok {
+	if _, ok := checkpoint.Waker(st); ok {
 		wake = "woken by LISTEN/NOTIFY, polling every " + c.Poll.String()
 	}
 	what := "runs of " + queues + " and partitions of batch steps"
@@ -137,17 +137,13 @@ func (c *WorkerCmd) Run(env *Env) error {
 
 // warnMaintenance logs, as warnings, what the store finds off in its
 // database's housekeeping that a pool of workers suffers from (autovacuum
-// on PostgreSQL). A store that cannot tell, or a check that fails, says
-// nothing: the worker runs either way.
-func warnMaintenance(env *Env, st checkpoint.Store) {
-	mc, ok := st.(checkpoint.MaintenanceChecker)
-	if !ok {
-		return
-	}
+// on PostgreSQL; SQLite finds nothing). A check that fails says nothing:
+// the worker runs either way.
+func warnMaintenance(env *Env, st checkpoint.Backend) {
 	ctx, cancel := context.WithTimeout(env.Ctx, 5*time.Second)
 	defer cancel()
 	log := env.Logger()
-	warns, err := mc.MaintenanceWarnings(ctx)
+	warns, err := st.MaintenanceWarnings(ctx)
 	if err != nil {
 		log.Debug().Err(err).Msg("could not check the database's autovacuum settings")
 		return

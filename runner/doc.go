@@ -3,7 +3,9 @@
 // the lease, and records how the attempt ended.
 //
 // Import rule: runner imports jobs, steps and checkpoint (the contract,
-// never a store's package: it is handed a checkpoint.Store); only cmd
+// never a store's package: it is handed a checkpoint.Backend, the one typed
+// handle on a store, and never looks for a capability by type assertion);
+// only cmd
 // imports runner.
 //
 // The common case:

@@ -164,3 +164,73 @@ func TestPartitionHolderSelfFences(t *testing.T) {
 		t.Errorf("%d items completed, want 20: %+v", done, counts)
 	}
 }
+
+// TestPartitionWorkerReportsProgress: a partition worker's replay gets the
+// runner's hooks as the run's owner does (one steps.Config), so the
+// chunks of the partition it works report progress to Config.OnProgress:
+// the partition's items, a chunk at a time, up to all of them.
+func TestPartitionWorkerReportsProgress(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	gate := make(chan struct{})    // the owner's first item waits for it
+	ownerIn := make(chan struct{}) // closed: the owner is in its first item
+	var ownerOnce sync.Once
+	h.body = func(ctx context.Context, run *steps.Run, _ jobParams) error {
+		_, err := steps.ForEach(ctx, run, "items", steps.Slice(partitionKeys(), func(k string) string { return k }),
+			func(ctx context.Context, k string, _ *steps.Effects) (string, error) {
+				if k == "k00" { // partition 0: the owner's (it claims first)
+					ownerOnce.Do(func() { close(ownerIn) })
+					<-gate
+				}
+				return k, nil
+			}, steps.Partitions(2), steps.ChunkSize(2))
+		return err
+	}
+	owner, err := runner.New(runner.Config{Store: h.st, Jobs: h.reg, Owner: "owner", PartitionSlots: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownerDone := make(chan error, 1)
+	go func() {
+		_, err := owner.Run(context.Background(), runner.Request{Job: "job", Values: testValues})
+		ownerDone <- err
+	}()
+	select {
+	case <-ownerIn:
+	case err := <-ownerDone:
+		t.Fatalf("the owner ended before working its partition: %v", err)
+	}
+	var (
+		mu   sync.Mutex
+		seen []steps.Progress
+	)
+	w, err := runner.New(runner.Config{Store: h.st, Jobs: h.reg, Owner: "worker", OnProgress: func(p steps.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, p)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	worked, err := w.WorkPartition(context.Background(), "")
+	close(gate)
+	if !worked || err != nil {
+		t.Fatalf("WorkPartition = %v, %v; want partition 1 worked", worked, err)
+	}
+	if err := <-ownerDone; err != nil {
+		t.Fatalf("owner: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) < 5 {
+		t.Fatalf("the worker's partition reported progress %d times (%+v); want once per chunk of its 10 items, 5 chunks of 2", len(seen), seen)
+	}
+	for i, p := range seen {
+		if p.Step != "items" || p.Total != 10 || (i > 0 && p.Done < seen[i-1].Done) {
+			t.Errorf("report %d = %+v; want step items, total 10 (partition 1's), done never going back", i, p)
+		}
+	}
+	if last := seen[len(seen)-1]; last.Done != 10 {
+		t.Errorf("the last report = %+v; want all 10 of the partition's items done", last)
+	}
+}

@@ -22,8 +22,10 @@ var ErrInterrupted = steps.ErrInterrupted
 
 // Config configures a Runner.
 type Config struct {
-	// Store holds runs and checkpoints. Required.
-	Store checkpoint.Store
+	// Store holds runs and checkpoints: one typed handle on a backend,
+	// which the runner's steps, workers, scheduler and dispatches all
+	// use. Required.
+	Store checkpoint.Backend
 	// Jobs is the registry jobs are looked up in. Required.
 	Jobs *jobs.Registry
 	// Logger receives the runner's logs. Defaults to zerolog.Nop().
@@ -146,6 +148,9 @@ func (c *Config) validate() error {
 type Runner struct {
 	cfg    Config
 	tracer trace.Tracer
+	// onClaim, if set, sees each run this runner claims the moment the
+	// claim is recorded (a Scheduler's metrics count it as started).
+	onClaim func(job string, c checkpoint.Claim)
 }
 
 // New returns a Runner for cfg.
@@ -242,8 +247,7 @@ func (r *Runner) dryAttempt(ctx context.Context, job jobs.Job, dec jobs.Decoded)
 		}
 	}
 	log := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Bool("dry_run", true).Logger()
-	run, err := steps.Begin(ctx, steps.Config{Store: r.cfg.Store, Lease: checkpoint.Lease{RunID: runID, Owner: r.cfg.Owner},
-		Logger: &log, Now: r.cfg.Clock.Now, DryRun: true, Tracer: r.tracer})
+	run, err := steps.Begin(ctx, r.dryConfig(job, runID, log))
 	if err != nil {
 		return Result{RunID: runID}, err
 	}
@@ -430,8 +434,7 @@ func (c *Claimed) execute(ctx context.Context) (Result, error) {
 	defer cancel(nil)
 	stopBeat := r.heartbeat(runCtx, lease, claimedAt, cancel, log)
 
-	store := r.waitingStore(r.cfg.Store, log)
-	pastDeadline, jobErr := r.drive(runCtx, store, job, claim, dec, req, &res, jobLog)
+	pastDeadline, jobErr := r.drive(runCtx, job, claim, dec, req, &res, jobLog)
 	stopBeat()
 
 	end := checkpoint.Ending{Status: checkpoint.RunSucceeded, At: r.cfg.Clock.Now()}
@@ -446,7 +449,7 @@ func (c *Claimed) execute(ctx context.Context) (Result, error) {
 		res.Status = checkpoint.RunRunning
 		return res, fmt.Errorf("run %s: %w", runID, checkpoint.ErrFenced)
 	case errors.As(context.Cause(runCtx), &lost):
-		return r.endSelfFenced(ctx, store, lease, lost, jobErr, res, log)
+		return r.endSelfFenced(ctx, lease, lost, jobErr, res, log)
 	case ctx.Err() != nil:
 		end.Status, end.Error = checkpoint.RunInterrupted, "interrupted: "+context.Cause(ctx).Error()
 		outErr = fmt.Errorf("run %s: %w (resumable: run or resume it again)", runID, ErrInterrupted)
@@ -473,7 +476,8 @@ func (c *Claimed) execute(ctx context.Context) (Result, error) {
 	if end.Status == checkpoint.RunSucceeded {
 		steps.Crash("run:before-finish")
 	}
-	if err := store.Finish(context.WithoutCancel(ctx), lease, end); err != nil {
+	fctx := context.WithoutCancel(ctx)
+	if err := r.write(fctx, log, "record the run's end", func() error { return r.cfg.Store.Finish(fctx, lease, end) }); err != nil {
 		// The run stays marked running under this attempt's lease; the
 		// next run or resume takes it over (at once: this process is
 		// gone by then). The step's own error is the news: keep it.
@@ -514,13 +518,13 @@ func (c *Claimed) execute(ctx context.Context) (Result, error) {
 // (the database still unreachable) the run stays marked running until the
 // lease expires and another runner takes it over. Either way the error
 // wraps lost.
-func (r *Runner) endSelfFenced(ctx context.Context, store checkpoint.Store, lease checkpoint.Lease, lost *LeaseLostError,
+func (r *Runner) endSelfFenced(ctx context.Context, lease checkpoint.Lease, lost *LeaseLostError,
 	jobErr error, res Result, log zerolog.Logger) (Result, error) {
 	log.Debug().Err(jobErr).Msg("where the self-fencing stopped the job")
 	end := checkpoint.Ending{Status: checkpoint.RunInterrupted, Error: "interrupted: " + lost.Error(), At: r.cfg.Clock.Now()}
 	fctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.SelfFenceMargin)
 	defer done()
-	if err := store.Finish(fctx, lease, end); err != nil {
+	if err := r.write(fctx, log, "record the run's end", func() error { return r.cfg.Store.Finish(fctx, lease, end) }); err != nil {
 		res.Status = checkpoint.RunRunning
 		log.Warn().Err(err).Msg("could not record the self-fenced attempt's end; the run stays marked running until its lease expires")
 		return res, fmt.Errorf("%w; its end could not be recorded either (%w): the run stays marked running "+
@@ -550,13 +554,12 @@ func NeedsOperator(err error) bool {
 // Failures are logged and retried on a later pass: the run's outcome does
 // not depend on them.
 func (r *Runner) dispatch(ctx context.Context, log zerolog.Logger) {
-	ob, ok := r.cfg.Store.(checkpoint.OutboxStore)
-	if r.cfg.Deliver == nil || !ok {
+	if r.cfg.Deliver == nil {
 		return
 	}
 	ctx, span := r.tracer.Start(context.WithoutCancel(ctx), "outbox delivery")
 	defer span.End()
-	d := Dispatcher{Store: ob, To: r.cfg.Deliver, Clock: r.cfg.Clock, Logger: log}
+	d := Dispatcher{Store: r.cfg.Store, To: r.cfg.Deliver, Clock: r.cfg.Clock, Logger: log}
 	res, err := d.Pass(ctx)
 	traceDispatch(span, res, err)
 	if err != nil {
@@ -568,15 +571,9 @@ func (r *Runner) dispatch(ctx context.Context, log zerolog.Logger) {
 
 // drive runs the job function on an attempt's steps.Run. pastDeadline
 // reports that the job failed because its own deadline passed.
-func (r *Runner) drive(ctx context.Context, store checkpoint.Store, job jobs.Job, claim checkpoint.Claim, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) (pastDeadline bool, err error) {
-	lease, prevUntil := claim.Lease, claim.PreviousLeaseUntil
-	cfg := steps.Config{Store: store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now,
-		RetrySkipped: req.RetrySkipped, AcceptChanged: req.AcceptChanged, OnProgress: r.progressHook(lease, log), Retry: job.Settings().Retry,
-		LeaseFor: r.cfg.Lease, PreviousLeaseUntil: prevUntil, Tracer: r.tracer, OnStepEnd: r.cfg.Metrics.stepHook(job.Name()),
-		OwnerGone: OwnerGone, PartitionSlots: r.cfg.PartitionSlots, SelfFenceMargin: r.cfg.SelfFenceMargin}
-	if s, ok := r.cfg.Clock.(Sleeper); ok {
-		cfg.Sleep = s.Sleep
-	}
+func (r *Runner) drive(ctx context.Context, job jobs.Job, claim checkpoint.Claim, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) (pastDeadline bool, err error) {
+	cfg := r.stepsConfig(job, claim.Lease, log)
+	cfg.RetrySkipped, cfg.AcceptChanged, cfg.PreviousLeaseUntil = req.RetrySkipped, req.AcceptChanged, claim.PreviousLeaseUntil
 	parent := ctx
 	if d := job.Settings().Deadline; d > 0 {
 		var cancel context.CancelFunc
@@ -605,6 +602,9 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 	for {
 		req.Now = r.cfg.Clock.Now()
 		c, err := r.cfg.Store.Claim(ctx, req)
+		if err == nil && r.onClaim != nil {
+			r.onClaim(req.Job, c)
+		}
 		if err != nil && ctx.Err() != nil {
 			return c, req.Now, fmt.Errorf("%w while claiming %s: %w", ErrInterrupted, req.RunID, context.Cause(ctx))
 		}
@@ -661,10 +661,6 @@ func (r *Runner) WorkPartition(ctx context.Context, owner string) (worked bool, 
 // claimPartition claims a partition as WorkPartition does and returns the
 // work on it, not yet started.
 func (r *Runner) claimPartition(ctx context.Context, owner string) (task func(context.Context) error, ok bool, err error) {
-	ps, ok := checkpoint.AsPartitionStore(r.cfg.Store)
-	if !ok {
-		return nil, false, fmt.Errorf("runner: the checkpoint store (%T) has no partitions", r.cfg.Store)
-	}
 	if owner == "" {
 		owner = r.cfg.Owner
 	}
@@ -673,16 +669,16 @@ func (r *Runner) claimPartition(ctx context.Context, owner string) (task func(co
 		names = append(names, j.Name())
 	}
 	claimedAt := r.cfg.Clock.Now()
-	_, pl, ok, err := ps.ClaimPartition(ctx, checkpoint.PartitionClaim{Owner: owner, Jobs: names, Now: claimedAt, LeaseFor: r.cfg.Lease})
+	_, pl, ok, err := r.cfg.Store.ClaimPartition(ctx, checkpoint.PartitionClaim{Owner: owner, Jobs: names, Now: claimedAt, LeaseFor: r.cfg.Lease})
 	if err != nil || !ok {
 		return nil, false, err
 	}
-	return func(ctx context.Context) error { return r.workPartition(ctx, ps, pl, claimedAt) }, true, nil
+	return func(ctx context.Context) error { return r.workPartition(ctx, pl, claimedAt) }, true, nil
 }
 
 // workPartition works the claimed partition pl (see WorkPartition).
-func (r *Runner) workPartition(ctx context.Context, ps checkpoint.PartitionStore, pl checkpoint.PartitionLease, claimedAt time.Time) error {
-	owner := pl.Owner
+func (r *Runner) workPartition(ctx context.Context, pl checkpoint.PartitionLease, claimedAt time.Time) error {
+	owner, ps := pl.Owner, r.cfg.Store
 	log := r.cfg.Logger.With().Str(steps.FieldRunID, pl.RunID).Str(steps.FieldStepID, pl.Step).Int("partition", pl.Index).Logger()
 	release := func(cause error) {
 		end := checkpoint.PartitionProgress{State: checkpoint.PartitionPending}
@@ -721,13 +717,9 @@ func (r *Runner) workPartition(ctx context.Context, ps checkpoint.PartitionStore
 		return fmt.Errorf("run %s: stored parameters no longer decode: %w", pl.RunID, err)
 	}
 	log.Info().Int64("fence", pl.Fence).Msg("partition claimed")
-	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Logger()
-	cfg := steps.Config{Store: r.cfg.Store, Lease: checkpoint.Lease{RunID: pl.RunID, Fence: info.Run.Fence, Attempt: pl.Attempt, Owner: owner},
-		Logger: &jobLog, Now: r.cfg.Clock.Now, Retry: job.Settings().Retry, LeaseFor: r.cfg.Lease, Partition: &pl,
-		PartitionClaimedAt: claimedAt, SelfFenceMargin: r.cfg.SelfFenceMargin}
-	if s, ok := r.cfg.Clock.(Sleeper); ok {
-		cfg.Sleep = s.Sleep
-	}
+	jobLog := r.cfg.Logger.With().Str(steps.FieldJob, job.Name()).Int("partition", pl.Index).Logger()
+	cfg := r.stepsConfig(job, checkpoint.Lease{RunID: pl.RunID, Fence: info.Run.Fence, Attempt: pl.Attempt, Owner: owner}, jobLog)
+	cfg.Partition, cfg.PartitionClaimedAt = &pl, claimedAt
 	run, err := steps.Begin(ctx, cfg)
 	if err != nil {
 		release(err)

@@ -52,8 +52,7 @@ type SchedulerConfig struct {
 	// Required.
 	Schedules []Schedule
 	// Store keeps each schedule's settle mark and lease. Defaults to
-	// Runner.Store, which must then implement checkpoint.ScheduleStore
-	// (the SQLite store does).
+	// Runner.Store.
 	Store checkpoint.ScheduleStore
 	// Clock is what the scheduler reads and sleeps on; runs use it too
 	// unless Runner.Clock is set. Defaults to Runner.Clock if that is a
@@ -83,8 +82,7 @@ type SchedulerConfig struct {
 	// Queue) for a pool of workers instead of running it in this process:
 	// the fire is settled once the run is queued, or found to exist. The
 	// overlap policy then orders the enqueues only; the run key still
-	// makes a fire's run the same run however often it fires. Runner.Store
-	// must be a checkpoint.QueueStore.
+	// makes a fire's run the same run however often it fires.
 	Enqueue bool
 	// Queue is the queue Enqueue puts runs in; empty means
 	// checkpoint.DefaultQueue.
@@ -98,15 +96,8 @@ func (c *SchedulerConfig) validate() error {
 	if c.Runner.Store == nil {
 		return errors.New("runner: SchedulerConfig.Runner.Store is nil; open a checkpoint store")
 	}
-	if _, ok := c.Runner.Store.(checkpoint.QueueStore); c.Enqueue && !ok {
-		return fmt.Errorf("runner: SchedulerConfig.Enqueue is set but Runner.Store (%T) has no run queue", c.Runner.Store)
-	}
 	if c.Store == nil {
-		ss, ok := c.Runner.Store.(checkpoint.ScheduleStore)
-		if !ok {
-			return fmt.Errorf("runner: SchedulerConfig.Store is nil and Runner.Store (%T) keeps no schedules; give a checkpoint.ScheduleStore", c.Runner.Store)
-		}
-		c.Store = ss
+		c.Store = c.Runner.Store
 	}
 	if c.Clock == nil {
 		switch clk := c.Runner.Clock.(type) {
@@ -177,15 +168,16 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 		return nil, err
 	}
 	rc := cfg.Runner
-	if cfg.Metrics != nil {
-		rc.Store = countClaims(rc.Store, cfg.Metrics)
-		if rc.Metrics == nil {
-			rc.Metrics = cfg.Metrics
-		}
+	if cfg.Metrics != nil && rc.Metrics == nil {
+		rc.Metrics = cfg.Metrics
 	}
 	r, err := New(rc)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Metrics != nil {
+		// Each claimed run is counted as started the moment it is claimed.
+		r.onClaim = cfg.Metrics.runStarted
 	}
 	s := &Scheduler{cfg: cfg, runner: r, store: cfg.Store, clock: cfg.Clock, m: cfg.Metrics, owner: r.cfg.Owner,
 		log: r.cfg.Logger.With().Str("component", "scheduler").Logger()}
@@ -771,42 +763,4 @@ func (s *Scheduler) loadLastSuccess(ctx context.Context) {
 	if err := s.m.LoadLastSuccess(ctx, s.runner.cfg.Store, names); err != nil {
 		s.log.Warn().Err(err).Msg("could not load the jobs' last successes; the gauge shows this process's runs only")
 	}
-}
-
-// countClaims wraps the runs' store so each claimed run is counted as
-// started the moment it is claimed.
-func countClaims(st checkpoint.Store, m *Metrics) checkpoint.Store {
-	return &claimCounter{Store: st, m: m}
-}
-
-type claimCounter struct {
-	checkpoint.Store
-	m *Metrics
-}
-
-// Enqueue passes an enqueue on to the wrapped store's run queue
-// (SchedulerConfig.Enqueue): the wrapper must not hide it.
-func (c *claimCounter) Enqueue(ctx context.Context, req checkpoint.EnqueueRequest) (checkpoint.EnqueueResult, error) {
-	q, ok := c.Store.(checkpoint.QueueStore)
-	if !ok {
-		return checkpoint.EnqueueResult{}, fmt.Errorf("runner: the store %T has no run queue", c.Store)
-	}
-	return q.Enqueue(ctx, req)
-}
-
-// ClaimNext passes a claim on to the wrapped store's run queue.
-func (c *claimCounter) ClaimNext(ctx context.Context, req checkpoint.ClaimNextRequest) (checkpoint.Claim, bool, error) {
-	q, ok := c.Store.(checkpoint.QueueStore)
-	if !ok {
-		return checkpoint.Claim{}, false, fmt.Errorf("runner: the store %T has no run queue", c.Store)
-	}
-	return q.ClaimNext(ctx, req)
-}
-
-func (c *claimCounter) Claim(ctx context.Context, req checkpoint.ClaimRequest) (checkpoint.Claim, error) {
-	cl, err := c.Store.Claim(ctx, req)
-	if err == nil {
-		c.m.runStarted(req.Job, cl)
-	}
-	return cl, err
 }

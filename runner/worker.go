@@ -37,10 +37,6 @@ type EnqueueRequest struct {
 // parameters is left as it is (Created false, and the run's status); with
 // other parameters it is refused with a *checkpoint.ParamsMismatchError.
 func (r *Runner) Enqueue(ctx context.Context, req EnqueueRequest) (checkpoint.EnqueueResult, error) {
-	q, ok := r.cfg.Store.(checkpoint.QueueStore)
-	if !ok {
-		return checkpoint.EnqueueResult{}, fmt.Errorf("runner: the store %T has no run queue", r.cfg.Store)
-	}
 	job, err := r.cfg.Jobs.Lookup(req.Job)
 	if err != nil {
 		return checkpoint.EnqueueResult{}, err
@@ -49,7 +45,7 @@ func (r *Runner) Enqueue(ctx context.Context, req EnqueueRequest) (checkpoint.En
 	if err != nil {
 		return checkpoint.EnqueueResult{}, err
 	}
-	return q.Enqueue(ctx, checkpoint.EnqueueRequest{
+	return r.cfg.Store.Enqueue(ctx, checkpoint.EnqueueRequest{
 		RunID: jobs.RunID(job.Name(), dec.RunKey), Job: job.Name(), RunKey: dec.RunKey, Params: dec.JSON, ParamsHash: dec.Hash,
 		Queue: req.Queue, Priority: req.Priority, NotBefore: req.NotBefore, Now: r.cfg.Clock.Now(), Limit: dec.Limit,
 	})
@@ -135,10 +131,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 		return nil, err
 	}
 	cfg.Runner = r.cfg
-	q, ok := cfg.Runner.Store.(checkpoint.QueueStore)
-	if !ok {
-		return nil, fmt.Errorf("runner: the store %T has no run queue (checkpoint.QueueStore)", cfg.Runner.Store)
-	}
+	q := cfg.Runner.Store
 	switch {
 	case cfg.Concurrency < 0 || cfg.Poll < 0 || cfg.Debounce < 0 || cfg.Grace < 0:
 		return nil, fmt.Errorf("runner: WorkerConfig.Concurrency (%d), Poll (%s), Debounce (%s) and Grace (%s) cannot be negative",
@@ -182,10 +175,7 @@ func (w *Worker) claimRuns(jobNames []string) WorkSource {
 // claimPartitions is the worker's second source of work: partitions of
 // batch steps of running runs.
 func (w *Worker) claimPartitions() WorkSource {
-	ps, ok := checkpoint.AsPartitionStore(w.cfg.Runner.Store)
-	if !ok {
-		return func(context.Context) (Task, error) { return nil, nil }
-	}
+	ps := w.cfg.Runner.Store
 	return func(ctx context.Context) (Task, error) {
 		claimedAt := w.cfg.Runner.Clock.Now()
 		// Not cut short by ctx (the worker stopping): a claim the server
@@ -199,7 +189,7 @@ func (w *Worker) claimPartitions() WorkSource {
 			return nil, err
 		}
 		return func(ctx context.Context) {
-			err := w.runner.workPartition(ctx, ps, pl, claimedAt)
+			err := w.runner.workPartition(ctx, pl, claimedAt)
 			log := w.log.With().Str(steps.FieldRunID, pl.RunID).Str(steps.FieldStepID, pl.Step).Int("partition", pl.Index).Logger()
 			switch {
 			case err == nil:
@@ -242,7 +232,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	sources = append(sources, w.cfg.Sources...)
 	var wake <-chan struct{}
-	if qw, ok := w.queue.(checkpoint.QueueWaker); ok {
+	if qw, ok := checkpoint.Waker(w.cfg.Runner.Store); ok {
 		listenCtx, stopListening := context.WithCancel(ctx)
 		defer stopListening()
 		ch, err := qw.WakeOnEnqueue(listenCtx)

@@ -46,7 +46,7 @@ func execSQL(t *testing.T, loc, q string, args ...any) sql.Result {
 
 // stepOf returns the checkpoint of one step of runID, read through the
 // contract; ok is false when none is recorded.
-func stepOf(t *testing.T, st checkpoint.Store, runID, id string) (s checkpoint.Step, ok bool) {
+func stepOf(t *testing.T, st checkpoint.Backend, runID, id string) (s checkpoint.Step, ok bool) {
 	t.Helper()
 	err := st.Steps(context.Background(), runID, func(c checkpoint.Step) error {
 		if c.ID == id {
@@ -61,7 +61,7 @@ func stepOf(t *testing.T, st checkpoint.Store, runID, id string) (s checkpoint.S
 }
 
 // stepCount counts runID's step checkpoints, through the contract.
-func stepCount(t *testing.T, st checkpoint.Store, runID string) int {
+func stepCount(t *testing.T, st checkpoint.Backend, runID string) int {
 	t.Helper()
 	n := 0
 	if err := st.Steps(context.Background(), runID, func(checkpoint.Step) error { n++; return nil }); err != nil {
@@ -231,7 +231,7 @@ func TestApplyDryRun(t *testing.T) {
 // contract, as a runner reopening a batch step does: it claims runID (taking
 // over whoever held it), resets the step in a write transaction and
 // releases the run, interrupted.
-func resetStep(t *testing.T, st checkpoint.Store, runID, id string) {
+func resetStep(t *testing.T, st checkpoint.Backend, runID, id string) {
 	t.Helper()
 	ctx := context.Background()
 	info, err := st.Run(ctx, runID)

@@ -172,7 +172,7 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 	for try := 1; ; try++ {
 		intent := cp
 		intent.Status, intent.Error, intent.FinishedAt = checkpoint.StepCalling, "", r.now()
-		if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
+		if err := r.runTx(ctx, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
 			return zero, fmt.Errorf("steps: record intent of outside call %s: %w", id, err)
 		}
 		crashStep(id, "after-intent")
@@ -215,7 +215,7 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 				cause += fmt.Sprintf(" (a call may take %s: its lease less a %s margin)", window.Round(time.Millisecond), r.callMargin)
 			}
 			intent.Error = cause
-			if err := r.store.InTx(wctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
+			if err := r.runTx(wctx, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
 				r.log.Warn().Str(FieldStepID, id).Err(err).Msg("could not record the unknown outcome")
 			}
 			if o.reconcile == nil {
@@ -290,7 +290,7 @@ func (r *Run) callWindow(ctx context.Context, id string) (time.Duration, error) 
 		return window, nil
 	}
 	begun := r.now()
-	if err := r.store.Heartbeat(ctx, r.lease, begun, begun.Add(r.leaseFor)); err != nil {
+	if err := r.write(ctx, "extend the lease", func() error { return r.store.Heartbeat(ctx, r.lease, begun, begun.Add(r.leaseFor)) }); err != nil {
 		if errors.Is(err, checkpoint.ErrFenced) {
 			return 0, fmt.Errorf("steps: outside call %s not made: %w", id, err)
 		}
@@ -334,7 +334,7 @@ func completeReconciled[T any](ctx context.Context, r *Run, cp checkpoint.Step, 
 func completeStep[T any](ctx context.Context, r *Run, cp checkpoint.Step) (T, error) {
 	var zero T
 	cp.Status, cp.FinishedAt, cp.Error = checkpoint.StepCompleted, r.now(), ""
-	if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
+	if err := r.runTx(ctx, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
 		return zero, fmt.Errorf("steps: checkpoint step %s: %w", cp.ID, err)
 	}
 	return finish[T](r, cp)

@@ -44,7 +44,7 @@ var callStart = time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
 
 // beginCall claims "pay/d" (taking over any earlier attempt at once) and
 // begins an attempt on it with cfg's policy, lease and clock.
-func beginCall(t *testing.T, st checkpoint.Store, clock *callClock, cfg steps.Config) *steps.Run {
+func beginCall(t *testing.T, st checkpoint.Backend, clock *callClock, cfg steps.Config) *steps.Run {
 	t.Helper()
 	c, err := st.Claim(context.Background(), checkpoint.ClaimRequest{RunID: "pay/d", Job: "pay", RunKey: "d", Params: []byte("{}"),
 		ParamsHash: "h", Owner: "t:1", Now: clock.Now(), LeaseFor: time.Minute, OwnerGone: func(string) bool { return true }})
@@ -317,7 +317,7 @@ func TestCallWaitsOutThePreviousLeaseBeforeReconciling(t *testing.T) {
 // first outside-call intent is recorded: the moment a runner paused before
 // its call (SIGSTOP, a long GC, a suspended VM) loses its lease.
 type takeoverStore struct {
-	checkpoint.Store
+	checkpoint.Backend
 	t    *testing.T
 	now  time.Time
 	done bool
@@ -325,12 +325,12 @@ type takeoverStore struct {
 
 func (s *takeoverStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
 	var calling bool
-	err := s.Store.InTx(ctx, l, func(tx checkpoint.Tx) error {
+	err := s.Backend.InTx(ctx, l, func(tx checkpoint.Tx) error {
 		return fn(spyTx{Tx: tx, calling: &calling})
 	})
 	if err == nil && calling && !s.done {
 		s.done = true
-		_, cerr := s.Store.Claim(ctx, checkpoint.ClaimRequest{RunID: l.RunID, Job: "pay", RunKey: "d", Params: []byte("{}"),
+		_, cerr := s.Backend.Claim(ctx, checkpoint.ClaimRequest{RunID: l.RunID, Job: "pay", RunKey: "d", Params: []byte("{}"),
 			ParamsHash: "h", Owner: "other:2", Now: s.now, LeaseFor: time.Minute, OwnerGone: func(string) bool { return true }})
 		if cerr != nil {
 			s.t.Fatal(cerr)
@@ -357,7 +357,7 @@ func TestCallChecksTheFenceRightBeforeCalling(t *testing.T) {
 			ctx := context.Background()
 			st := checkpointtest.Open(t)
 			clock := &callClock{now: callStart}
-			run := beginCall(t, &takeoverStore{Store: st, t: t, now: callStart}, clock, steps.Config{LeaseFor: leaseFor})
+			run := beginCall(t, &takeoverStore{Backend: st, t: t, now: callStart}, clock, steps.Config{LeaseFor: leaseFor})
 			_, err := steps.Call(ctx, run, "pay", func(ctx context.Context, key string) (int, error) {
 				t.Error("called after losing the lease")
 				return 0, nil

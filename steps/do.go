@@ -93,7 +93,7 @@ func Do[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Conte
 		return finish[T](r, cp)
 	}
 	crashStep(id, "before-checkpoint")
-	if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
+	if err := r.runTx(ctx, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
 		return zero, fmt.Errorf("steps: checkpoint step %s: %w", id, err)
 	}
 	crashStep(id, "after-checkpoint")
@@ -181,7 +181,7 @@ func (r *Run) recordFailure(ctx context.Context, cp checkpoint.Step, fnErr error
 	cp.Status = checkpoint.StepFailed
 	r.count(func(s *Stats) { s.Failed++ })
 	if !r.dryRun {
-		err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) })
+		err := r.runTx(ctx, func(tx checkpoint.Tx) error { return tx.PutStep(cp) })
 		if errors.Is(err, checkpoint.ErrFenced) {
 			return fmt.Errorf("steps: record failure of step %s: %w", cp.ID, err)
 		}
@@ -205,7 +205,7 @@ func (r *Run) pin(ctx context.Context, cp checkpoint.Step, cause error) error {
 	}
 	cp.Error = cause.Error()
 	if !r.dryRun {
-		if err := r.store.InTx(ctx, r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
+		if err := r.runTx(ctx, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
 			return fmt.Errorf("steps: record rejection of step %s: %w", cp.ID, err)
 		}
 	}

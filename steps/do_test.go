@@ -22,7 +22,7 @@ var doNow = time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
 
 // doAttempt is one claim of the test run and its steps.Run.
 type doAttempt struct {
-	st    checkpoint.Store
+	st    checkpoint.Backend
 	lease checkpoint.Lease
 	run   *steps.Run
 	now   time.Time
@@ -34,7 +34,7 @@ func firstAttempt(t *testing.T) *doAttempt {
 	return beginAttempt(t, checkpointtest.Open(t), doNow)
 }
 
-func beginAttempt(t *testing.T, st checkpoint.Store, now time.Time) *doAttempt {
+func beginAttempt(t *testing.T, st checkpoint.Backend, now time.Time) *doAttempt {
 	t.Helper()
 	c, err := st.Claim(context.Background(), checkpoint.ClaimRequest{
 		RunID: doRunID, Job: "report", RunKey: "2026-11-28", Params: []byte(`{}`), ParamsHash: "h",

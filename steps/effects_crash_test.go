@@ -624,7 +624,7 @@ func (tx fxPlanTx) PutStep(st checkpoint.Step) error {
 
 // fxClaim claims the run as owner (taking it over from anyone) and begins
 // its steps on store, which may wrap st.
-func fxClaim(t *testing.T, st checkpoint.Store, store checkpoint.Store, owner string) (checkpoint.Lease, *steps.Run) {
+func fxClaim(t *testing.T, st checkpoint.Backend, store checkpoint.Backend, owner string) (checkpoint.Lease, *steps.Run) {
 	t.Helper()
 	ctx := context.Background()
 	c, err := st.Claim(ctx, fxClaimRequest(owner))

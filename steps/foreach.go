@@ -524,8 +524,8 @@ func (b *batch[I, O]) commit(ctx context.Context) error {
 // fresh and its keys ascend, so that none of them can be recorded (the
 // store may then skip looking), as doneKeys skips reading them back.
 func (b *batch[I, O]) putItems(tx checkpoint.Tx) error {
-	if nt, ok := tx.(checkpoint.NewItemsTx); ok && b.fresh && b.ordered && len(b.resumed) == 0 {
-		return nt.PutNewItems(b.recs)
+	if b.fresh && b.ordered && len(b.resumed) == 0 {
+		return tx.PutNewItems(b.recs)
 	}
 	return tx.PutItems(b.recs)
 }

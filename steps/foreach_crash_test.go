@@ -972,7 +972,7 @@ func TestFeRetrySkippedInterrupted(t *testing.T) {
 		}
 		return post(ctx, x, e)
 	}
-	attempt := func(store checkpoint.Store, retry bool) (steps.BatchSummary, error) {
+	attempt := func(store checkpoint.Backend, retry bool) (steps.BatchSummary, error) {
 		t.Helper()
 		calls = nil
 		c, err := st.Claim(ctx, checkpoint.ClaimRequest{RunID: "j/k", Job: "j", RunKey: "k", Params: []byte("{}"), ParamsHash: "h",

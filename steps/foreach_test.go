@@ -38,7 +38,7 @@ func totalBalance(t *testing.T, loc string) int64 {
 
 // itemOf returns one item checkpoint of a batch step, through the
 // contract; its Status is "" when none is recorded.
-func itemOf(t *testing.T, st checkpoint.Store, runID, step, key string) checkpoint.Item {
+func itemOf(t *testing.T, st checkpoint.Backend, runID, step, key string) checkpoint.Item {
 	t.Helper()
 	var out checkpoint.Item
 	err := st.Items(context.Background(), checkpoint.ItemQuery{RunID: runID, Step: step, Keys: []string{key}}, func(it checkpoint.Item) error {

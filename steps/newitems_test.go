@@ -11,9 +11,9 @@ import (
 	"github.com/stepwise-run/stepwise/steps"
 )
 
-// newItemsStore's transactions offer PutNewItems (passed on as the
-// store's own, or as PutItems where it has none) and log which of the two
-// each chunk was recorded with, by its first key.
+// newItemsStore's transactions pass PutNewItems and PutItems on to the
+// store's own and log which of the two each chunk was recorded with, by
+// its first key.
 type newItemsStore struct {
 	checkpoint.Backend
 	log *[]string
@@ -31,10 +31,7 @@ func (tx newItemsTx) PutItems(items []checkpoint.Item) error {
 
 func (tx newItemsTx) PutNewItems(items []checkpoint.Item) error {
 	*tx.log = append(*tx.log, "new "+items[0].Key)
-	if nt, ok := tx.Tx.(checkpoint.NewItemsTx); ok {
-		return nt.PutNewItems(items)
-	}
-	return tx.Tx.PutItems(items)
+	return tx.Tx.PutNewItems(items)
 }
 
 func (s newItemsStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {

@@ -35,7 +35,7 @@ func Notify(ctx context.Context, r *Run, id, topic string, payload any, opts ...
 		return err
 	}
 	msg := checkpoint.Message{Key: key, Topic: topic, Payload: body, CreatedAt: cp.FinishedAt}
-	err = r.store.InTx(context.WithoutCancel(ctx), r.lease, func(tx checkpoint.Tx) error {
+	err = r.runTx(context.WithoutCancel(ctx), func(tx checkpoint.Tx) error {
 		if err := tx.PutStep(cp); err != nil {
 			return err
 		}

@@ -174,7 +174,7 @@ func (r *Run) inTx(ctx context.Context, fn func(checkpoint.Tx) error) error {
 		}
 		return err
 	}
-	return r.store.InTx(ctx, r.lease, fn)
+	return r.runTx(ctx, fn)
 }
 
 func (h *partHold) write(now time.Time) checkpoint.PartitionWrite {
@@ -188,7 +188,18 @@ func (r *Run) partitionView(h *partHold) *Run {
 		log: r.log.With().Int("partition", h.lease.Index).Logger(), now: r.now, recorded: r.recorded, seen: map[string]struct{}{},
 		retrySkipped: r.retrySkipped, accept: r.accept, retry: r.retry, sleepFn: r.sleepFn,
 		leaseFor: r.leaseFor, callMargin: r.callMargin, fenceAhead: r.fenceAhead, prevUntil: r.prevUntil, part: h, parent: r,
-		tracer: r.tracer, onStepEnd: r.onStepEnd}
+		tracer: r.tracer, onStepEnd: r.onStepEnd, writeHook: r.writeHook, progress: r.workerProgress()}
+}
+
+// workerProgress is the progress hook of a partition's view: the run's
+// in a partition worker's replay, where the partition is all this attempt
+// works; none for the run's owner, whose coordinator reports the
+// partitions' sum (watchPartitions) instead.
+func (r *Run) workerProgress() func(Progress) {
+	if r.worker == nil {
+		return nil
+	}
+	return r.progress
 }
 
 // partitionLease is how long a partition's lease lasts: the run's.
@@ -217,12 +228,10 @@ func (s partitionSpec[I]) holds(key string, item I) bool {
 func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
 	o doOptions, cp checkpoint.Step, done bool) (BatchSummary, error) {
 	var sum BatchSummary
-	ps, ok := checkpoint.AsPartitionStore(r.store)
-	if !ok {
-		return sum, fmt.Errorf("steps: batch step %s: the checkpoint store (%T) cannot record partitions; drop steps.Partitions", name, r.store)
-	}
+	var ps checkpoint.PartitionStore = r.store
 	var by func(I) string
 	if o.partitionBy != nil {
+		var ok bool
 		if by, ok = o.partitionBy.(func(I) string); !ok {
 			return sum, fmt.Errorf("steps: batch step %s: PartitionBy takes a %T, the items are %T", name, o.partitionBy, *new(I))
 		}

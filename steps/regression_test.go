@@ -42,7 +42,7 @@ func (s *rvHookStore) InTx(ctx context.Context, l checkpoint.Lease, fn func(chec
 	return err
 }
 
-func rvBegin(t *testing.T, st checkpoint.Backend, store checkpoint.Store) *steps.Run {
+func rvBegin(t *testing.T, st checkpoint.Backend, store checkpoint.Backend) *steps.Run {
 	t.Helper()
 	ctx := context.Background()
 	c, err := st.Claim(ctx, checkpoint.ClaimRequest{RunID: "j/k", Job: "j", RunKey: "k", Params: []byte("{}"), ParamsHash: "h",
@@ -78,10 +78,10 @@ func itemStatuses(t *testing.T, run *steps.Run, name string) map[string]string {
 	return out
 }
 
-// 1. An interruption during a ForEach with SkipFailures pins the interrupted
-// items as "skipped" and even completes the step: a plain rerun never runs
-// them, so their effects never apply.
-func TestReviewInterruptPinsItemsAsSkipped(t *testing.T) {
+// An interruption during a ForEach with SkipFailures is no item failure:
+// the interrupted items are not pinned as skipped nor the step completed,
+// so a plain rerun runs them and every item's effect applies once.
+func TestInterruptedItemsRunOnAPlainRerun(t *testing.T) {
 	st, loc := checkpointtest.OpenNew(t)
 	run := beginEffects(t, st, "j/k")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -110,9 +110,9 @@ func TestReviewInterruptPinsItemsAsSkipped(t *testing.T) {
 	}
 }
 
-// 2. A separate-store chunk holding a rejected item cannot re-plan after a
-// version conflict: the re-plan rewrites the already-final rejected item.
-func TestReviewChunkReplanWithRejectedItem(t *testing.T) {
+// A separate-store chunk holding a rejected item re-plans after a version
+// conflict without rewriting the rejected item, which is final already.
+func TestChunkReplansPastARejectedItem(t *testing.T) {
 	st, path, db := rvLedger(t)
 	hook := &rvHookStore{Backend: st}
 	hook.afterPlan = func() { // another writer moves A after the plan is recorded
@@ -137,9 +137,9 @@ func TestReviewChunkReplanWithRejectedItem(t *testing.T) {
 	}
 }
 
-// 3. A stale chunk plan re-planned on resume leaves the chunk's items that
-// had no effects "planned" forever.
-func TestReviewResumedChunkLeavesNoopItemsPlanned(t *testing.T) {
+// A stale chunk plan re-planned on resume completes the chunk's items that
+// had no effects too, instead of leaving them planned.
+func TestResumedChunkCompletesItemsWithoutEffects(t *testing.T) {
 	st, path, db := rvLedger(t)
 	target := steps.Target{Path: path, Table: accountsTable}
 	items := []string{"a", "b"}
@@ -172,9 +172,10 @@ func TestReviewResumedChunkLeavesNoopItemsPlanned(t *testing.T) {
 	}
 }
 
-// 4. A dry run changes the user's target database. The target is a SQLite
-// file (the test reads its journal mode and schema), on a SQLite store.
-func TestReviewDryRunWritesTarget(t *testing.T) {
+// A dry run leaves the user's target database as it was, its journal mode
+// and schema included. The target is a SQLite file (the test reads its
+// journal mode and schema), on a SQLite store.
+func TestDryRunLeavesTheTargetUnchanged(t *testing.T) {
 	st := checkpointtest.OpenSQLite(t)
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	raw, err := sql.Open("sqlite", path)
@@ -248,9 +249,10 @@ func (s *rvFenceHook) Fence(ctx context.Context, runID string) (int64, error) {
 	return f, err
 }
 
-// 5. The takeover lands between the stale runner's fence check and its
-// target transaction (what TestFxFenceCheckRaceStaysExactlyOnce meant to do).
-func TestReviewFenceWindowExactlyOnce(t *testing.T) {
+// A takeover that lands between the stale runner's fence check and its
+// target transaction still applies the effect exactly once (what
+// TestFxFenceCheckRaceStaysExactlyOnce meant to do).
+func TestTakeoverInTheFenceWindowIsExactlyOnce(t *testing.T) {
 	st, path, db := rvLedger(t)
 	if _, err := db.Exec(`INSERT INTO accounts VALUES ('B', 0, 0)`); err != nil {
 		t.Fatal(err)

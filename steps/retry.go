@@ -247,7 +247,7 @@ func (r *Run) recordTry(ctx context.Context, cp *checkpoint.Step, tryErr error) 
 	}
 	f := *cp
 	f.Status, f.Error, f.FinishedAt, f.Output, f.Plan = checkpoint.StepFailed, tryErr.Error(), r.now(), nil, nil
-	if err := r.store.InTx(context.WithoutCancel(ctx), r.lease, func(tx checkpoint.Tx) error { return tx.PutStep(f) }); err != nil {
+	if err := r.runTx(context.WithoutCancel(ctx), func(tx checkpoint.Tx) error { return tx.PutStep(f) }); err != nil {
 		r.log.Warn().Str(FieldStepID, cp.ID).Err(err).Msg("could not record the failed try")
 	}
 }

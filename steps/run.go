@@ -18,7 +18,7 @@ import (
 // claiming the run.
 type Config struct {
 	// Store holds the run's checkpoints. Required.
-	Store checkpoint.Store
+	Store checkpoint.Backend
 	// Lease is the claimed attempt's lease; every checkpoint write carries
 	// its fence. Required.
 	Lease checkpoint.Lease
@@ -76,6 +76,15 @@ type Config struct {
 	// OnStepEnd, if set, is called as each step returns, replayed ones
 	// included (the runner's duration histograms).
 	OnStepEnd func(StepEnd)
+	// Write, if set, makes each of the run's own writes: a transaction
+	// fenced by the run's lease (a step's checkpoint, a batch chunk) and
+	// the lease renewal before an outside call. It calls write at least
+	// once and returns what its last call returned; what says what the
+	// write is for, in its logs. The runner's lock waiting
+	// (runner.Config.Wait) is one: it calls write again while it fails
+	// with checkpoint.ErrLocked, which is safe because a store keeps
+	// nothing of a write that failed. Nil calls write once.
+	Write func(ctx context.Context, what string, write func() error) error
 	// Partition, when set, makes this attempt a partition worker's replay
 	// (see Partitions): it holds that partition of a running run, not the
 	// run's lease. Every step before the partitioned batch step must be
@@ -115,7 +124,7 @@ type Config struct {
 // Run is one attempt's view of a run, passed to job code. It is safe for use
 // by several goroutines.
 type Run struct {
-	store checkpoint.Store
+	store checkpoint.Backend
 	lease checkpoint.Lease
 	log   zerolog.Logger
 	now   func() time.Time
@@ -138,6 +147,7 @@ type Run struct {
 
 	tracer    trace.Tracer
 	onStepEnd func(StepEnd)
+	writeHook func(ctx context.Context, what string, write func() error) error
 
 	dryRun   bool
 	dryState map[string]checkpoint.State // values planned by earlier dry-run steps
@@ -212,6 +222,7 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 		fenceAhead:   cfg.SelfFenceMargin,
 		tracer:       cfg.Tracer,
 		onStepEnd:    cfg.OnStepEnd,
+		writeHook:    cfg.Write,
 	}
 	if r.tracer == nil {
 		r.tracer = defaultTracer()
@@ -324,4 +335,18 @@ func (r *Run) count(f func(*Stats)) {
 	r.mu.Lock()
 	f(&r.stats)
 	r.mu.Unlock()
+}
+
+// runTx runs fn in one write transaction fenced by the run's lease,
+// through the Config.Write hook.
+func (r *Run) runTx(ctx context.Context, fn func(checkpoint.Tx) error) error {
+	return r.write(ctx, "write", func() error { return r.store.InTx(ctx, r.lease, fn) })
+}
+
+// write makes one of the run's writes through the Config.Write hook.
+func (r *Run) write(ctx context.Context, what string, write func() error) error {
+	if r.writeHook == nil {
+		return write()
+	}
+	return r.writeHook(ctx, what, write)
 }

@@ -140,7 +140,7 @@ func (t *pgTx) PutItems(items []checkpoint.Item) error {
 		&pgx.QueuedQuery{SQL: sqlPutItemsLone, Arguments: args})
 }
 
-// PutNewItems implements checkpoint.NewItemsTx: in the open transaction,
+// PutNewItems implements checkpoint.Tx: in the open transaction,
 // one plain INSERT sent with the next round trip; before it opens, the
 // same INSERT in InTx's one round trip, where a recorded item makes the
 // store write the items again as PutItems does (never overwriting a

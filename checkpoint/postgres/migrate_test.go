@@ -100,7 +100,7 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 	if !errors.Is(err, checkpoint.ErrTooNew) {
 		t.Fatalf("open a newer database: %v, want ErrTooNew", err)
 	}
-	for _, want := range []string{"version " + itoa(newer), "up to " + itoa(postgres.SchemaVersion()), "database test"} {
+	for _, want := range []string{"version " + itoa(newer), "up to " + itoa(postgres.SchemaVersion()), databaseOf(t, url)} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}

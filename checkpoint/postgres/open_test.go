@@ -38,6 +38,21 @@ func assertNames(t *testing.T, err error, want ...string) {
 	}
 }
 
+// databaseOf is how errors name the database the URL raw selects
+// ("database NAME"): whatever database STEPWISE_TEST_PG names.
+func databaseOf(t *testing.T, raw string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := strings.TrimPrefix(u.Path, "/")
+	if name == "" {
+		t.Fatalf("the URL %s names no database", raw)
+	}
+	return "database " + name
+}
+
 func TestOpenServerDown(t *testing.T) {
 	u, err := url.Parse(pgtest.URL(t))
 	if err != nil {
@@ -49,7 +64,7 @@ func TestOpenServerDown(t *testing.T) {
 	if !errors.Is(err, postgres.ErrUnavailable) {
 		t.Fatalf("open on a closed port: %v, want ErrUnavailable", err)
 	}
-	assertNames(t, err, "server 127.0.0.1:1", "database test")
+	assertNames(t, err, "server 127.0.0.1:1", databaseOf(t, u.String()))
 }
 
 func TestOpenDatabaseMissing(t *testing.T) {
@@ -101,7 +116,7 @@ func TestOpenPermissionDenied(t *testing.T) {
 	if !errors.Is(err, postgres.ErrPermission) {
 		t.Fatalf("open as a role without privileges: %v, want ErrPermission", err)
 	}
-	assertNames(t, err, "database test", "permission denied")
+	assertNames(t, err, databaseOf(t, url), "permission denied")
 }
 
 func searchPath(t *testing.T, raw string) string {
@@ -122,7 +137,7 @@ func TestOpenTooManyConnections(t *testing.T) {
 	if !errors.Is(err, postgres.ErrTooManyConnections) {
 		t.Fatalf("open beyond the role's connection limit: %v, want ErrTooManyConnections", err)
 	}
-	assertNames(t, err, "database test")
+	assertNames(t, err, databaseOf(t, url))
 }
 
 func TestOpenBadURL(t *testing.T) {
@@ -160,7 +175,7 @@ func TestStatementTimeout(t *testing.T) {
 	if !errors.Is(err, postgres.ErrStatementTimeout) {
 		t.Fatalf("write behind a held lock: %v, want ErrStatementTimeout", err)
 	}
-	assertNames(t, err, "database test")
+	assertNames(t, err, databaseOf(t, url))
 	tx.Rollback(ctx)
 	n := 0
 	if err := st.Steps(ctx, c.Lease.RunID, func(checkpoint.Step) error { n++; return nil }); err != nil || n != 0 {

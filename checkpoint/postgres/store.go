@@ -127,8 +127,8 @@ type Store struct {
 	tsql  sync.Map // checkpoint.Table → *targetSQL, built once per table
 }
 
-// Store is a complete backend: the command line can use it as it uses
-// the SQLite store.
+// Store is a complete backend: the runner, workers and the command line
+// use it as they use the SQLite store.
 var _ checkpoint.Backend = (*Store)(nil)
 
 // Open connects to the database cfg.URL names and brings its schema up to

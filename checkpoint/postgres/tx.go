@@ -32,8 +32,6 @@ const (
 	codePartitionFenced = "SWF03"
 )
 
-var _ checkpoint.NewItemsTx = (*pgTx)(nil)
-
 // pgTx is the checkpoint.Tx of one InTx call.
 //
 // Writes that need no result to go on (PutStep, ResetStep, PutItems,

@@ -214,6 +214,9 @@ func (r *laterTx) ResetStep(id string) error {
 func (r *laterTx) PutItems(items []checkpoint.Item) error {
 	return r.add(func(tx checkpoint.Tx) error { return tx.PutItems(items) })
 }
+func (r *laterTx) PutNewItems(items []checkpoint.Item) error {
+	return r.add(func(tx checkpoint.Tx) error { return tx.PutNewItems(items) })
+}
 func (r *laterTx) AcceptItemChanges(a checkpoint.Audit, items []checkpoint.Item, changes []checkpoint.ItemChange) error {
 	return r.add(func(tx checkpoint.Tx) error { return tx.AcceptItemChanges(a, items, changes) })
 }

@@ -62,6 +62,23 @@ func (t *sqliteTx) checkFence() error {
 	return nil
 }
 
+// PutNewItems implements checkpoint.Tx. SQLite has no cheaper way to
+// record new items than PutItems, whose upsert looks for a recorded one
+// under each key in the same index probe that inserts it (and never
+// overwrites a finished item), so it is PutItems once no item is given
+// twice, which the contract refuses.
+func (t *sqliteTx) PutNewItems(items []checkpoint.Item) error {
+	seen := make(map[[2]string]bool, len(items))
+	for _, it := range items {
+		k := [2]string{it.Step, it.Key}
+		if seen[k] {
+			return fmt.Errorf("checkpoint: item %s/%s of run %s is given twice as new; record each item once", it.Step, it.Key, t.lease.RunID)
+		}
+		seen[k] = true
+	}
+	return t.PutItems(items)
+}
+
 // PutItems implements checkpoint.Tx.
 func (t *sqliteTx) PutItems(items []checkpoint.Item) error {
 	if err := t.checkFence(); err != nil {

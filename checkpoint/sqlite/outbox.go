@@ -10,6 +10,10 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
+// Store is a complete backend: the runner, workers and the command line
+// use it as they use the PostgreSQL store.
+var _ checkpoint.Backend = (*Store)(nil)
+
 var _ checkpoint.OutboxStore = (*Store)(nil)
 
 const (

@@ -30,13 +30,9 @@ func (e *env) putItems(st checkpoint.Store, l checkpoint.Lease, items ...checkpo
 	e.inTx(st, l, func(tx checkpoint.Tx) error { return tx.PutItems(items) })
 }
 
-// putNew records items as new (checkpoint.NewItemsTx) where the store's
-// Tx offers it, and with PutItems otherwise.
+// putNew records items as new (Tx.PutNewItems).
 func putNew(tx checkpoint.Tx, items ...checkpoint.Item) error {
-	if nt, ok := tx.(checkpoint.NewItemsTx); ok {
-		return nt.PutNewItems(items)
-	}
-	return tx.PutItems(items)
+	return tx.PutNewItems(items)
 }
 
 func testItems(t *testing.T, h Harness) {
@@ -44,12 +40,6 @@ func testItems(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		c := e.claim(st, "items/7", ownerA, t0)
-		e.inTx(st, c.Lease, func(tx checkpoint.Tx) error {
-			if _, ok := tx.(checkpoint.NewItemsTx); !ok {
-				t.Logf("the store's Tx (%T) has no PutNewItems: PutItems serves", tx)
-			}
-			return nil
-		})
 		// Each as the only write of its transaction, and after a read
 		// opened it.
 		open := func(tx checkpoint.Tx) error {
@@ -80,6 +70,7 @@ func testItems(t *testing.T, h Harness) {
 			for _, refused := range [][]checkpoint.Item{
 				{{Step: "post", Key: "fresh", Status: checkpoint.StepCompleted}, {Step: "post", Key: done, Status: checkpoint.StepCompleted, Output: []byte(`2`)}},
 				{{Step: "post", Key: "twice", Status: checkpoint.StepCompleted}, {Step: "post", Key: "twice", Status: checkpoint.StepCompleted}},
+				{{Step: "post", Key: "twice", Status: checkpoint.ItemSkipped}, {Step: "post", Key: "twice", Status: checkpoint.ItemSkipped}},
 			} {
 				err := st.InTx(e.ctx, c.Lease, func(tx checkpoint.Tx) error {
 					if err := first(tx); err != nil {

@@ -167,11 +167,7 @@ func partitionedOutcomes(env *cmd.Env, date string) map[string]string {
 		return nil
 	}
 	runID := jobs.RunID(settlement.Job.Name(), date)
-	ps, ok := checkpoint.AsPartitionStore(st)
-	if !ok {
-		return nil
-	}
-	parts, err := ps.Partitions(env.Ctx, runID, "post")
+	parts, err := st.Partitions(env.Ctx, runID, "post")
 	if err != nil || len(parts) < 2 {
 		return nil
 	}

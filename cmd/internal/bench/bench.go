@@ -278,7 +278,7 @@ type backend interface {
 
 // store is one workload's checkpoint store.
 type store struct {
-	checkpoint.Store
+	checkpoint.Backend
 	// db writes and reads the store's database for the benchmark's own
 	// set-up and checks (seeding keys, sums, the rerun's unmarking).
 	db *sql.DB

@@ -39,11 +39,7 @@ func (b *bench) claims(n int) error {
 		if err != nil {
 			return err
 		}
-		q, ok := ours.Store.(checkpoint.QueueStore)
-		if !ok {
-			return fmt.Errorf("the store %T has no run queue", ours.Store)
-		}
-		if err := enqueueRuns(b.ctx, q, n); err != nil {
+		if err := enqueueRuns(b.ctx, ours.Backend, n); err != nil {
 			return fmt.Errorf("enqueue: %w", err)
 		}
 		// Statistics as a queue in service has them, on both sides (the
@@ -68,7 +64,7 @@ func (b *bench) claims(n int) error {
 		)
 		oursOne := func(owner string) (bool, error) {
 			now := time.Now()
-			cl, ok, err := q.ClaimNext(b.ctx, checkpoint.ClaimNextRequest{Owner: owner, Now: now, LeaseFor: time.Minute})
+			cl, ok, err := ours.ClaimNext(b.ctx, checkpoint.ClaimNextRequest{Owner: owner, Now: now, LeaseFor: time.Minute})
 			if err != nil || !ok {
 				return false, err
 			}

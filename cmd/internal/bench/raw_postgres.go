@@ -203,7 +203,7 @@ func (p *postgresBackend) store(ctx context.Context, name string) (*store, error
 	}
 	// ReadDB is read-only: the benchmark's own set-up writes through
 	// database/sql over the store's pool.
-	return &store{Store: st, db: stdlib.OpenDBFromPool(st.Pool()), read: st.ReadDB()}, nil
+	return &store{Backend: st, db: stdlib.OpenDBFromPool(st.Pool()), read: st.ReadDB()}, nil
 }
 
 // rawPool opens the raw side's schema with the store's tables and pool.
@@ -349,7 +349,7 @@ func (p *postgresBackend) settleSides(ctx context.Context, name string, seed see
 			}
 		}
 	}
-	return &store{Store: st, db: stdlib.OpenDBFromPool(st.Pool()), read: st.ReadDB()},
+	return &store{Backend: st, db: stdlib.OpenDBFromPool(st.Pool()), read: st.ReadDB()},
 		&pgSettler{pool: pool, runID: jobs.RunID(settlement.Job.Name(), benchDate), bal: map[string]*pgAccount{}}, nil
 }
 
@@ -516,7 +516,7 @@ func (p *postgresBackend) claimSides(ctx context.Context, name string, conns, n 
 	if err != nil {
 		return nil, nil, err
 	}
-	ours := &store{Store: st, db: stdlib.OpenDBFromPool(st.Pool()), read: st.ReadDB()}
+	ours := &store{Backend: st, db: stdlib.OpenDBFromPool(st.Pool()), read: st.ReadDB()}
 	raw, _, err := p.openConns(ctx, name+"_raw", int32(conns))
 	if err != nil {
 		return nil, nil, err

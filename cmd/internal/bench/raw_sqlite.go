@@ -113,7 +113,7 @@ func (s *sqliteBackend) store(ctx context.Context, name string) (*store, error) 
 		return nil, err
 	}
 	s.track(st)
-	return &store{Store: st, db: st.DB(), read: st.ReadDB()}, nil
+	return &store{Backend: st, db: st.DB(), read: st.ReadDB()}, nil
 }
 
 // openRaw opens a database for a hand-written baseline with the store's

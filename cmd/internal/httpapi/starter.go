@@ -139,7 +139,7 @@ func (l *Local) Shutdown(ctx context.Context) {
 // decision on one run, is executed by Local in the serving process as
 // before (a queued run is resumed by the workers on their own).
 type Queued struct {
-	// Runner enqueues the runs; its store must be a checkpoint.QueueStore.
+	// Runner enqueues the runs in its store's run queue.
 	Runner *runner.Runner
 	// Local executes operators' resumes.
 	Local *Local

@@ -1,0 +1,35 @@
+package runner
+
+import (
+	"github.com/rs/zerolog"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/jobs"
+	"github.com/stepwise-run/stepwise/steps"
+)
+
+// dryConfig is the steps.Config of a dry run of runID: of stepsConfig it
+// keeps the store (to read), the lease's run and owner, the clock, the
+// logger and the tracer. A dry run is no attempt: it holds no lease (so it
+// renews and fences nothing), writes nothing, retries nothing, adds to no
+// histogram and reports no progress.
+func (r *Runner) dryConfig(job jobs.Job, runID string, log zerolog.Logger) steps.Config {
+	c := r.stepsConfig(job, checkpoint.Lease{RunID: runID, Owner: r.cfg.Owner}, log)
+	return steps.Config{Store: c.Store, Lease: c.Lease, Logger: c.Logger, Now: c.Now, Tracer: c.Tracer, DryRun: true}
+}
+
+// stepsConfig is the one steps.Config of the runner's attempts on job
+// under lease, logging to log: the store, clock, tracer, write path
+// (lock waiting), retry policy, lease, step-end (metrics) and progress
+// hooks. An attempt adds what its claim says, a partition worker's replay
+// its partition; a dry run keeps only what a dry run uses (dryConfig).
+func (r *Runner) stepsConfig(job jobs.Job, lease checkpoint.Lease, log zerolog.Logger) steps.Config {
+	cfg := steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now, Tracer: r.tracer,
+		Write: r.writeHook(log), Retry: job.Settings().Retry, LeaseFor: r.cfg.Lease, SelfFenceMargin: r.cfg.SelfFenceMargin,
+		OnStepEnd: r.cfg.Metrics.stepHook(job.Name()), OnProgress: r.progressHook(lease, log),
+		OwnerGone: OwnerGone, PartitionSlots: r.cfg.PartitionSlots}
+	if s, ok := r.cfg.Clock.(Sleeper); ok {
+		cfg.Sleep = s.Sleep
+	}
+	return cfg
+}
