@@ -241,19 +241,40 @@ func (s *Server) csrfToken(sessionID string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
+// HasTokens reports whether the server was started with tokens (else its
+// reads are anonymous, on loopback only).
+func (s *Server) HasTokens() bool { return !s.open }
+
+// Reloaded is what ReloadTokens did.
+type Reloaded struct {
+	// Tokens is how many tokens are accepted now.
+	Tokens int
+	// Removed are the names of the tokens no longer accepted (a token
+	// whose value changed counts as removed).
+	Removed []string
+	// SessionsEnded is how many sessions of removed tokens ended.
+	SessionsEnded int
+}
+
 // ReloadTokens makes tokens the ones accepted from now on, and ends at
-// once every session whose token is not among them; it returns how many
-// ended. A server started without tokens stays without (its reads are
-// anonymous and its Host guarded): ErrBadTokens.
-func (s *Server) ReloadTokens(tokens *Tokens) (int, error) {
+// once every session whose token is not among them. A server started
+// without tokens stays without (its reads are anonymous and its Host
+// guarded): ErrBadTokens.
+func (s *Server) ReloadTokens(tokens *Tokens) (Reloaded, error) {
 	if s.open {
-		return 0, fmt.Errorf("%w: this server was started without tokens; restart it with them", ErrBadTokens)
+		return Reloaded{}, fmt.Errorf("%w: this server was started without tokens; restart it with them", ErrBadTokens)
 	}
 	if tokens.Len() == 0 {
-		return 0, fmt.Errorf("%w: no token in it; add a line NAME:ROLE:TOKEN", ErrBadTokens)
+		return Reloaded{}, fmt.Errorf("%w: no token in it; add a line NAME:ROLE:TOKEN", ErrBadTokens)
 	}
-	s.tokens.Store(tokens)
-	return s.sessions.prune(tokens), nil
+	old := s.tokens.Swap(tokens)
+	r := Reloaded{Tokens: tokens.Len(), SessionsEnded: s.sessions.prune(tokens)}
+	for _, t := range old.tokens {
+		if _, ok := tokens.Lookup(t.Value); !ok {
+			r.Removed = append(r.Removed, t.Name)
+		}
+	}
+	return r, nil
 }
 
 // Auth wraps next (for a handler beside the API, e.g. a dashboard page)

@@ -69,12 +69,11 @@ func TestReloadTokensEndsTheirSessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ended, err := a.api.ReloadTokens(fewer)
-	if err != nil || ended != 1 {
-		t.Fatalf("ReloadTokens = %d, %v; want bob's one session ended", ended, err)
+	got, err := a.api.ReloadTokens(fewer)
+	if err != nil || got.SessionsEnded != 1 || got.Tokens != 2 || len(got.Removed) != 1 || got.Removed[0] != "ops-bob" {
+		t.Fatalf("ReloadTokens = %+v, %v; want ops-bob removed, its one session ended, 2 tokens left", got, err)
 	}
-	got := a.do("GET", "/api/v1/runs", "", nil, "Cookie", bob)
-	expect(t, "bob's session after the reload", got, http.StatusUnauthorized, "unauthenticated")
+	expect(t, "bob's session after the reload", a.do("GET", "/api/v1/runs", "", nil, "Cookie", bob), http.StatusUnauthorized, "unauthenticated")
 	expect(t, "bob's bearer token after the reload", a.do("GET", "/api/v1/runs", bobToken, nil), http.StatusUnauthorized, "unauthenticated")
 	expect(t, "alice's session after the reload", a.do("GET", "/api/v1/runs", "", nil, "Cookie", alice), http.StatusOK)
 	expect(t, "alice's bearer token after the reload", a.do("GET", "/api/v1/runs", operateToken, nil), http.StatusOK)
