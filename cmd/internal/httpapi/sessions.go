@@ -120,11 +120,3 @@ func (ss *sessions) prune(tokens *Tokens) int {
 	}
 	return n
 }
-
-// len is how many sessions are held (expired ones not yet swept
-// included).
-func (ss *sessions) len() int {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return len(ss.m)
-}
