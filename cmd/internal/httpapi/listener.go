@@ -47,9 +47,14 @@ func (l *ConnLimit) Listener(ln net.Listener) net.Listener { return &limitListen
 // connections are idle.
 func (l *ConnLimit) ConnState(c net.Conn, st http.ConnState) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if ci, ok := l.conns[c]; ok && st != http.StateClosed {
 		ci.state, ci.since = st, l.now()
+	}
+	l.mu.Unlock()
+	if st == http.StateIdle {
+		// An Accept waiting because every connection was busy can now
+		// close this one.
+		l.freed.Signal()
 	}
 }
 
@@ -58,6 +63,19 @@ func (l *ConnLimit) Open() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.conns)
+}
+
+// Idle is how many open connections are idle between requests.
+func (l *ConnLimit) Idle() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, ci := range l.conns {
+		if ci.state == http.StateIdle {
+			n++
+		}
+	}
+	return n
 }
 
 // admit makes room for c, closing an idle connection or waiting for one
