@@ -193,12 +193,16 @@ func (s *Server) throttled(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// authFailed logs, counts and throttles a failed authentication: the
-// client's address, why, and the token's name when known; never the
-// token.
+// authFailed logs and counts a failed authentication: the client's
+// address, why, and the token's name when known; never the token. A wrong
+// token counts toward the client's throttle; a dead session cookie does
+// not (its ID cannot be guessed, and after a restart every open tab
+// brings one).
 func (s *Server) authFailed(r *http.Request, reason, name string) {
 	client := s.clientAddr(r)
-	s.throttle.fail(client)
+	if reason == reasonUnknownToken || reason == reasonBadHeader {
+		s.throttle.fail(client)
+	}
 	s.metrics.failures.WithLabelValues(reason).Inc()
 	ev := s.cfg.Logger.Warn().Str("request_id", RequestID(r)).Str("remote", client).Str("reason", reason).Str("path", r.URL.Path)
 	if name != "" {

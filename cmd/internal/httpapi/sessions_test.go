@@ -177,6 +177,15 @@ func TestFailedAuthIsLoggedCountedAndThrottled(t *testing.T) {
 
 	clk.advance(httpapi.DefaultAuthWindow)
 	expect(t, "the right token after the window", a.do("GET", "/api/v1/runs", readToken, nil), http.StatusOK)
+	// Dead session cookies (every open tab after a restart) are logged and
+	// counted, not throttled: a session ID cannot be guessed.
+	for range 2 * httpapi.DefaultAuthFailures {
+		expect(t, "a dead session cookie", a.do("GET", "/api/v1/runs", "", nil, "Cookie", httpapi.CookieName+"=gone"), http.StatusUnauthorized, "unauthenticated")
+	}
+	expect(t, "the right token after dead sessions", a.do("GET", "/api/v1/runs", readToken, nil), http.StatusOK)
+	if !strings.Contains(logged.String(), `"reason":"unknown_session"`) {
+		t.Errorf("dead session cookies are not logged:\n%s", logged.String())
+	}
 }
 
 // A from so late that the next fires are past year 9999 (which JSON
