@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,12 +23,15 @@ import (
 // ServeCmd runs the scheduler until SIGTERM or SIGINT.
 type ServeCmd struct {
 	Listen           string        `placeholder:"ADDR" help:"Serve the web dashboard (/), /healthz, Prometheus /metrics and the HTTP API (/api/v1/...) on this address, e.g. 127.0.0.1:9090 (port 0 picks a free one; the address is printed). An address other than loopback needs --tokens."`
-	Tokens           string        `type:"existingfile" placeholder:"FILE" help:"Bearer tokens of the HTTP API, one NAME:ROLE:TOKEN a line (ROLE read or operate; TOKEN at least 16 random bytes, e.g. from 'openssl rand -hex 16'). Without it the API and the dashboard serve reads only, only on loopback, and only to requests addressed to localhost, 127.0.0.1 or [::1] (others are 421: no other site can read them by DNS rebinding)."`
+	Tokens           string        `type:"existingfile" placeholder:"FILE" help:"Bearer tokens of the HTTP API, one NAME:ROLE:TOKEN a line (ROLE read or operate; TOKEN at least 32 random characters, e.g. from 'openssl rand -hex 32'); the file must not be readable by group or others (chmod 600). 'kill -HUP' reloads it: removed tokens and their sessions end at once. Without it the API and the dashboard serve reads only, only on loopback, and only to requests addressed to localhost, 127.0.0.1 or [::1] (others are 421: no other site can read them by DNS rebinding)."`
 	Grace            time.Duration `default:"20s" help:"After SIGTERM or SIGINT, how long running runs may take to finish before they are interrupted, resumably: the next serve fires them again as missed fires (under the misfire policy), or resume them by hand. Keep it under STEPWISE_GRACE, after which the process exits anyway."`
 	Lease            time.Duration `default:"30s" nonzero:"" help:"Lease length of the runs started and of the schedules fired; a standby serve takes a schedule over when its lease expires (at once if its owner ran on this host and is gone)."`
 	MisfireThreshold time.Duration `name:"misfire-threshold" default:"1m" help:"How late a fire may be noticed and still count as on time; later ones follow the schedule's misfire policy."`
 	Enqueue          bool          `help:"Queue each fire's run for a pool of workers ('${name} worker', on any host) instead of running it in this process; the fire is settled once its run is queued."`
 	Queue            string        `default:"default" help:"With --enqueue: the queue the fires' runs go to."`
+
+	// The HTTP server's defences (servesec.go).
+	ServeHTTPFlags
 
 	schedules func() ([]runner.Schedule, error)
 }
@@ -47,9 +51,12 @@ func (c *ServeCmd) Run(env *Env) error {
 			return usageError{fmt.Errorf("--tokens: %w", err)}
 		}
 	}
-	if c.Listen != "" && c.Tokens == "" && !loopback(c.Listen) {
-		return usageError{fmt.Errorf("--listen %s is not a loopback address, and without --tokens anyone who reaches it could read every run: "+
-			"give --tokens FILE (lines NAME:ROLE:TOKEN), or listen on 127.0.0.1", c.Listen)}
+	if err := c.checkServeHTTPFlags(); err != nil {
+		return usageError{err}
+	}
+	proxies, err := trustedProxies(c.TrustedProxy)
+	if err != nil {
+		return usageError{err}
 	}
 	st, err := env.Store()
 	if err != nil {
@@ -74,7 +81,27 @@ func (c *ServeCmd) Run(env *Env) error {
 	if err != nil {
 		return usageError{err}
 	}
+	var served atomic.Pointer[httpapi.Server] // the API, once it serves
+	stopHangup := onHangup(func() {
+		api := served.Load()
+		if api == nil {
+			log := env.Logger()
+			log.Warn().Msg("SIGHUP: serve has no --listen, so no tokens to reload; ignored")
+			return
+		}
+		_ = reloadTokens(env, c.Tokens, api)
+	})
+	defer stopHangup()
 	where := ""
+	if c.MetricsListen != "" {
+		msrv, maddr, err := serveMetrics(env, c.MetricsListen, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { healthz(w, sched.Status()) }))
+		if err != nil {
+			return usageError{err}
+		}
+		defer msrv.Close()
+		where = "; /metrics also on http://" + maddr + " (no token, loopback only)"
+	}
 	if c.Listen != "" {
 		r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
 			TracerProvider: env.tracing(false), Metrics: metrics})
@@ -90,7 +117,8 @@ func (c *ServeCmd) Run(env *Env) error {
 		}
 		api, err := httpapi.New(httpapi.Config{Store: st, Jobs: env.Registry, Starter: starter, Tokens: tokens,
 			Schedules: c.schedules, Logger: env.Logger(), Now: env.now,
-			NoTokensHint: "start serve with --tokens FILE"})
+			NoTokensHint: "start serve with --tokens FILE", SessionIdle: c.SessionIdle, SessionMax: c.SessionMax,
+			SecureCookies: c.SecureCookies, TrustedProxies: proxies, Registerer: reg})
 		if err != nil {
 			return err
 		}
@@ -99,7 +127,8 @@ func (c *ServeCmd) Run(env *Env) error {
 		if err != nil {
 			return err
 		}
-		srv, addr, err := serveHTTP(env, c.Listen, tokens.Len() == 0, sched, reg, api, dash)
+		served.Store(api)
+		srv, addr, err := serveHTTP(env, c.Listen, c.MaxConns, sched, reg, api, dash)
 		if err != nil {
 			return usageError{err}
 		}
@@ -117,7 +146,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		if tokens != nil {
 			auth = fmt.Sprintf("%d tokens", tokens.Len())
 		}
-		where = "; /healthz and /metrics on http://" + addr + ", the API under /api/v1/ (" + auth + "), the dashboard at /"
+		where = "; /healthz and /metrics on http://" + addr + ", the API under /api/v1/ (" + auth + "), the dashboard at /" + where
 	}
 	if c.Enqueue {
 		where += "; runs go to queue " + c.Queue + " for '" + env.Name + " worker'"
@@ -162,17 +191,19 @@ func checkGrace(grace time.Duration) error {
 
 // serveHTTP serves /healthz, /metrics, the API and the dashboard (every
 // other path) on addr in the background and returns the server and the
-// address it listens on. Without tokens (anonymous reads), only requests
-// addressed to loopback or to the listen address are answered: others are
-// 421, so a page that points its own name at this machine (DNS
+// address it listens on. /metrics needs a read token when the API has
+// tokens. Without tokens (anonymous reads), only requests addressed to
+// loopback or to the listen address are answered, on every path: others
+// are 421, so a page that points its own name at this machine (DNS
 // rebinding) reads nothing.
-func serveHTTP(env *Env, addr string, tokenless bool, sched *runner.Scheduler, reg *prometheus.Registry, api, dash http.Handler) (*http.Server, string, error) {
+func serveHTTP(env *Env, addr string, maxConns int, sched *runner.Scheduler, reg *prometheus.Registry, api *httpapi.Server, dash http.Handler) (*http.Server, string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", fmt.Errorf("--listen %s: %w", addr, err)
 	}
+	tokenless := !api.HasTokens()
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", api.Auth(httpapi.RoleRead, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { healthz(w, sched.Status()) })
 	mux.Handle(httpapi.Prefix, api)
 	mux.Handle("/", dash)
@@ -180,9 +211,9 @@ func serveHTTP(env *Env, addr string, tokenless bool, sched *runner.Scheduler, r
 	if tokenless {
 		h = httpapi.GuardHost(mux, addr, ln.Addr().String())
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv, lln := newHTTPServer(h, ln, maxConns)
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(lln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			fmt.Fprintf(env.Stderr, "%s serve: http: %v\n", env.Name, err)
 		}
 	}()

@@ -405,7 +405,7 @@ func TestServeRefusesBadFlags(t *testing.T) {
 func TestServeRefusesAnOpenAPIAndBadTokens(t *testing.T) {
 	db, side := testFiles(t)
 	bad := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(bad, []byte("ops:operate:0123456789abcdef\nci:write:0123456789abcdefX\n"), 0o600); err != nil {
+	if err := os.WriteFile(bad, []byte("ops:operate:"+serveAliceToken+"\nci:write:"+serveBobToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {

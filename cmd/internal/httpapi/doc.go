@@ -9,8 +9,13 @@
 //
 // Security: every request but login is authenticated by a bearer token
 // (Authorization: Bearer TOKEN) from a tokens file (see ParseTokens), or
-// by the cookie login sets for browsers; tokens compare in constant time.
-// A missing or wrong token is 401, a read token on a write 403; a server
+// by the cookie login sets for browsers: a random session ID held in
+// memory (never the token), ended by logout, by Config.SessionIdle and
+// SessionMax, and when its token leaves the file (Server.ReloadTokens);
+// tokens compare in constant time. A missing or wrong token is 401, a read
+// token on a write 403; failed authentication is logged (address, reason,
+// never the token), counted (stepwise_http_auth_failures_total) and
+// throttled per client address (429 past Config.AuthFailures); a server
 // without tokens serves reads only, and only to requests whose Host is
 // localhost, 127.0.0.1 or [::1] (any port): another Host is 421
 // Misdirected Request, code "misdirected", so that a page of another site

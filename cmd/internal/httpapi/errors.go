@@ -18,7 +18,7 @@ type ErrorView struct {
 	// bad_params, bad_request, bad_text, unauthenticated, forbidden, csrf,
 	// cross_origin, not_found, conflict, held, needs_decision,
 	// idempotency_conflict, params_mismatch, limit_reached, too_large,
-	// busy, misdirected, internal.
+	// busy, misdirected, throttled, internal.
 	Code string `json:"code"`
 	// Field names the request field at fault (params.date, reason,
 	// Idempotency-Key), when one is.

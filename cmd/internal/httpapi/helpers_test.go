@@ -23,8 +23,8 @@ import (
 
 // Tokens of the test server.
 const (
-	readToken    = "read-token-0123456789abcdef"
-	operateToken = "operate-token-0123456789abcdef"
+	readToken    = "read-token-7f3a9c2e51b8d406e9a1c3f5b7d2e8a0"
+	operateToken = "operate-token-4c8e1a7f3b9d2056c4e8a1f7b3d9e205"
 )
 
 var accounts = checkpoint.Table{Name: "accounts", Key: "id", Value: "balance", Version: "version"}
@@ -88,6 +88,7 @@ type testAPI struct {
 	st    checkpoint.Backend
 	loc   string
 	srv   *httptest.Server
+	api   *httpapi.Server
 	local *httpapi.Local
 	mu    sync.Mutex
 	ended map[string]chan struct{}
@@ -125,7 +126,7 @@ func newAPIOn(t *testing.T, st checkpoint.Backend, loc string, opts ...option) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.srv = httptest.NewServer(api)
+	a.api, a.srv = api, httptest.NewServer(api)
 	t.Cleanup(func() {
 		a.srv.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -236,4 +237,14 @@ func start(job, date string, extra ...string) map[string]any {
 		p[extra[i]] = extra[i+1]
 	}
 	return map[string]any{"job": job, "params": p}
+}
+
+// login logs in with token through the API and returns the session cookie
+// ("name=ID", for a Cookie header) and its CSRF token.
+func (a *testAPI) login(token string, hdr ...string) (cookie, csrf string) {
+	a.t.Helper()
+	got := a.do("POST", "/api/v1/login", "", map[string]any{"token": token}, hdr...)
+	expect(a.t, "login", got, http.StatusOK)
+	cookie, _, _ = strings.Cut(got.Header.Get("Set-Cookie"), ";")
+	return cookie, got.str("csrf_token")
 }

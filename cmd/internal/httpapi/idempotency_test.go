@@ -231,7 +231,7 @@ func jsonBody(t *testing.T, v any) io.Reader {
 }
 
 // bobToken is a second operate token, of a caller other than ops-alice.
-const bobToken = "bob-token-0123456789abcdef"
+const bobToken = "bob-token-9e2d7c4b1a8f3e6d0c5b9a2f7e4d1c8b"
 
 // twoOperators gives the server a second operate token, ops-bob.
 func twoOperators(t *testing.T) option {
@@ -248,9 +248,8 @@ func twoOperators(t *testing.T) option {
 // Alice sends her bearer token; Bob's bearer token is Bob's scope too.
 func TestIdempotencyKeyIsScopedPerCaller(t *testing.T) {
 	a := newAPI(t, twoOperators(t))
-	login := a.do("POST", "/api/v1/login", "", map[string]any{"token": bobToken})
-	expect(t, "bob's login", login, http.StatusOK)
-	bob := []string{"Cookie", httpapi.CookieName + "=" + bobToken, httpapi.CSRFHeader, login.str("csrf_token"), "Sec-Fetch-Site", "same-origin"}
+	cookie, csrf := a.login(bobToken)
+	bob := []string{"Cookie", cookie, httpapi.CSRFHeader, csrf, "Sec-Fetch-Site", "same-origin"}
 	key := []string{"Idempotency-Key", "nightly"}
 	asBob := func(body any, hdr ...string) answer {
 		return a.do("POST", "/api/v1/runs", "", body, append(append([]string{}, bob...), hdr...)...)

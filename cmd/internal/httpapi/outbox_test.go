@@ -156,7 +156,7 @@ func TestOutboxRequeue(t *testing.T) {
 
 	expect(t, "no token", a.do("POST", path, "", one), http.StatusUnauthorized, "unauthenticated")
 	expect(t, "read token", a.do("POST", path, readToken, one), http.StatusForbidden, "forbidden")
-	cookie := httpapi.CookieName + "=" + operateToken
+	cookie, csrf := a.login(operateToken)
 	expect(t, "cookie without CSRF", a.do("POST", path, "", one, "Cookie", cookie), http.StatusForbidden, "csrf")
 	for _, c := range []struct {
 		what  string
@@ -229,10 +229,8 @@ func TestOutboxRequeue(t *testing.T) {
 	}
 
 	// A run's dead messages, through a cookie session with its CSRF token.
-	login := a.do("POST", "/api/v1/login", "", map[string]any{"token": operateToken})
-	expect(t, "login", login, http.StatusOK)
 	byRun := a.do("POST", path, "", map[string]any{"run": "notify/2026-11-27", "reason": "certificate renewed"},
-		"Cookie", cookie, httpapi.CSRFHeader, login.str("csrf_token"), "Sec-Fetch-Site", "same-origin")
+		"Cookie", cookie, httpapi.CSRFHeader, csrf, "Sec-Fetch-Site", "same-origin")
 	expect(t, "requeue a run", byRun, http.StatusOK)
 	if got := keyList(byRun.Body["requeued"]); !slices.Equal(got, []string{"notify/2026-11-27/notify"}) || byRun.str("operator") != "ops-alice" {
 		t.Errorf("requeue of a run answered %s", byRun.Raw)

@@ -2,7 +2,9 @@ package httpapi
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
+	"time"
 
 	"github.com/stepwise-run/stepwise/runner/ops"
 )
@@ -10,7 +12,14 @@ import (
 // SchedulesView is the answer of GET /api/v1/schedules.
 type SchedulesView struct {
 	Schedules []ops.ScheduleView `json:"schedules"`
+	// Note says why fewer fires are listed than asked for, when some are
+	// left out (those after lastListed).
+	Note string `json:"note,omitempty"`
 }
+
+// lastListed is the last time a fire is listed at: JSON (RFC 3339) has
+// no year after 9999.
+var lastListed = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
 
 func (s *Server) schedules(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
@@ -51,6 +60,10 @@ func (s *Server) schedules(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			s.fail(w, r, err)
 			return
+		}
+		if cut := slices.IndexFunc(sv.Next, func(f ops.FireView) bool { return f.At.After(lastListed) }); cut >= 0 {
+			sv.Next = sv.Next[:cut]
+			v.Note = "fires after 9999-12-31T23:59:59Z are not listed: RFC 3339 times end with year 9999"
 		}
 		v.Schedules = append(v.Schedules, sv)
 	}

@@ -3,7 +3,10 @@ package httpapi_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -44,20 +47,51 @@ func TestAuth(t *testing.T) {
 }
 
 func TestParseTokensNamesTheBadLine(t *testing.T) {
+	const good, good2 = "5f0c9a1e7b3d28c4f6a0e9b1d7c35a82", "c41e8b2f9d6a03e7b5c1f8a4d2e960b3"
 	for _, c := range []struct{ file, want string }{
-		{"a:read:0123456789abcdef\nb:admin:0123456789abcdef0\n", "line 2: role \"admin\" of b"},
-		{"# c\n\na:read:short\n", "line 3: the token of a is 5 bytes"},
+		{"a:read:" + good + "\nb:admin:" + good2 + "\n", "line 2: role \"admin\" of b"},
+		{"# c\n\na:read:short\n", "line 3: the token of a is 5 characters; use at least 32 random ones: make one with `openssl rand -hex 32`"},
+		{"a:read:0123456789abcdef\n", "the token of a is 16 characters"},
+		{"a:read:" + strings.Repeat("ab", 20) + "\n", "the token of a does not look random"},
+		{"a:read:" + strings.Repeat("0123456789abcdef", 2) + "\n", "does not look random (few distinct characters, or a short run repeated); make one with `openssl rand -hex 32`"},
 		{"a:read\n", "line 1: want NAME:ROLE:TOKEN"},
-		{"a:read:0123456789abcdef\na:operate:0123456789abcdefX\n", "line 2: name a is already used on line 1"},
-		{"a:read:0123456789abcdef\nb:operate:0123456789abcdef\n", "line 2: the token of b is the token of line 1"},
+		{"a:read:" + good + "\na:operate:" + good2 + "\n", "line 2: name a is already used on line 1"},
+		{"a:read:" + good + "\nb:operate:" + good + "\n", "line 2: the token of b is the token of line 1"},
 		{"# nothing\n", "no token"},
 	} {
 		_, err := httpapi.ParseTokens([]byte(c.file))
 		if !errors.Is(err, httpapi.ErrBadTokens) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ParseTokens(%q) = %v; want ErrBadTokens saying %q", c.file, err, c.want)
 		}
-		if err != nil && strings.Contains(err.Error(), "0123456789abcdef") {
-			t.Errorf("the error shows a token: %v", err)
+		for _, tok := range []string{good, good2, "0123456789abcdef", "ababab"} {
+			if err != nil && strings.Contains(err.Error(), tok) {
+				t.Errorf("the error shows a token: %v", err)
+			}
+		}
+	}
+	if _, err := httpapi.ParseTokens([]byte("a:read:" + good + "\nb:operate:" + good2 + "\n")); err != nil {
+		t.Errorf("two good tokens refused: %v", err)
+	}
+}
+
+// A tokens file its group or others may read is refused, as ssh refuses
+// such a private key; at 0600 it is read.
+func TestReadTokensRefusesAReadableFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(path, []byte("a:read:"+readToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := httpapi.ReadTokens(path); err != nil {
+		t.Fatalf("a 0600 tokens file: %v", err)
+	}
+	for _, mode := range []os.FileMode{0o644, 0o640, 0o604, 0o660} {
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		_, err := httpapi.ReadTokens(path)
+		if !errors.Is(err, httpapi.ErrBadTokens) || !strings.Contains(err.Error(), fmt.Sprintf("mode %04o", mode)) ||
+			!strings.Contains(err.Error(), "chmod 600 "+path) {
+			t.Errorf("a %04o tokens file: %v; want it refused naming its mode and chmod 600", mode, err)
 		}
 	}
 }
@@ -79,7 +113,12 @@ func TestCookieLoginAndCSRF(t *testing.T) {
 			t.Errorf("Set-Cookie %q lacks %s", setCookie, want)
 		}
 	}
-	cookie := httpapi.CookieName + "=" + operateToken
+	// The cookie holds a random session ID, never the token.
+	cookie, _, _ := strings.Cut(setCookie, ";")
+	if sid := strings.TrimPrefix(cookie, httpapi.CookieName+"="); len(sid) != 64 || strings.Contains(setCookie, operateToken) {
+		t.Fatalf("Set-Cookie %q; want a 64-hex-digit session ID and not the token", setCookie)
+	}
+	expect(t, "the token as the cookie", a.do("GET", "/api/v1/runs", "", nil, "Cookie", httpapi.CookieName+"="+operateToken), http.StatusUnauthorized)
 	expect(t, "cookie read", a.do("GET", "/api/v1/runs", "", nil, "Cookie", cookie), http.StatusOK)
 	sess := a.do("GET", "/api/v1/session", "", nil, "Cookie", cookie)
 	if sess.str("csrf_token") != csrf {
@@ -125,10 +164,14 @@ func TestCookieLoginAndCSRF(t *testing.T) {
 			t.Errorf("%s: Set-Cookie %q; want the session kept", c.what, sc)
 		}
 	}
+	expect(t, "the session after refused logouts", a.do("GET", "/api/v1/runs", "", nil, "Cookie", cookie), http.StatusOK)
 	out = a.do("POST", "/api/v1/logout", "", nil, "Cookie", cookie, httpapi.CSRFHeader, csrf, "Sec-Fetch-Site", "same-origin")
 	if out.Status != http.StatusNoContent || !strings.Contains(out.Header.Get("Set-Cookie"), "Max-Age=0") {
 		t.Errorf("same-origin cookie logout: %d, Set-Cookie %q", out.Status, out.Header.Get("Set-Cookie"))
 	}
+	// Logout ended the session on the server: the cookie, kept or stolen,
+	// opens nothing.
+	expect(t, "the cookie after logout", a.do("GET", "/api/v1/runs", "", nil, "Cookie", cookie), http.StatusUnauthorized, "unauthenticated")
 }
 
 func TestOversizedBodyIs413(t *testing.T) {

@@ -13,9 +13,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
@@ -58,6 +61,28 @@ type Config struct {
 	// NoTokensHint is added to the refusal of a write on a server without
 	// tokens: how to give it some. Defaults to "the server needs a tokens file".
 	NoTokensHint string
+	// SessionIdle ends a dashboard session unused for this long; SessionMax
+	// ends one this long after its login, used or not. Default to
+	// DefaultSessionIdle (30m) and DefaultSessionMax (12h). Sessions live
+	// in memory: a restart logs everyone out.
+	SessionIdle, SessionMax time.Duration
+	// SecureCookies marks the session cookie Secure, named with the
+	// __Host- prefix, on every request: the browser reaches the server
+	// over TLS (a proxy in front). Without it only a TLS connection or a
+	// trusted proxy's X-Forwarded-Proto: https does.
+	SecureCookies bool
+	// TrustedProxies are the peers whose X-Forwarded-Proto and
+	// X-Forwarded-For are believed (the TLS proxy in front); from any
+	// other peer those headers are ignored.
+	TrustedProxies []netip.Prefix
+	// AuthFailures failed authentications per client address within
+	// AuthWindow are allowed; beyond them every authentication from that
+	// address is 429 until the window ends. Default to
+	// DefaultAuthFailures (10) and DefaultAuthWindow (1m).
+	AuthFailures int
+	AuthWindow   time.Duration
+	// Registerer, if set, receives stepwise_http_auth_failures_total.
+	Registerer prometheus.Registerer
 }
 
 func (c *Config) validate() error {
@@ -70,6 +95,21 @@ func (c *Config) validate() error {
 		return errors.New("httpapi: Config.Starter is nil; give one (NewLocal executes runs in this process)")
 	case c.MaxBody < 0 || c.AcceptTimeout < 0:
 		return fmt.Errorf("httpapi: Config.MaxBody (%d) and Config.AcceptTimeout (%s) cannot be negative", c.MaxBody, c.AcceptTimeout)
+	case c.SessionIdle < 0 || c.SessionMax < 0 || c.AuthFailures < 0 || c.AuthWindow < 0:
+		return fmt.Errorf("httpapi: Config.SessionIdle (%s), SessionMax (%s), AuthFailures (%d) and AuthWindow (%s) cannot be negative",
+			c.SessionIdle, c.SessionMax, c.AuthFailures, c.AuthWindow)
+	}
+	if c.SessionIdle == 0 {
+		c.SessionIdle = DefaultSessionIdle
+	}
+	if c.SessionMax == 0 {
+		c.SessionMax = DefaultSessionMax
+	}
+	if c.AuthFailures == 0 {
+		c.AuthFailures = DefaultAuthFailures
+	}
+	if c.AuthWindow == 0 {
+		c.AuthWindow = DefaultAuthWindow
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -89,10 +129,15 @@ func (c *Config) validate() error {
 // Server serves the API. It is an http.Handler for the paths under
 // /api/v1/.
 type Server struct {
-	cfg    Config
-	mux    *http.ServeMux
-	secret []byte // keys the CSRF tokens of cookie sessions
-	cross  *http.CrossOriginProtection
+	cfg      Config
+	mux      *http.ServeMux
+	secret   []byte // keys the CSRF tokens of cookie sessions
+	cross    *http.CrossOriginProtection
+	open     bool                   // started without tokens: anonymous reads
+	tokens   atomic.Pointer[Tokens] // the tokens accepted now (ReloadTokens)
+	sessions *sessions              // the dashboard's logins
+	throttle *throttle              // failed authentications per address
+	metrics  *authMetrics
 }
 
 // New returns a Server for cfg.
@@ -100,10 +145,18 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), secret: make([]byte, 32), cross: http.NewCrossOriginProtection()}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), secret: make([]byte, 32), cross: http.NewCrossOriginProtection(),
+		open: cfg.Tokens.Len() == 0, sessions: newSessions(cfg.SessionIdle, cfg.SessionMax, cfg.Now),
+		throttle: newThrottle(cfg.AuthFailures, cfg.AuthWindow, cfg.Now)}
+	s.tokens.Store(cfg.Tokens)
 	if _, err := rand.Read(s.secret); err != nil {
 		return nil, fmt.Errorf("httpapi: a CSRF key: %w", err)
 	}
+	m, err := newAuthMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("httpapi: the auth failures metric: %w", err)
+	}
+	s.metrics = m
 	s.cross.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, &apiError{Status: http.StatusForbidden, Code: "cross_origin",
 			Message: "cross-origin request refused: a browser may write only from the server's own pages"})
@@ -171,21 +224,62 @@ func Caller(r *http.Request) (Identity, bool) {
 	return id, ok
 }
 
-// CookieName is the cookie login sets: the session's token, HttpOnly,
-// SameSite=Strict.
+// CookieName is the cookie login sets over plain HTTP: a random session
+// ID (never the token), HttpOnly, SameSite=Strict, Path=/.
 const CookieName = "stepwise_session"
+
+// SecureCookieName is the session cookie's name over TLS (see
+// Config.SecureCookies): Secure, and the __Host- prefix makes the browser
+// refuse it unless Secure, for this host only, on Path=/.
+const SecureCookieName = "__Host-" + CookieName
 
 // CSRFHeader is the header a cookie-authenticated write must carry: the
 // csrf_token login and GET /api/v1/session return.
 const CSRFHeader = "X-CSRF-Token"
 
-// csrfToken is the CSRF token of a session token: an HMAC under the
+// csrfToken is the CSRF token of a session: an HMAC of its ID under the
 // server's key, so it cannot be made without the server and changes with
 // the session.
-func (s *Server) csrfToken(token string) string {
+func (s *Server) csrfToken(sessionID string) string {
 	m := hmac.New(sha256.New, s.secret)
-	m.Write([]byte(token))
+	m.Write([]byte(sessionID))
 	return hex.EncodeToString(m.Sum(nil))
+}
+
+// HasTokens reports whether the server was started with tokens (else its
+// reads are anonymous, on loopback only).
+func (s *Server) HasTokens() bool { return !s.open }
+
+// Reloaded is what ReloadTokens did.
+type Reloaded struct {
+	// Tokens is how many tokens are accepted now.
+	Tokens int
+	// Removed are the names of the tokens no longer accepted (a token
+	// whose value changed counts as removed).
+	Removed []string
+	// SessionsEnded is how many sessions of removed tokens ended.
+	SessionsEnded int
+}
+
+// ReloadTokens makes tokens the ones accepted from now on, and ends at
+// once every session whose token is not among them. A server started
+// without tokens stays without (its reads are anonymous and its Host
+// guarded): ErrBadTokens.
+func (s *Server) ReloadTokens(tokens *Tokens) (Reloaded, error) {
+	if s.open {
+		return Reloaded{}, fmt.Errorf("%w: this server was started without tokens; restart it with them", ErrBadTokens)
+	}
+	if tokens.Len() == 0 {
+		return Reloaded{}, fmt.Errorf("%w: no token in it; add a line NAME:ROLE:TOKEN", ErrBadTokens)
+	}
+	old := s.tokens.Swap(tokens)
+	r := Reloaded{Tokens: tokens.Len(), SessionsEnded: s.sessions.prune(tokens)}
+	for _, t := range old.tokens {
+		if _, ok := tokens.Lookup(t.Value); !ok {
+			r.Removed = append(r.Removed, t.Name)
+		}
+	}
+	return r, nil
 }
 
 // Auth wraps next (for a handler beside the API, e.g. a dashboard page)
@@ -198,7 +292,7 @@ func (s *Server) Auth(need Role, next http.Handler) http.Handler {
 func (s *Server) auth(need Role, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		write := need == RoleOperate
-		if s.cfg.Tokens.Len() == 0 {
+		if s.open {
 			// Anonymous reads are for this machine only: never to a Host
 			// another site could have pointed at it (DNS rebinding).
 			if !LoopbackHost(r.Host) {
@@ -213,27 +307,8 @@ func (s *Server) auth(need Role, next http.HandlerFunc) http.Handler {
 			next(w, r)
 			return
 		}
-		token, fromCookie := "", false
-		if h := r.Header.Get("Authorization"); h != "" {
-			scheme, t, _ := strings.Cut(h, " ")
-			if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(t) == "" {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="stepwise"`)
-				s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "the Authorization header is not \"Bearer TOKEN\""})
-				return
-			}
-			token = strings.TrimSpace(t)
-		} else if c, err := r.Cookie(CookieName); err == nil && c.Value != "" {
-			token, fromCookie = c.Value, true
-		}
-		if token == "" {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="stepwise"`)
-			s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "no token: send Authorization: Bearer TOKEN, or log in"})
-			return
-		}
-		id, ok := s.cfg.Tokens.Lookup(token)
+		id, sessionID, ok := s.identify(w, r)
 		if !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="stepwise", error="invalid_token"`)
-			s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "the token is not one this server accepts"})
 			return
 		}
 		if !id.Role.allows(need) {
@@ -242,9 +317,9 @@ func (s *Server) auth(need Role, next http.HandlerFunc) http.Handler {
 			return
 		}
 		r = r.WithContext(context.WithValue(r.Context(), identityKey{}, id))
-		if fromCookie && r.Method != http.MethodGet && r.Method != http.MethodHead {
+		if sessionID != "" && r.Method != http.MethodGet && r.Method != http.MethodHead {
 			got := r.Header.Get(CSRFHeader)
-			if subtle.ConstantTimeCompare([]byte(got), []byte(s.csrfToken(token))) != 1 {
+			if subtle.ConstantTimeCompare([]byte(got), []byte(s.csrfToken(sessionID))) != 1 {
 				s.fail(w, r, &apiError{Status: http.StatusForbidden, Code: "csrf",
 					Message: "a write with the session cookie needs the " + CSRFHeader + " header that login returned"})
 				return
@@ -255,6 +330,68 @@ func (s *Server) auth(need Role, next http.HandlerFunc) http.Handler {
 		next(w, r)
 	})
 }
+
+// identify finds who a request on a server with tokens comes from: its
+// bearer token, or its session cookie (then also the session's ID). A
+// request without either, or with a wrong one, is answered (401; 429 once
+// its address failed too often) and false returned; a failure is logged,
+// counted and throttled.
+func (s *Server) identify(w http.ResponseWriter, r *http.Request) (Identity, string, bool) {
+	h := r.Header.Get("Authorization")
+	c, _ := r.Cookie(s.cookieName(r))
+	if h == "" && (c == nil || c.Value == "") {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="stepwise"`)
+		s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "no token: send Authorization: Bearer TOKEN, or log in"})
+		return Identity{}, "", false
+	}
+	if s.throttled(w, r) {
+		return Identity{}, "", false
+	}
+	if h != "" {
+		scheme, t, _ := strings.Cut(h, " ")
+		if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(t) == "" {
+			s.authFailed(r, reasonBadHeader, "")
+			w.Header().Set("WWW-Authenticate", `Bearer realm="stepwise"`)
+			s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "the Authorization header is not \"Bearer TOKEN\""})
+			return Identity{}, "", false
+		}
+		id, ok := s.tokens.Load().Lookup(strings.TrimSpace(t))
+		if !ok {
+			s.authFailed(r, reasonUnknownToken, "")
+			w.Header().Set("WWW-Authenticate", `Bearer realm="stepwise", error="invalid_token"`)
+			s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "the token is not one this server accepts"})
+			return Identity{}, "", false
+		}
+		return id, "", true
+	}
+	id, name, reason := s.sessions.use(c.Value, s.tokens.Load())
+	if reason != "" {
+		s.authFailed(r, reason, name)
+		// The browser forgets the dead session, so its next request is
+		// plainly logged out (and not counted again).
+		s.clearCookie(w, r)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="stepwise"`)
+		s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: sessionEnded[reason]})
+		return Identity{}, "", false
+	}
+	return id, c.Value, true
+}
+
+// sessionEnded is what a refused session cookie is told, by reason.
+var sessionEnded = map[string]string{
+	reasonNoSession:    "the session is not one this server holds (sessions end when the server restarts): log in again",
+	reasonExpired:      "the session expired: log in again",
+	reasonTokenRemoved: "the session's token was removed from the server's tokens file: log in with another",
+}
+
+// setCookie sets the session cookie of r's scheme: __Host- and Secure
+// over TLS.
+func (s *Server) setCookie(w http.ResponseWriter, r *http.Request, value string, maxAge int) {
+	http.SetCookie(w, &http.Cookie{Name: s.cookieName(r), Value: value, Path: "/", MaxAge: maxAge, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: s.secure(r)})
+}
+
+func (s *Server) clearCookie(w http.ResponseWriter, r *http.Request) { s.setCookie(w, r, "", -1) }
 
 // loginBody is the body of POST /api/v1/login.
 type loginBody struct {
@@ -281,23 +418,35 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	id, ok := s.cfg.Tokens.Lookup(b.Token)
+	if s.throttled(w, r) {
+		return
+	}
+	tokens := s.tokens.Load()
+	id, ok := tokens.Lookup(b.Token)
 	if !ok {
+		if !s.open {
+			s.authFailed(r, reasonUnknownToken, "")
+		}
 		s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Field: "token", Message: "the token is not one this server accepts"})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: b.Token, Path: "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
-	s.cfg.Logger.Info().Str("request_id", RequestID(r)).Str("token", id.Name).Msg("api login")
-	writeJSON(w, http.StatusOK, SessionView{Identity: id, CSRFToken: s.csrfToken(b.Token)})
+	sid, err := s.sessions.open(sha256.Sum256([]byte(b.Token)), id.Name)
+	if err != nil {
+		s.fail(w, r, fmt.Errorf("httpapi: a session ID: %w", err))
+		return
+	}
+	s.setCookie(w, r, sid, 0)
+	s.cfg.Logger.Info().Str("request_id", RequestID(r)).Str("token", id.Name).Str("remote", s.clientAddr(r)).Msg("api login")
+	writeJSON(w, http.StatusOK, SessionView{Identity: id, CSRFToken: s.csrfToken(sid)})
 }
 
-// logout clears the session cookie. With a session cookie it is a cookie
-// write like the others: it needs the CSRF header and a same-origin
-// request, so that another site cannot log the browser out.
+// logout ends the session and clears its cookie. With a live session
+// cookie it is a cookie write like the others: it needs the CSRF header
+// and a same-origin request, so that another site cannot log the browser
+// out.
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
-	if c, err := r.Cookie(CookieName); err == nil && c.Value != "" {
-		if _, ok := s.cfg.Tokens.Lookup(c.Value); ok {
+	if c, err := r.Cookie(s.cookieName(r)); err == nil && c.Value != "" {
+		if id, _, reason := s.sessions.use(c.Value, s.tokens.Load()); reason == "" {
 			if subtle.ConstantTimeCompare([]byte(r.Header.Get(CSRFHeader)), []byte(s.csrfToken(c.Value))) != 1 {
 				s.fail(w, r, &apiError{Status: http.StatusForbidden, Code: "csrf",
 					Message: "logging out with the session cookie needs the " + CSRFHeader + " header that login returned"})
@@ -307,9 +456,11 @@ func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 				s.fail(w, r, &apiError{Status: http.StatusForbidden, Code: "cross_origin", Message: "cross-origin logout refused"})
 				return
 			}
+			s.sessions.end(c.Value)
+			s.cfg.Logger.Info().Str("request_id", RequestID(r)).Str("token", id.Name).Str("remote", s.clientAddr(r)).Msg("api logout")
 		}
 	}
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	s.clearCookie(w, r)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -320,7 +471,7 @@ func (s *Server) session(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := SessionView{Identity: id}
-	if c, err := r.Cookie(CookieName); err == nil && r.Header.Get("Authorization") == "" {
+	if c, err := r.Cookie(s.cookieName(r)); err == nil && r.Header.Get("Authorization") == "" {
 		v.CSRFToken = s.csrfToken(c.Value)
 	}
 	writeJSON(w, http.StatusOK, v)
@@ -378,10 +529,19 @@ func jsonKind(k string) string {
 	return k
 }
 
+// writeJSON answers v as JSON. It is encoded before the status is sent, so
+// a value that cannot be (a time past year 9999) is a 500 with a JSON body,
+// never a 200 with an empty one.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		b.Reset()
+		status = http.StatusInternalServerError
+		fmt.Fprintf(&b, "{\n  \"error\": %q,\n  \"code\": \"internal\"\n}\n", "internal error: the answer could not be written as JSON")
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+	_, _ = w.Write(b.Bytes())
 }

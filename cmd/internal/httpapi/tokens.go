@@ -7,6 +7,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 )
@@ -48,14 +49,36 @@ type Tokens struct {
 // ErrBadTokens is wrapped by every error of ParseTokens and ReadTokens.
 var ErrBadTokens = errors.New("httpapi: bad tokens file")
 
-// MinTokenLength is the shortest token accepted, in bytes: a token is a
-// password, so it must not be guessable (e.g. 32 random hex digits: `openssl
-// rand -hex 16`).
-const MinTokenLength = 16
+// MinTokenLength is the shortest token accepted, in characters: a token
+// is a password, so it must not be guessable (64 random hex digits:
+// `openssl rand -hex 32`).
+const MinTokenLength = 32
 
-// ReadTokens reads a tokens file (see ParseTokens).
+// minTokenVariety is the fewest distinct characters a token may have: 32
+// random hex digits have about 14; "aaaa…" or "abab…" have 1 or 2.
+const minTokenVariety = 10
+
+// MakeTokenHint is the command the refusals of a weak token name.
+const MakeTokenHint = "`openssl rand -hex 32`"
+
+// ReadTokens reads a tokens file (see ParseTokens). A file that its group
+// or others may read or write is refused, as ssh refuses such a private
+// key: the tokens are passwords.
 func ReadTokens(path string) (*Tokens, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadTokens, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadTokens, err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("%w: %s has mode %04o: its group or others may read it, and its tokens are passwords; "+
+			"run `chmod 600 %s` (as ssh refuses such a private key)", ErrBadTokens, path, perm, path)
+	}
+	b, err := io.ReadAll(f)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadTokens, err)
 	}
@@ -67,7 +90,9 @@ func ReadTokens(path string) (*Tokens, error) {
 }
 
 // ParseTokens parses a tokens file: one NAME:ROLE:TOKEN a line, ROLE read
-// or operate, TOKEN at least MinTokenLength bytes; blank lines and lines
+// or operate, TOKEN at least MinTokenLength characters that do not look
+// made by hand (few distinct characters, or a short run repeated, are
+// refused); blank lines and lines
 // starting with # are skipped. Names and tokens are unique. An error
 // names the line and what is wrong with it (never the token).
 func ParseTokens(b []byte) (*Tokens, error) {
@@ -94,7 +119,9 @@ func ParseTokens(b []byte) (*Tokens, error) {
 		case Role(role) != RoleRead && Role(role) != RoleOperate:
 			return nil, bad("role %q of %s is neither read nor operate", role, name)
 		case len(value) < MinTokenLength:
-			return nil, bad("the token of %s is %d bytes; use at least %d random ones (e.g. `openssl rand -hex 16`)", name, len(value), MinTokenLength)
+			return nil, bad("the token of %s is %d characters; use at least %d random ones: make one with %s", name, len(value), MinTokenLength, MakeTokenHint)
+		case lowVariety(value):
+			return nil, bad("the token of %s does not look random (few distinct characters, or a short run repeated); make one with %s", name, MakeTokenHint)
 		}
 		if first, dup := names[name]; dup {
 			return nil, bad("name %s is already used on line %d", name, first)
@@ -115,6 +142,24 @@ func ParseTokens(b []byte) (*Tokens, error) {
 	return t, nil
 }
 
+// lowVariety reports whether a token is visibly not random: fewer than
+// minTokenVariety distinct characters, or a shorter string repeated.
+func lowVariety(v string) bool {
+	distinct := map[rune]bool{}
+	for _, c := range v {
+		distinct[c] = true
+	}
+	if len(distinct) < minTokenVariety {
+		return true
+	}
+	for p := 1; p <= len(v)/2; p++ {
+		if strings.Repeat(v[:p], len(v)/p+1)[:len(v)] == v {
+			return true
+		}
+	}
+	return false
+}
+
 // Len is how many tokens t holds.
 func (t *Tokens) Len() int {
 	if t == nil {
@@ -127,11 +172,15 @@ func (t *Tokens) Len() int {
 // compared, each in constant time, so the time taken says nothing about
 // which token, or how much of one, matched.
 func (t *Tokens) Lookup(presented string) (Identity, bool) {
+	// Hashes compare in constant time whatever the lengths.
+	return t.lookupSum(sha256.Sum256([]byte(presented)))
+}
+
+// lookupSum is Lookup of a token by its SHA-256 (what a session keeps).
+func (t *Tokens) lookupSum(p [32]byte) (Identity, bool) {
 	if t == nil {
 		return Identity{}, false
 	}
-	// Hashes compare in constant time whatever the lengths.
-	p := sha256.Sum256([]byte(presented))
 	var found Identity
 	ok := 0
 	for _, tok := range t.tokens {
