@@ -27,6 +27,9 @@ type OperateOptions struct {
 	// OwnerGone reports whether a lease's owner is known to be dead (see
 	// WithOwnerGone); nil means never.
 	OwnerGone func(owner string) bool
+	// Replace lets ResolveStep replace an earlier resolution that no
+	// later checkpoint used (see WithReplace).
+	Replace bool
 }
 
 // WithOwnerGone gives a manual operation the dead-owner check a claim takes
@@ -36,6 +39,13 @@ type OperateOptions struct {
 func WithOwnerGone(fn func(owner string) bool) OperateOption {
 	return func(o *OperateOptions) { o.OwnerGone = fn }
 }
+
+// WithReplace makes ResolveStep replace the step's earlier resolution
+// instead of settling an outside call of unknown outcome: refused with
+// ErrNotResolved for a step that was not resolved, and with
+// ErrResolutionUsed once a checkpoint recorded by a later attempt may
+// have read it (CallResolution.AfterAttempt).
+func WithReplace() OperateOption { return func(o *OperateOptions) { o.Replace = true } }
 
 // Held reports whether run is held by a live runner at now: running, with
 // an unexpired lease whose owner is not known to be gone.
@@ -107,8 +117,11 @@ type Operator interface {
 	ResetSteps(ctx context.Context, a Audit, now time.Time, stepIDs []string, opts ...OperateOption) error
 	// ResolveStep settles an outside call whose outcome is unknown: done
 	// records it as completed with output (JSON), otherwise it is marked
-	// failed so the next run calls again. Only a step awaiting that
-	// decision can be resolved (ErrNotUnknown otherwise).
+	// failed so the next run calls again, and the step's call record
+	// (Step.Call) keeps the decision. Only a step awaiting that decision
+	// can be resolved (ErrNotUnknown otherwise); with WithReplace, only
+	// one whose earlier resolution no later checkpoint used (see
+	// Resolution).
 	ResolveStep(ctx context.Context, a Audit, now time.Time, stepID string, done bool, output []byte, opts ...OperateOption) error
 	// RecordAudit stores a manual operation that changed nothing else (a
 	// forced rerun, say).
@@ -122,22 +135,6 @@ type Operator interface {
 	// stays as a tombstone, so a later start of its key is refused with
 	// ErrPruned. With dryRun it only counts.
 	Prune(ctx context.Context, a Audit, cutoff time.Time, dryRun bool) (PruneResult, error)
-}
-
-// Resolution applies the resolve rule every store shares to a step of run
-// whose recorded status is status: only an outside call of unknown outcome
-// can be resolved (ErrNotUnknown otherwise). Done records it completed;
-// otherwise it is failed, with who resolved it and why, so the next run
-// calls again.
-func Resolution(run Run, stepID, status string, a Audit, done bool) (newStatus, errText string, err error) {
-	if status != StepCalling {
-		return "", "", fmt.Errorf("%w: step %s of %s is %s, not an outside call of unknown outcome; nothing to resolve",
-			ErrNotUnknown, stepID, run.ID, status)
-	}
-	if done {
-		return StepCompleted, "", nil
-	}
-	return StepFailed, "resolved by " + a.Operator + " as not done: " + a.Reason, nil
 }
 
 // Recovery applies the recover rule every store shares: only a running run

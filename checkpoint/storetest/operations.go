@@ -225,6 +225,58 @@ func testOperations(t *testing.T, h Harness) {
 		}
 	})
 
+	// A resolution is kept in the step's call record and can be replaced
+	// until a checkpoint recorded by a later attempt may have used it.
+	t.Run("ResolveReplace", func(t *testing.T) {
+		e, st, op := hosts(t)
+		c := e.claim(st, "ops/8", ownerA, t0)
+		rec := checkpoint.CallRecord{Key: "ops/8/pay", OutputShape: []byte(`{"type":"string"}`)}
+		e.inTx(st, c.Lease, func(tx checkpoint.Tx) error {
+			if err := tx.PutStep(checkpoint.Step{ID: "pay", Status: checkpoint.StepCalling, StartedAt: t0, FinishedAt: t0, Call: rec.Encode()}); err != nil {
+				return err
+			}
+			return tx.PutStep(completed("load", `1`))
+		})
+		now := t0.Add(time.Second)
+		replace := checkpoint.WithReplace()
+		if err := op.ResolveStep(e.ctx, audit("ops/8", "resolve", now), now, "load", true, []byte(`2`), goneA, replace); !errors.Is(err, checkpoint.ErrNotResolved) {
+			t.Errorf("replace on a step no operator resolved: %v; want ErrNotResolved", err)
+		}
+		if err := op.ResolveStep(e.ctx, audit("ops/8", "resolve", now), now, "pay", true, []byte(`"r-1"`), goneA); err != nil {
+			t.Fatalf("resolve: %v", err)
+		}
+		got, err := checkpoint.DecodeCallRecord(e.steps(st, "ops/8")["pay"].Call)
+		if err != nil || got.Key != rec.Key || string(got.OutputShape) != string(rec.OutputShape) || got.Resolved == nil ||
+			got.Resolved.As != "done" || got.Resolved.AfterAttempt != c.Lease.Attempt {
+			t.Fatalf("call record after resolve: %+v (%v); want the key, the shape and the resolution after attempt %d", got, err, c.Lease.Attempt)
+		}
+		if err := op.ResolveStep(e.ctx, audit("ops/8", "resolve", now), now, "pay", true, []byte(`"r-2"`), goneA); !errors.Is(err, checkpoint.ErrNotUnknown) {
+			t.Errorf("resolve again without replace: %v; want ErrNotUnknown", err)
+		}
+		later := now.Add(time.Minute)
+		if err := op.ResolveStep(e.ctx, audit("ops/8", "resolve --replace", later), later, "pay", true, []byte(`"r-2"`), goneA, replace); err != nil {
+			t.Fatalf("replace an unused resolution: %v", err)
+		}
+		if s := e.steps(st, "ops/8")["pay"]; s.Status != checkpoint.StepCompleted || string(s.Output) != `"r-2"` {
+			t.Errorf("step after replace = %+v; want completed with the new output", s)
+		}
+		// A later attempt that records nothing has not used it; one that
+		// records a step has.
+		e.claim(st, "ops/8", ownerB, later.Add(time.Second))
+		if err := op.ResolveStep(e.ctx, audit("ops/8", "resolve --replace", later), later, "pay", false, nil, checkpoint.WithOwnerGone(func(string) bool { return true }), replace); err != nil {
+			t.Fatalf("replace after an attempt that recorded nothing: %v", err)
+		}
+		c3 := e.claim(st, "ops/8", ownerA, later.Add(2*lease))
+		e.inTx(st, c3.Lease, func(tx checkpoint.Tx) error { return tx.PutStep(completed("report", `3`)) })
+		if err := op.ResolveStep(e.ctx, audit("ops/8", "resolve --replace", later), later, "pay", true, []byte(`"r-3"`), goneA, replace); !errors.Is(err, checkpoint.ErrResolutionUsed) ||
+			!strings.Contains(err.Error(), "report") {
+			t.Errorf("replace after a later step was recorded: %v; want ErrResolutionUsed naming report", err)
+		}
+		if got := e.commands(op, "ops/8"); !slices.Equal(got, []string{"resolve", "resolve --replace", "resolve --replace"}) {
+			t.Errorf("audit = %v; want the resolve and the two replaces that happened", got)
+		}
+	})
+
 	t.Run("PruneKeepsTombstones", func(t *testing.T) {
 		e, st, op := hosts(t)
 		finish := func(id, status string, at time.Time) {
