@@ -76,6 +76,11 @@ const (
 	RerunApplied RefusalKind = "rerun-applied"
 	// ResetApplied: a reset of a step whose effects applied.
 	ResetApplied RefusalKind = "reset-applied"
+	// RerunCalled: a rerun from a step that clears outside calls that
+	// happened (they are made again).
+	RerunCalled RefusalKind = "rerun-called"
+	// ResetCalled: a reset of an outside call that happened.
+	ResetCalled RefusalKind = "reset-called"
 )
 
 // Refusal is an operation refused because of what it would do, until an
@@ -123,8 +128,10 @@ func Abandon(ctx context.Context, st checkpoint.Backend, who Who, runID string, 
 }
 
 // Reset clears one step's checkpoint so it runs again on the next resume.
-// A step whose effects applied is refused (a *Refusal, ResetApplied)
-// unless force: they are not undone, and apply again.
+// Unless force, it is refused (a *Refusal) for a step whose effects
+// applied (ResetApplied: they are not undone, and apply again) and for an
+// outside call that happened or may have (ResetCalled: it is made again).
+// The audit record names what was kept and cleared.
 func Reset(ctx context.Context, st checkpoint.Backend, who Who, runID, step string, force bool, now time.Time) (checkpoint.Audit, error) {
 	all, err := RunSteps(ctx, st, runID)
 	if err != nil {
@@ -138,34 +145,55 @@ func Reset(ctx context.Context, st checkpoint.Backend, who Who, runID, step stri
 	if err != nil {
 		return checkpoint.Audit{}, err
 	}
-	if applied.Any() && !force {
-		return checkpoint.Audit{}, &Refusal{Kind: ResetApplied, RunID: runID, Step: step, Err: fmt.Errorf(
-			"%w: step %s of %s has applied effects (%s), and resetting it does not undo them: "+
-				"the step would apply them again when it reruns:\n  %s",
-			ErrNeedsDecision, step, runID, applied.Count(), strings.Join(applied.Lines, "\n  "))}
+	calls, err := OutsideCalls(all[i : i+1])
+	if err != nil {
+		return checkpoint.Audit{}, err
 	}
-	details := ""
-	if applied.Any() {
-		details = "effects kept: " + strings.Join(applied.Lines, "; ")
+	if (applied.Any() || calls.Any()) && !force {
+		kind := ResetApplied
+		if !applied.Any() {
+			kind = ResetCalled
+		}
+		return checkpoint.Audit{}, &Refusal{Kind: kind, RunID: runID, Step: step, Err: resetRefusal(runID, step, applied, calls)}
 	}
-	a := who.Audit(runID, "reset --step "+step, details, now)
+	a := who.Audit(runID, "reset --step "+step, clearedDetails("", applied, calls), now)
 	return a, st.ResetSteps(ctx, a, now, []string{step}, OwnerGone)
 }
 
 // Resolve settles an outside call whose outcome is unknown: done records
 // it completed with output (JSON), otherwise the next resume calls again.
-// A step awaiting no such decision is refused with ErrNeedsDecision.
-func Resolve(ctx context.Context, st checkpoint.Backend, who Who, runID, step string, done bool, output []byte, now time.Time) (checkpoint.Audit, error) {
+// An output that does not fit the type the step decodes it into (the
+// shape its call recorded) is refused with an *OutputShapeError. A step
+// awaiting no such decision is refused with ErrNeedsDecision; with
+// replace, the step's earlier resolution is replaced instead, refused
+// with ErrNeedsDecision once a later attempt recorded a step or item
+// (checkpoint.WithReplace).
+func Resolve(ctx context.Context, st checkpoint.Backend, who Who, runID, step string, done, replace bool, output []byte, now time.Time) (checkpoint.Audit, error) {
 	if !json.Valid(output) {
 		return checkpoint.Audit{}, fmt.Errorf("%w: %q", ErrBadOutput, output)
 	}
-	as := "retry"
+	if done {
+		all, err := RunSteps(ctx, st, runID)
+		if err != nil {
+			return checkpoint.Audit{}, err
+		}
+		if err := checkResolveOutput(all, runID, step, output); err != nil {
+			return checkpoint.Audit{}, err
+		}
+	}
+	as, command := "retry", "resolve --step "+step
 	if done {
 		as = "done"
 	}
-	a := who.Audit(runID, "resolve --step "+step+" --as "+as, "output "+preview(string(output), 200), now)
-	if err := st.ResolveStep(ctx, a, now, step, done, output, OwnerGone); err != nil {
-		if errors.Is(err, checkpoint.ErrNotUnknown) {
+	command += " --as " + as
+	opts := []checkpoint.OperateOption{OwnerGone}
+	if replace {
+		command += " --replace"
+		opts = append(opts, checkpoint.WithReplace())
+	}
+	a := who.Audit(runID, command, "output "+preview(string(output), 200), now)
+	if err := st.ResolveStep(ctx, a, now, step, done, output, opts...); err != nil {
+		if errors.Is(err, checkpoint.ErrNotUnknown) || errors.Is(err, checkpoint.ErrNotResolved) || errors.Is(err, checkpoint.ErrResolutionUsed) {
 			return a, fmt.Errorf("%w: %w", ErrNeedsDecision, err)
 		}
 		return a, err
@@ -185,6 +213,9 @@ type RerunPlan struct {
 	// Applied are the cleared steps' effects that applied: not undone,
 	// they apply again.
 	Applied KeptEffects
+	// Calls are the cleared outside calls that happened: not undone,
+	// they are made again.
+	Calls MadeCalls
 }
 
 // Clears says what a rerun from a step clears ("" from the top).
@@ -199,7 +230,8 @@ func (p RerunPlan) Clears() string {
 // PlanRerun judges a rerun of runID, from the top (fromStep "") or from a
 // step. Refused: a pruned run (checkpoint.ErrPruned); unless force, an
 // abandoned run (RerunAbandoned), a succeeded run from the top
-// (RerunSucceeded), steps to clear whose effects applied (RerunApplied).
+// (RerunSucceeded), steps to clear whose effects applied (RerunApplied)
+// or outside calls to clear that happened (RerunCalled).
 func PlanRerun(ctx context.Context, st checkpoint.Backend, runID, fromStep string, force bool) (RerunPlan, error) {
 	p := RerunPlan{RunID: runID, FromStep: fromStep}
 	info, err := st.Run(ctx, runID)
@@ -234,12 +266,17 @@ func PlanRerun(ctx context.Context, st checkpoint.Backend, runID, fromStep strin
 	if p.Applied, err = AppliedEffects(ctx, st, runID, cleared); err != nil {
 		return p, err
 	}
-	if p.Applied.Any() && !force {
-		// Like reset: clearing a step does not undo its effects, and
-		// running it again applies them a second time.
-		return p, &Refusal{Kind: RerunApplied, RunID: runID, Step: fromStep, Err: fmt.Errorf(
-			"%w: %s\nalready applied and NOT undone by clearing: %s; rerunning the steps applies them again:\n  %s",
-			ErrNeedsDecision, p.Clears(), p.Applied.Count(), strings.Join(p.Applied.Lines, "\n  "))}
+	if p.Calls, err = OutsideCalls(cleared); err != nil {
+		return p, err
+	}
+	if (p.Applied.Any() || p.Calls.Any()) && !force {
+		// Like reset: clearing a step does not undo its effects or its
+		// calls, and running it again makes them a second time.
+		kind := RerunApplied
+		if !p.Applied.Any() {
+			kind = RerunCalled
+		}
+		return p, &Refusal{Kind: kind, RunID: runID, Step: fromStep, Err: clearRefusal(p.Clears(), p.Applied, p.Calls)}
 	}
 	return p, nil
 }
@@ -258,10 +295,7 @@ func (p RerunPlan) Record(ctx context.Context, st checkpoint.Backend, who Who, a
 	if strings.TrimSpace(who.Reason) == "" {
 		return fmt.Errorf("%w: a rerun from step %s clears checkpoints; say why, for the audit trail", ErrNeedsReason, p.FromStep)
 	}
-	details := fmt.Sprintf("cleared %s", checkpoint.JoinIDs(p.Cleared, 50))
-	if p.Applied.Any() {
-		details += "; effects kept: " + strings.Join(p.Applied.Lines, "; ")
-	}
+	details := clearedDetails(fmt.Sprintf("cleared %s", checkpoint.JoinIDs(p.Cleared, 50)), p.Applied, p.Calls)
 	return st.ResetSteps(ctx, who.Audit(p.RunID, "rerun --from-step "+p.FromStep, details, now), now, p.Cleared, OwnerGone)
 }
 
