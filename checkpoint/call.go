@@ -111,8 +111,9 @@ func Resolution(st ResolveState, a Audit, done, replace bool) (newStatus, errTex
 	case !replace && st.Status != StepCalling:
 		hint := ""
 		if resolved {
-			hint = fmt.Sprintf(" (it was resolved as %s by %s; replace that resolution while no later step has used it)",
-				rec.Resolved.As, rec.Resolved.Operator)
+			hint = fmt.Sprintf(" (it was resolved as %s by %s at %s; to correct that, resolve it again with replace, "+
+				"which works while no later attempt has recorded a step)",
+				rec.Resolved.As, rec.Resolved.Operator, rec.Resolved.At.UTC().Format(time.RFC3339))
 		}
 		return "", "", nil, fmt.Errorf("%w: step %s of %s is %s, not an outside call of unknown outcome; nothing to resolve%s",
 			ErrNotUnknown, st.StepID, st.Run.ID, st.Status, hint)

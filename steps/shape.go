@@ -50,6 +50,10 @@ type Shape struct {
 type ShapeField struct {
 	Name  string `json:"name"`
 	Shape *Shape `json:"shape"`
+	// Optional: the field may be absent (omitempty or omitzero, or a
+	// pointer). Other fields are required: the call's own output always
+	// has them, and an absent one would decode as a silent zero.
+	Optional bool `json:"optional,omitempty"`
 }
 
 var (
@@ -163,16 +167,19 @@ func structFields(t reflect.Type, seen map[reflect.Type]bool) []ShapeField {
 			q.Format = "quoted"
 			s = &q
 		}
+		optional := f.Type.Kind() == reflect.Pointer || strings.Contains(","+opts+",", ",omitempty,") ||
+			strings.Contains(","+opts+",", ",omitzero,")
 		if !names[name] {
 			names[name] = true
-			out = append(out, ShapeField{Name: name, Shape: s})
+			out = append(out, ShapeField{Name: name, Shape: s, Optional: optional})
 		}
 	}
 	return out
 }
 
 // String renders the shape for a message: {"id": string, "amount":
-// integer (int64), "at": string (RFC 3339 time), "tags": [string]|null}.
+// integer (int64), "at": string (RFC 3339 time), "tags"?: [string]|null}
+// ("?": the field may be absent).
 func (s *Shape) String() string {
 	var b strings.Builder
 	s.write(&b, 0)
@@ -191,7 +198,11 @@ func (s *Shape) write(b *strings.Builder, depth int) {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			fmt.Fprintf(b, "%q: ", f.Name)
+			fmt.Fprintf(b, "%q", f.Name)
+			if f.Optional {
+				b.WriteString("?")
+			}
+			b.WriteString(": ")
 			f.Shape.write(b, depth+1)
 		}
 		b.WriteString("}")
@@ -235,9 +246,9 @@ func (s *Shape) write(b *strings.Builder, depth int) {
 var ErrShape = errors.New("steps: the value does not fit the output type")
 
 // CheckShape checks that data, one JSON value, decodes into the type s
-// was derived from, strictly: no field the type does not have, no value
-// of another JSON type, no integer out of range or with a fraction, no
-// null where the type has no nil. The error names the first place that
+// was derived from, strictly: no field the type does not have, every
+// field it has unless optional, no value of another JSON type, no integer
+// out of range or with a fraction, no null where the type has no nil. The error names the first place that
 // does not fit, wrapping ErrShape.
 func CheckShape(s *Shape, data []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -327,6 +338,11 @@ func (s *Shape) checkFields(path string, obj map[string]any) error {
 		}
 		if err := f.check(path+"."+k, obj[k]); err != nil {
 			return err
+		}
+	}
+	for _, f := range s.Fields {
+		if _, ok := obj[f.Name]; !ok && !f.Optional {
+			return fmt.Errorf("%w: %s lacks field %q (%s): only fields marked ? may be left out", ErrShape, path, f.Name, f.Shape)
 		}
 	}
 	return nil

@@ -35,7 +35,7 @@ type shapeTree struct {
 // the place that does not fit with the type's shape.
 func TestCheckShape(t *testing.T) {
 	receipt := steps.OutputShape[shapeReceipt]()
-	if got, want := receipt.String(), `{"id": string, "amount": integer (int64), "at": string (RFC 3339 time), "tags": [string]|null, "note": string|null, "provider": string}`; got != want {
+	if got, want := receipt.String(), `{"id": string, "amount": integer (int64), "at": string (RFC 3339 time), "tags"?: [string]|null, "note"?: string|null, "provider": string}`; got != want {
 		t.Errorf("shape = %s\nwant    %s", got, want)
 	}
 	cases := []struct {
@@ -44,7 +44,8 @@ func TestCheckShape(t *testing.T) {
 		bad   string // a part of the error, "" when it fits
 	}{
 		{receipt, `{"id":"rcpt-77","amount":1200,"at":"2026-11-28T09:00:00Z","provider":"acme","note":null}`, ""},
-		{receipt, `{}`, ""},
+		{receipt, `{"id":"rcpt-77","amount":1200,"at":"2026-11-28T09:00:00Z","provider":"acme","tags":["x"],"note":"n"}`, ""},
+		{receipt, `{"id":"rcpt-77","amount":1200,"provider":"acme"}`, `$ lacks field "at" (string (RFC 3339 time))`},
 		{receipt, `{"id":"rcpt-77","receipt":"x"}`, `$ has no field "receipt" (its fields: id, amount, at, tags, note, provider)`},
 		{receipt, `{"id":77}`, `$.id is the number 77, want string`},
 		{receipt, `{"amount":12.5}`, `$.amount is 12.5, not an integer`},
@@ -64,6 +65,7 @@ func TestCheckShape(t *testing.T) {
 		{steps.OutputShape[[]byte](), `"aGVsbG8="`, ""},
 		{steps.OutputShape[[]byte](), `"%%%"`, `not base64`},
 		{steps.OutputShape[shapeTree](), `{"name":"a","children":[{"name":"b","children":[{"name":"c","extra":1}]}]}`, ""},
+		{steps.OutputShape[shapeTree](), `{"name":"a"}`, `$ lacks field "children"`},
 	}
 	for _, c := range cases {
 		err := steps.CheckShape(c.shape, []byte(c.json))

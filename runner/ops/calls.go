@@ -127,8 +127,8 @@ type OutputShapeError struct {
 }
 
 func (e *OutputShapeError) Error() string {
-	return fmt.Sprintf("%v: the output for step %s of %s does not fit its output type %s: %v",
-		ErrBadOutput, e.Step, e.RunID, e.Shape, e.Err)
+	return fmt.Sprintf("the output for step %s of %s does not fit its output type %s: %s",
+		e.Step, e.RunID, e.Shape, strings.TrimPrefix(e.Err.Error(), steps.ErrShape.Error()+": "))
 }
 
 // Unwrap returns ErrBadOutput and the mismatch (steps.ErrShape).
