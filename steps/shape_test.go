@@ -34,6 +34,7 @@ type shapeTree struct {
 // strictly (no unknown field, no null where there is no nil), and names
 // the place that does not fit with the type's shape.
 func TestCheckShape(t *testing.T) {
+	_ = shapeReceipt{hidden: 1} // unexported: not in the shape
 	receipt := steps.OutputShape[shapeReceipt]()
 	if got, want := receipt.String(), `{"id": string, "amount": integer (int64), "at": string (RFC 3339 time), "tags"?: [string]|null, "note"?: string|null, "provider": string}`; got != want {
 		t.Errorf("shape = %s\nwant    %s", got, want)
