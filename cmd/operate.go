@@ -320,7 +320,7 @@ type ResolveCmd struct {
 	RunID   string `arg:"" name:"run-id" help:"Run that stopped with exit 5 on an outside call of unknown outcome."`
 	Step    string `required:"" help:"The outside call's step ID, as the error named it."`
 	As      string `required:"" enum:"done,retry" help:"done: the call happened (checked in the outside system); retry: it did not, call again."`
-	Output  string `default:"null" help:"With --as done: the call's result as JSON, returned to later steps. It must fit the step's Go output type (the shape 'show --json' gives as call.output_shape): a field the type does not have, a value of another JSON type or an integer out of range is refused (exit 2) naming the shape."`
+	Output  string `default:"null" help:"With --as done: the call's result as JSON, returned to later steps. It must fit the step's Go output type (the shape 'show --json' gives as call.output_shape): a field the type does not have, a required field left out, a value of another JSON type or an integer out of range is refused (exit 2) naming the shape."`
 	Replace bool   `help:"Replace this step's earlier resolution (a wrong output, or done that should have been retry), while no later attempt has recorded a step or batch item since it: after that a later step may have used it, and it is refused (exit 5)."`
 	Reason  string `required:"" help:"What you checked, for the audit log."`
 	JSON    bool   `name:"json" help:"Print the outcome as one JSON object (run_id, operation, step, result, operator, reason, at) instead of a line."`
