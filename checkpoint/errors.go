@@ -43,6 +43,9 @@ var (
 	// ErrNotResolved is returned by ResolveStep with WithReplace for a
 	// step whose state is not an operator's resolution.
 	ErrNotResolved = errors.New("checkpoint: step was not resolved by an operator")
+	// ErrRunChanged is returned by ResetSteps with WithFence when the run
+	// changed after its caller judged what the reset clears.
+	ErrRunChanged = errors.New("checkpoint: the run changed since the operation was judged")
 	// ErrResolutionUsed is returned by ResolveStep with WithReplace when
 	// a checkpoint recorded after the resolution may have read it.
 	ErrResolutionUsed = errors.New("checkpoint: the resolution was used")

@@ -30,6 +30,25 @@ type OperateOptions struct {
 	// Replace lets ResolveStep replace an earlier resolution that no
 	// later checkpoint used (see WithReplace).
 	Replace bool
+	// Fence, if not 0, is the run's fence the operation was judged at
+	// (see WithFence).
+	Fence int64
+}
+
+// WithFence makes ResetSteps refuse with ErrRunChanged unless the run is
+// still at fence, the fence its caller read before judging what the reset
+// clears (the applied effects and outside calls it names): a claim or
+// another operation since then grew it, and the judgement may be stale.
+func WithFence(fence int64) OperateOption { return func(o *OperateOptions) { o.Fence = fence } }
+
+// Unchanged applies the WithFence rule to run: ErrRunChanged when the
+// operation was judged at another fence than the run's.
+func (o OperateOptions) Unchanged(run Run) error {
+	if o.Fence != 0 && run.Fence != o.Fence {
+		return fmt.Errorf("%w: run %s is at fence %d, and what the operation would clear was judged at fence %d "+
+			"(an attempt claimed it, or another operation changed it, since); check it again", ErrRunChanged, run.ID, run.Fence, o.Fence)
+	}
+	return nil
 }
 
 // WithOwnerGone gives a manual operation the dead-owner check a claim takes
@@ -113,7 +132,9 @@ type Operator interface {
 	// of the given steps so they run again, and reopens a succeeded run as
 	// failed. It does not undo effects. It deletes the steps' partitions
 	// too, raising the run's fence above every partition fence (see
-	// PartitionStore), so the next split's effect IDs are new ones.
+	// PartitionStore), so the next split's effect IDs are new ones. With
+	// WithFence it is refused (ErrRunChanged) if the run changed since
+	// its caller judged what it clears.
 	ResetSteps(ctx context.Context, a Audit, now time.Time, stepIDs []string, opts ...OperateOption) error
 	// ResolveStep settles an outside call whose outcome is unknown: done
 	// records it as completed with output (JSON), otherwise it is marked

@@ -162,7 +162,11 @@ func (s *Store) Abandon(ctx context.Context, a checkpoint.Audit, now time.Time, 
 // refused with ErrPruned, a run held by a live runner with a
 // *LeaseHeldError.
 func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Time, stepIDs []string, opts ...checkpoint.OperateOption) error {
-	return s.operate(ctx, a, now, checkpoint.NewOperateOptions(opts), false, func(tx pgx.Tx, run checkpoint.Run, _ time.Time) error {
+	o := checkpoint.NewOperateOptions(opts)
+	return s.operate(ctx, a, now, o, false, func(tx pgx.Tx, run checkpoint.Run, _ time.Time) error {
+		if err := o.Unchanged(run); err != nil {
+			return err
+		}
 		msg, err := checkpoint.Reopening(run, a)
 		if err != nil {
 			return err

@@ -117,7 +117,11 @@ func (s *Store) Abandon(ctx context.Context, a checkpoint.Audit, now time.Time, 
 // succeeded run as failed. It does not undo effects. A run held by a live
 // runner is refused with a *LeaseHeldError.
 func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Time, stepIDs []string, opts ...checkpoint.OperateOption) error {
-	return s.operate(ctx, a, now, checkpoint.NewOperateOptions(opts), false, func(tx *sql.Tx, run checkpoint.Run) error {
+	o := checkpoint.NewOperateOptions(opts)
+	return s.operate(ctx, a, now, o, false, func(tx *sql.Tx, run checkpoint.Run) error {
+		if err := o.Unchanged(run); err != nil {
+			return err
+		}
 		msg, err := checkpoint.Reopening(run, a)
 		if err != nil {
 			return err

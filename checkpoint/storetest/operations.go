@@ -225,6 +225,36 @@ func testOperations(t *testing.T, h Harness) {
 		}
 	})
 
+	// A reset judged at an older fence (an attempt claimed the run since
+	// its caller read what it clears) clears nothing.
+	t.Run("ResetWithFence", func(t *testing.T) {
+		e, st, op := hosts(t)
+		c := e.claim(st, "ops/9", ownerA, t0)
+		e.inTx(st, c.Lease, func(tx checkpoint.Tx) error { return tx.PutStep(completed("pay", `1`)) })
+		now := t0.Add(2 * lease)
+		judged := c.Lease.Fence
+		c2 := e.claim(st, "ops/9", ownerB, now)
+		if err := st.Finish(e.ctx, c2.Lease, checkpoint.Ending{Status: checkpoint.RunFailed, At: now}); err != nil {
+			t.Fatal(err)
+		}
+		err := op.ResetSteps(e.ctx, audit("ops/9", "reset", now), now, []string{"pay"}, goneA, checkpoint.WithFence(judged))
+		if !errors.Is(err, checkpoint.ErrRunChanged) {
+			t.Fatalf("reset judged at fence %d, run at %d: %v; want ErrRunChanged", judged, c2.Lease.Fence, err)
+		}
+		if _, ok := e.steps(st, "ops/9")["pay"]; !ok {
+			t.Errorf("the refused reset cleared the step")
+		}
+		if got := e.commands(op, "ops/9"); len(got) != 0 {
+			t.Errorf("audit after a refused reset: %v; want none", got)
+		}
+		if err := op.ResetSteps(e.ctx, audit("ops/9", "reset", now), now, []string{"pay"}, goneA, checkpoint.WithFence(c2.Lease.Fence)); err != nil {
+			t.Fatalf("reset judged at the run's fence: %v", err)
+		}
+		if _, ok := e.steps(st, "ops/9")["pay"]; ok {
+			t.Errorf("the reset kept the step")
+		}
+	})
+
 	// A resolution is kept in the step's call record and can be replaced
 	// until a checkpoint recorded by a later attempt may have used it.
 	t.Run("ResolveReplace", func(t *testing.T) {

@@ -133,7 +133,7 @@ func Abandon(ctx context.Context, st checkpoint.Backend, who Who, runID string, 
 // outside call that happened or may have (ResetCalled: it is made again).
 // The audit record names what was kept and cleared.
 func Reset(ctx context.Context, st checkpoint.Backend, who Who, runID, step string, force bool, now time.Time) (checkpoint.Audit, error) {
-	all, err := RunSteps(ctx, st, runID)
+	fence, all, err := runStepsAt(ctx, st, runID)
 	if err != nil {
 		return checkpoint.Audit{}, err
 	}
@@ -157,7 +157,7 @@ func Reset(ctx context.Context, st checkpoint.Backend, who Who, runID, step stri
 		return checkpoint.Audit{}, &Refusal{Kind: kind, RunID: runID, Step: step, Err: resetRefusal(runID, step, applied, calls)}
 	}
 	a := who.Audit(runID, "reset --step "+step, clearedDetails("", applied, calls), now)
-	return a, st.ResetSteps(ctx, a, now, []string{step}, OwnerGone)
+	return a, changed(st.ResetSteps(ctx, a, now, []string{step}, OwnerGone, checkpoint.WithFence(fence)))
 }
 
 // Resolve settles an outside call whose outcome is unknown: done records
@@ -216,6 +216,9 @@ type RerunPlan struct {
 	// Calls are the cleared outside calls that happened: not undone,
 	// they are made again.
 	Calls MadeCalls
+	// fence is the run's fence the plan was judged at: Record clears
+	// nothing if the run changed since.
+	fence int64
 }
 
 // Clears says what a rerun from a step clears ("" from the top).
@@ -253,10 +256,11 @@ func PlanRerun(ctx context.Context, st checkpoint.Backend, runID, fromStep strin
 		}
 		return p, nil
 	}
-	all, err := RunSteps(ctx, st, runID)
+	fence, all, err := runStepsAt(ctx, st, runID)
 	if err != nil {
 		return p, err
 	}
+	p.fence = fence
 	i, err := findStep(runID, fromStep, all)
 	if err != nil {
 		return p, err
@@ -296,7 +300,8 @@ func (p RerunPlan) Record(ctx context.Context, st checkpoint.Backend, who Who, a
 		return fmt.Errorf("%w: a rerun from step %s clears checkpoints; say why, for the audit trail", ErrNeedsReason, p.FromStep)
 	}
 	details := clearedDetails(fmt.Sprintf("cleared %s", checkpoint.JoinIDs(p.Cleared, 50)), p.Applied, p.Calls)
-	return st.ResetSteps(ctx, who.Audit(p.RunID, "rerun --from-step "+p.FromStep, details, now), now, p.Cleared, OwnerGone)
+	return changed(st.ResetSteps(ctx, who.Audit(p.RunID, "rerun --from-step "+p.FromStep, details, now), now, p.Cleared,
+		OwnerGone, checkpoint.WithFence(p.fence)))
 }
 
 // RecordResume records a resume in the audit trail when it has a reason
@@ -326,16 +331,34 @@ func Accept(ctx context.Context, st checkpoint.Backend, who Who, runID, command 
 // RunSteps returns a run's step checkpoints in the order they started;
 // checkpoint.ErrNotFound if there is no such run.
 func RunSteps(ctx context.Context, st checkpoint.Backend, runID string) ([]checkpoint.Step, error) {
-	if _, err := st.Run(ctx, runID); err != nil {
-		return nil, err
+	_, all, err := runStepsAt(ctx, st, runID)
+	return all, err
+}
+
+// runStepsAt is RunSteps and the run's fence, read before the steps: an
+// operation that judged the steps gives it to the store (WithFence), so
+// a run changed since is refused rather than judged stale.
+func runStepsAt(ctx context.Context, st checkpoint.Backend, runID string) (int64, []checkpoint.Step, error) {
+	info, err := st.Run(ctx, runID)
+	if err != nil {
+		return 0, nil, err
 	}
 	var all []checkpoint.Step
-	err := st.Steps(ctx, runID, func(s checkpoint.Step) error {
+	err = st.Steps(ctx, runID, func(s checkpoint.Step) error {
 		all = append(all, s)
 		return nil
 	})
 	slices.SortStableFunc(all, func(a, b checkpoint.Step) int { return a.StartedAt.Compare(b.StartedAt) })
-	return all, err
+	return info.Run.Fence, all, err
+}
+
+// changed is a store's ErrRunChanged as a refusal that needs the operator
+// to judge again.
+func changed(err error) error {
+	if errors.Is(err, checkpoint.ErrRunChanged) {
+		return fmt.Errorf("%w: %w", ErrNeedsDecision, err)
+	}
+	return err
 }
 
 // NoStepError is returned when an operation names a step the run has not
