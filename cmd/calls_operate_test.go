@@ -203,7 +203,11 @@ func TestResolveReplaceUntilUsed(t *testing.T) {
 	resolve(ExitOperator, []string{"is completed, not an outside call of unknown outcome", "it was resolved as done by"}, `{"id":"rcpt-77","amount":1200}`)
 	resolve(ExitOK, []string{"resolution replaced: resolved as done"}, `{"id":"rcpt-77","amount":1200}`, "--replace")
 	resolve(ExitUsage, []string{"does not fit"}, `{"id":77}`, "--replace")
-	c.wantAudits("payop/r", "resolve --step pay --as done", "resolve --step pay --as done --replace")
+	c.want(ExitUsage, []string{`run payop/r has no step "nope"`}, "resolve", "payop/r", "--step", "nope", "--as", "done", "--output", "1", "--reason", "x")
+	as := c.wantAudits("payop/r", "resolve --step pay --as done", "resolve --step pay --as done --replace")
+	if d := as[1].Details; !strings.Contains(d, `output {"id":"rcpt-77","amount":1200}; replaces completed, output {"id":"rcpt-7","amount":1200}`) {
+		t.Errorf("the replacement's audit details %q; want its output and the one it replaced", d)
+	}
 
 	c.want(ExitOK, []string{"succeeded"}, "resume", "payop/r")
 	if got := c.run("payop/r").steps["record"].Output; string(got) != `"recorded rcpt-77 for 1200"` {

@@ -341,7 +341,7 @@ func (c *ResolveCmd) Run(env *Env) error {
 		return usageError{err}
 	}
 	if err != nil {
-		return err
+		return cliError(err, nil)
 	}
 	result := "resolved as " + c.As
 	if c.Replace {

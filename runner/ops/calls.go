@@ -134,16 +134,12 @@ func (e *OutputShapeError) Error() string {
 // Unwrap returns ErrBadOutput and the mismatch (steps.ErrShape).
 func (e *OutputShapeError) Unwrap() []error { return []error{ErrBadOutput, e.Err} }
 
-// checkResolveOutput checks an output for step of runID against the
-// shape its call recorded, if any.
-func checkResolveOutput(ss []checkpoint.Step, runID, step string, output []byte) error {
-	i, err := findStep(runID, step, ss)
-	if err != nil {
-		return err
-	}
-	shape, err := steps.CheckCallOutput(ss[i].Call, output)
+// checkResolveOutput checks an output for step s against the shape its
+// call recorded, if any.
+func checkResolveOutput(s checkpoint.Step, output []byte) error {
+	shape, err := steps.CheckCallOutput(s.Call, output)
 	if errors.Is(err, steps.ErrShape) {
-		return &OutputShapeError{RunID: runID, Step: step, Shape: shape.String(), Err: err}
+		return &OutputShapeError{RunID: s.RunID, Step: s.ID, Shape: shape.String(), Err: err}
 	}
 	return err
 }

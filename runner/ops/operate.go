@@ -172,13 +172,25 @@ func Resolve(ctx context.Context, st checkpoint.Backend, who Who, runID, step st
 	if !json.Valid(output) {
 		return checkpoint.Audit{}, fmt.Errorf("%w: %q", ErrBadOutput, output)
 	}
-	if done {
+	details := "output " + preview(string(output), 200)
+	if done || replace {
 		all, err := RunSteps(ctx, st, runID)
 		if err != nil {
 			return checkpoint.Audit{}, err
 		}
-		if err := checkResolveOutput(all, runID, step, output); err != nil {
+		i, err := findStep(runID, step, all)
+		if err != nil {
 			return checkpoint.Audit{}, err
+		}
+		if done {
+			if err := checkResolveOutput(all[i], output); err != nil {
+				return checkpoint.Audit{}, err
+			}
+		}
+		if replace {
+			// What it replaces, for the audit trail (the store refuses
+			// it if that is not a resolution).
+			details += fmt.Sprintf("; replaces %s, output %s", all[i].Status, preview(string(all[i].Output), 200))
 		}
 	}
 	as, command := "retry", "resolve --step "+step
@@ -191,7 +203,7 @@ func Resolve(ctx context.Context, st checkpoint.Backend, who Who, runID, step st
 		command += " --replace"
 		opts = append(opts, checkpoint.WithReplace())
 	}
-	a := who.Audit(runID, command, "output "+preview(string(output), 200), now)
+	a := who.Audit(runID, command, details, now)
 	if err := st.ResolveStep(ctx, a, now, step, done, output, opts...); err != nil {
 		if errors.Is(err, checkpoint.ErrNotUnknown) || errors.Is(err, checkpoint.ErrNotResolved) || errors.Is(err, checkpoint.ErrResolutionUsed) {
 			return a, fmt.Errorf("%w: %w", ErrNeedsDecision, err)
