@@ -2,6 +2,7 @@ package checkpoint_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,19 +63,46 @@ func TestMayClaim(t *testing.T) {
 	}
 }
 
-// Resolution is the resolve rule every store applies.
+// Resolution is the resolve rule every store applies: it settles a call
+// of unknown outcome, and replaces only a resolution no later checkpoint
+// used.
 func TestResolution(t *testing.T) {
 	run := checkpoint.Run{ID: "pay/k"}
-	a := checkpoint.Audit{Operator: "alice", Reason: "not at the provider"}
-	if st, msg, err := checkpoint.Resolution(run, "pay", checkpoint.StepCalling, a, true); err != nil || st != checkpoint.StepCompleted || msg != "" {
+	at := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+	a := checkpoint.Audit{Operator: "alice", Reason: "not at the provider", At: at}
+	calling := checkpoint.ResolveState{Run: run, StepID: "pay", Status: checkpoint.StepCalling,
+		Call: checkpoint.CallRecord{Key: "pay/k/pay"}.Encode(), LastAttempt: 3}
+	st, msg, call, err := checkpoint.Resolution(calling, a, true, false)
+	if err != nil || st != checkpoint.StepCompleted || msg != "" {
 		t.Errorf("done: %q %q %v", st, msg, err)
 	}
-	if st, msg, err := checkpoint.Resolution(run, "pay", checkpoint.StepCalling, a, false); err != nil || st != checkpoint.StepFailed ||
+	rec, err := checkpoint.DecodeCallRecord(call)
+	if err != nil || rec.Key != "pay/k/pay" || rec.Resolved == nil || *rec.Resolved != (checkpoint.CallResolution{As: "done", Operator: "alice", At: at, AfterAttempt: 3}) {
+		t.Errorf("done: call record %s (%v)", call, err)
+	}
+	if st, msg, _, err := checkpoint.Resolution(calling, a, false, false); err != nil || st != checkpoint.StepFailed ||
 		msg != "resolved by alice as not done: not at the provider" {
 		t.Errorf("retry: %q %q %v", st, msg, err)
 	}
-	if _, _, err := checkpoint.Resolution(run, "pay", checkpoint.StepCompleted, a, true); !errors.Is(err, checkpoint.ErrNotUnknown) {
+	completed := checkpoint.ResolveState{Run: run, StepID: "pay", Status: checkpoint.StepCompleted}
+	if _, _, _, err := checkpoint.Resolution(completed, a, true, false); !errors.Is(err, checkpoint.ErrNotUnknown) {
 		t.Errorf("a completed step: %v; want ErrNotUnknown", err)
+	}
+	if _, _, _, err := checkpoint.Resolution(completed, a, true, true); !errors.Is(err, checkpoint.ErrNotResolved) {
+		t.Errorf("replace on a step completed by its call: %v; want ErrNotResolved", err)
+	}
+	resolved := checkpoint.ResolveState{Run: run, StepID: "pay", Status: checkpoint.StepCompleted, Call: call, LastAttempt: 3}
+	if _, _, _, err := checkpoint.Resolution(resolved, a, true, false); !errors.Is(err, checkpoint.ErrNotUnknown) ||
+		!strings.Contains(err.Error(), "resolved as done by alice") {
+		t.Errorf("resolve again without replace: %v; want ErrNotUnknown naming the resolution", err)
+	}
+	if st, _, _, err := checkpoint.Resolution(resolved, a, false, true); err != nil || st != checkpoint.StepFailed {
+		t.Errorf("replace an unused resolution: %q %v", st, err)
+	}
+	resolved.UsedBy = "report"
+	if _, _, _, err := checkpoint.Resolution(resolved, a, true, true); !errors.Is(err, checkpoint.ErrResolutionUsed) ||
+		!strings.Contains(err.Error(), "report was recorded by a later attempt") {
+		t.Errorf("replace a used resolution: %v; want ErrResolutionUsed naming report", err)
 	}
 }
 

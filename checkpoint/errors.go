@@ -40,6 +40,15 @@ var (
 	// ErrNotUnknown is returned by ResolveStep for a step that is not an
 	// outside call of unknown outcome.
 	ErrNotUnknown = errors.New("checkpoint: step is not awaiting a decision")
+	// ErrNotResolved is returned by ResolveStep with WithReplace for a
+	// step whose state is not an operator's resolution.
+	ErrNotResolved = errors.New("checkpoint: step was not resolved by an operator")
+	// ErrRunChanged is returned by ResetSteps with WithFence when the run
+	// changed after its caller judged what the reset clears.
+	ErrRunChanged = errors.New("checkpoint: the run changed since the operation was judged")
+	// ErrResolutionUsed is returned by ResolveStep with WithReplace when
+	// a checkpoint recorded after the resolution may have read it.
+	ErrResolutionUsed = errors.New("checkpoint: the resolution was used")
 	// ErrNotStale is returned by Recover for a run whose runner still holds
 	// a live lease.
 	ErrNotStale = errors.New("checkpoint: run is not stale")

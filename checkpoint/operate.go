@@ -53,6 +53,28 @@ type OperateOptions struct {
 	// OwnerGone reports whether a lease's owner is known to be dead (see
 	// WithOwnerGone); nil means never.
 	OwnerGone func(owner string) bool
+	// Replace lets ResolveStep replace an earlier resolution that no
+	// later checkpoint used (see WithReplace).
+	Replace bool
+	// Fence, if not 0, is the run's fence the operation was judged at
+	// (see WithFence).
+	Fence int64
+}
+
+// WithFence makes ResetSteps refuse with ErrRunChanged unless the run is
+// still at fence, the fence its caller read before judging what the reset
+// clears (the applied effects and outside calls it names): a claim or
+// another operation since then grew it, and the judgement may be stale.
+func WithFence(fence int64) OperateOption { return func(o *OperateOptions) { o.Fence = fence } }
+
+// Unchanged applies the WithFence rule to run: ErrRunChanged when the
+// operation was judged at another fence than the run's.
+func (o OperateOptions) Unchanged(run Run) error {
+	if o.Fence != 0 && run.Fence != o.Fence {
+		return fmt.Errorf("%w: run %s is at fence %d, and what the operation would clear was judged at fence %d "+
+			"(an attempt claimed it, or another operation changed it, since); check it again", ErrRunChanged, run.ID, run.Fence, o.Fence)
+	}
+	return nil
 }
 
 // WithOwnerGone gives a manual operation the dead-owner check a claim takes
@@ -62,6 +84,13 @@ type OperateOptions struct {
 func WithOwnerGone(fn func(owner string) bool) OperateOption {
 	return func(o *OperateOptions) { o.OwnerGone = fn }
 }
+
+// WithReplace makes ResolveStep replace the step's earlier resolution
+// instead of settling an outside call of unknown outcome: refused with
+// ErrNotResolved for a step that was not resolved, and with
+// ErrResolutionUsed once a checkpoint recorded by a later attempt may
+// have read it (CallResolution.AfterAttempt).
+func WithReplace() OperateOption { return func(o *OperateOptions) { o.Replace = true } }
 
 // Held reports whether run is held by a live runner at now: running, with
 // an unexpired lease whose owner is not known to be gone.
@@ -129,12 +158,17 @@ type Operator interface {
 	// of the given steps so they run again, and reopens a succeeded run as
 	// failed. It does not undo effects. It deletes the steps' partitions
 	// too, raising the run's fence above every partition fence (see
-	// PartitionStore), so the next split's effect IDs are new ones.
+	// PartitionStore), so the next split's effect IDs are new ones. With
+	// WithFence it is refused (ErrRunChanged) if the run changed since
+	// its caller judged what it clears.
 	ResetSteps(ctx context.Context, a Audit, now time.Time, stepIDs []string, opts ...OperateOption) error
 	// ResolveStep settles an outside call whose outcome is unknown: done
 	// records it as completed with output (JSON), otherwise it is marked
-	// failed so the next run calls again. Only a step awaiting that
-	// decision can be resolved (ErrNotUnknown otherwise).
+	// failed so the next run calls again, and the step's call record
+	// (Step.Call) keeps the decision. Only a step awaiting that decision
+	// can be resolved (ErrNotUnknown otherwise); with WithReplace, only
+	// one whose earlier resolution no later checkpoint used (see
+	// Resolution).
 	ResolveStep(ctx context.Context, a Audit, now time.Time, stepID string, done bool, output []byte, opts ...OperateOption) error
 	// RecordAudit stores a manual operation that changed nothing else (a
 	// forced rerun, say).
@@ -148,22 +182,6 @@ type Operator interface {
 	// stays as a tombstone, so a later start of its key is refused with
 	// ErrPruned. With dryRun it only counts.
 	Prune(ctx context.Context, a Audit, cutoff time.Time, dryRun bool) (PruneResult, error)
-}
-
-// Resolution applies the resolve rule every store shares to a step of run
-// whose recorded status is status: only an outside call of unknown outcome
-// can be resolved (ErrNotUnknown otherwise). Done records it completed;
-// otherwise it is failed, with who resolved it and why, so the next run
-// calls again.
-func Resolution(run Run, stepID, status string, a Audit, done bool) (newStatus, errText string, err error) {
-	if status != StepCalling {
-		return "", "", fmt.Errorf("%w: step %s of %s is %s, not an outside call of unknown outcome; nothing to resolve",
-			ErrNotUnknown, stepID, run.ID, status)
-	}
-	if done {
-		return StepCompleted, "", nil
-	}
-	return StepFailed, "resolved by " + a.Operator + " as not done: " + a.Reason, nil
 }
 
 // Recovery applies the recover rule every store shares: only a running run

@@ -343,6 +343,9 @@ type Step struct {
 	FinishedAt time.Time
 	// Plan is the step's effect plan (JSON), if it has effects.
 	Plan []byte
+	// Call is an outside call's record (JSON of a CallRecord), written
+	// with its intent; nil for other steps.
+	Call []byte
 }
 
 // Validate checks a claim request as every store does before touching the

@@ -31,7 +31,7 @@ type CLI struct {
 	Rerun    RerunCmd    `cmd:"" group:"Operating runs" help:"Run a run again: from the top (--force for a succeeded run) or --from-step STEP."`
 	Reset    ResetCmd    `cmd:"" group:"Operating runs" help:"Clear one step's checkpoint so it runs again (a changed step, exit 5)."`
 	Abandon  AbandonCmd  `cmd:"" group:"Operating runs" help:"Give up on a run: run and resume refuse it unless --force."`
-	Resolve  ResolveCmd  `cmd:"" group:"Operating runs" help:"Settle an outside call of unknown outcome (exit 5) as done or retry."`
+	Resolve  ResolveCmd  `cmd:"" group:"Operating runs" help:"Settle an outside call of unknown outcome (exit 5) as done or retry, or correct an unused resolution (--replace)."`
 	Prune    PruneCmd    `cmd:"" group:"Operating runs" help:"Delete old finished runs' step payloads; their keys stay as tombstones."`
 	Backfill BackfillCmd `cmd:"" group:"Operating runs" help:"Start one run per business date of a job whose key is a date."`
 

@@ -44,8 +44,10 @@ const exitCodesHelp = `Exit codes (each means one thing):
   5  refused, needs an operator decision: a changed step; a batch item whose source
      changed since it was processed; an outside call of unknown outcome; an
      abandoned or pruned run; rerun of a succeeded run without --force; reset or
-     rerun --from-step of steps whose effects applied, without --force; recover of
-     a run that is not running; resolve of a step awaiting no decision; abandon of
+     rerun --from-step of steps whose effects applied or outside calls that were
+     made, without --force; recover of a run that is not running; resolve of a
+     step awaiting no decision, or resolve --replace of a resolution a later
+     attempt used; abandon of
      an abandoned or succeeded run; outbox requeue of a message that is not dead.
 
 SIGINT/SIGTERM: the current step or chunk finishes or rolls back within $STEPWISE_GRACE (30s),

@@ -122,7 +122,7 @@ type ResetCmd struct {
 	RunID  string `arg:"" name:"run-id" help:"Run whose step to reset."`
 	Step   string `required:"" help:"Step ID to clear (see '${name} show RUN_ID')."`
 	Reason string `required:"" help:"Why, for the audit log."`
-	Force  bool   `help:"Reset even though the step's effects applied; they are not undone, and will apply again when the step reruns."`
+	Force  bool   `help:"Reset even though the step's effects applied, or it is an outside call (steps.Call) that was made or may have been; neither is undone: the effects apply again and the call is made again when the step reruns. Without it the reset is refused (exit 5) naming the effects with their amounts and the calls with their idempotency keys and recorded results."`
 	JSON   bool   `name:"json" help:"Print the outcome as one JSON object (run_id, operation, step, result, operator, reason, at) instead of a line."`
 }
 
@@ -149,7 +149,7 @@ type RerunCmd struct {
 	runFlags
 	acceptFlags
 	RunID    string `arg:"" name:"run-id" help:"Run to run again."`
-	FromStep string `name:"from-step" placeholder:"STEP" help:"Clear this step's checkpoint and those of every step that started after it, then run. Applied effects are not undone: if any of the cleared steps applied effects, it is refused (exit 5, listing them and their amounts) unless --force, and they apply again."`
+	FromStep string `name:"from-step" placeholder:"STEP" help:"Clear this step's checkpoint and those of every step that started after it, then run. Applied effects and outside calls are not undone: if any of the cleared steps applied effects or made an outside call (steps.Call: completed, resolved as done, rejected or of unknown outcome), it is refused (exit 5, listing the effects with their amounts and the calls with their idempotency keys and recorded results) unless --force, and they apply, or are made, again."`
 	Reason   string `help:"Why, for the audit log. Required with --from-step and --accept-changed."`
 	JSON     bool   `name:"json" help:"Print the outcome as JSON on stdout (what --from-step cleared goes to the audit log, not stdout)."`
 }
@@ -162,7 +162,7 @@ func rerunHint(r *ops.Refusal) string {
 	case ops.RerunSucceeded:
 		return "; `rerun --force` runs its job again, skipping every checkpointed step (nothing applies twice); " +
 			"to redo steps use --from-step STEP --reason \"...\""
-	case ops.RerunApplied:
+	case ops.RerunApplied, ops.RerunCalled:
 		return fmt.Sprintf("\nuse rerun --from-step %s --force --reason \"...\" if that is what you want", r.Step)
 	}
 	return ""
@@ -190,6 +190,10 @@ func (c *RerunCmd) Run(env *Env) error {
 		if plan.Applied.Any() {
 			fmt.Fprintf(out, "effects already applied are NOT undone (--force): %s stay applied and apply again when their steps rerun:\n  %s\n",
 				plan.Applied.Count(), strings.Join(plan.Applied.Lines, "\n  "))
+		}
+		if plan.Calls.Any() {
+			fmt.Fprintf(out, "outside calls already made are NOT undone (--force): %s are made again when their steps rerun:\n  %s\n",
+				plan.Calls.Count(), strings.Join(plan.Calls.Lines, "\n  "))
 		}
 		if c.Reason == "" {
 			return usageError{fmt.Errorf("rerun --from-step needs --reason \"...\" (recorded in the audit log)")}
@@ -318,12 +322,13 @@ func bytesText(n int64) string {
 // ResolveCmd settles an outside call whose outcome is unknown.
 type ResolveCmd struct {
 	operatorFlags
-	RunID  string `arg:"" name:"run-id" help:"Run that stopped with exit 5 on an outside call of unknown outcome."`
-	Step   string `required:"" help:"The outside call's step ID, as the error named it."`
-	As     string `required:"" enum:"done,retry" help:"done: the call happened (checked in the outside system); retry: it did not, call again."`
-	Output string `default:"null" help:"With --as done: the call's result as JSON, returned to later steps."`
-	Reason string `required:"" help:"What you checked, for the audit log."`
-	JSON   bool   `name:"json" help:"Print the outcome as one JSON object (run_id, operation, step, result, operator, reason, at) instead of a line."`
+	RunID   string `arg:"" name:"run-id" help:"Run that stopped with exit 5 on an outside call of unknown outcome."`
+	Step    string `required:"" help:"The outside call's step ID, as the error named it."`
+	As      string `required:"" enum:"done,retry" help:"done: the call happened (checked in the outside system); retry: it did not, call again."`
+	Output  string `default:"null" help:"With --as done: the call's result as JSON, returned to later steps. It must fit the step's Go output type (the shape 'show --json' gives as call.output_shape): a field the type does not have, a required field left out, a value of another JSON type or an integer out of range is refused (exit 2) naming the shape."`
+	Replace bool   `help:"Replace this step's earlier resolution (a wrong output, or done that should have been retry), while no later attempt has recorded a step or batch item since it: after that a later step may have used it, and it is refused (exit 5)."`
+	Reason  string `required:"" help:"What you checked, for the audit log."`
+	JSON    bool   `name:"json" help:"Print the outcome as one JSON object (run_id, operation, step, result, operator, reason, at) instead of a line."`
 }
 
 // Run implements the resolve command.
@@ -335,14 +340,22 @@ func (c *ResolveCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	a, err := ops.Resolve(env.Ctx, st, c.who(c.Reason), c.RunID, c.Step, c.As == "done", []byte(c.Output), env.now())
+	a, err := ops.Resolve(env.Ctx, st, c.who(c.Reason), c.RunID, c.Step, c.As == "done", c.Replace, []byte(c.Output), env.now())
+	var shape *ops.OutputShapeError
+	if errors.As(err, &shape) {
+		return usageError{err}
+	}
 	if err != nil {
-		return err
+		return cliError(err, nil)
+	}
+	result := "resolved as " + c.As
+	if c.Replace {
+		result = "resolution replaced: resolved as " + c.As
 	}
 	if c.JSON {
-		return writeOperation(env, a, "resolve", c.Step, "resolved as "+c.As)
+		return writeOperation(env, a, "resolve", c.Step, result)
 	}
-	fmt.Fprintf(env.Stdout, "step %s of %s resolved as %s; continue with `%s resume %s`\n", c.Step, c.RunID, c.As, env.Name, c.RunID)
+	fmt.Fprintf(env.Stdout, "step %s of %s %s; continue with `%s resume %s`\n", c.Step, c.RunID, result, env.Name, c.RunID)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -140,6 +141,10 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 		// A dry run neither calls outside systems nor reconciles them.
 		return zero, fmt.Errorf("steps: dry run stops before outside call %s", id)
 	}
+	// The record goes with every write from the intent on: operations
+	// tell an outside call by it, and check a resolved output against
+	// the shape.
+	cp.Call = callRecord[T](key)
 	unknown := func(cause, reconcileErr string) error {
 		return &OutcomeUnknownError{RunID: r.lease.RunID, Step: id, Key: key, Cause: cause,
 			Reconcilable: o.reconcile != nil, ReconcileErr: reconcileErr}
@@ -259,6 +264,34 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 		}
 		cp.StartedAt = r.now()
 	}
+}
+
+// callRecord is the checkpoint.CallRecord of a call with key whose
+// output type is T, as Step.Call holds it.
+func callRecord[T any](key string) []byte {
+	shape, err := json.Marshal(OutputShape[T]())
+	if err != nil {
+		// Strings, integers and booleans: cannot fail.
+		panic(fmt.Sprintf("steps: encode the shape of %s: %v", reflect.TypeFor[T](), err))
+	}
+	return checkpoint.CallRecord{Key: key, OutputShape: shape}.Encode()
+}
+
+// CheckCallOutput checks output, an operator's result for an outside call
+// whose record is call (checkpoint.Step.Call), against the shape of the
+// step's output type (see CheckShape), and returns the shape it checked
+// against: nil when the step recorded none (a step that is not a Call, or
+// one recorded before calls kept their shape), and then checks nothing.
+func CheckCallOutput(call, output []byte) (*Shape, error) {
+	rec, err := checkpoint.DecodeCallRecord(call)
+	if err != nil || rec == nil || len(rec.OutputShape) == 0 {
+		return nil, err
+	}
+	var s Shape
+	if err := json.Unmarshal(rec.OutputShape, &s); err != nil {
+		return nil, fmt.Errorf("steps: decode the recorded output shape: %w", err)
+	}
+	return &s, CheckShape(&s, output)
 }
 
 // callWindow checks, right before an outside call, that this attempt still

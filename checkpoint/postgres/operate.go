@@ -49,9 +49,14 @@ WHERE run_id = $1 AND finished_at IS NULL`
 	sqlResetChunkPlans = `DELETE FROM chunk_plans WHERE run_id = $1 AND step_id = ANY($2::text[])`
 	sqlResetChanges    = `DELETE FROM item_changes WHERE run_id = $1 AND step_id = ANY($2::text[])`
 	sqlResetPartitions = `DELETE FROM partitions WHERE run_id = $1 AND step_id = ANY($2::text[])`
-	sqlStepStatus      = `SELECT status FROM steps WHERE run_id = $1 AND step_id = $2 FOR UPDATE`
-	sqlResolveStep     = `UPDATE steps SET status = $3, output = $4, error = $5, finished_at = coalesce($6::timestamptz, now())
-WHERE run_id = $1 AND step_id = $2`
+	sqlStepStatus      = `SELECT status, call_record, (SELECT coalesce(max(number), 0) FROM attempts WHERE run_id = $1)
+FROM steps WHERE run_id = $1 AND step_id = $2 FOR UPDATE`
+	sqlResolveStep = `UPDATE steps SET status = $3, output = $4, error = $5, finished_at = coalesce($6::timestamptz, now()),
+    call_record = $7 WHERE run_id = $1 AND step_id = $2`
+	// sqlRecordedAfter names a step or batch item recorded by an attempt
+	// after the given one: what used a resolution made then.
+	sqlRecordedAfter = `SELECT step_id FROM steps WHERE run_id = $1 AND attempt > $2
+UNION ALL SELECT step_id || '/' || item_key FROM items WHERE run_id = $1 AND attempt > $2 LIMIT 1`
 
 	// prunable selects the runs Prune removes the payloads of, oldest
 	// finish first.
@@ -182,7 +187,11 @@ func (s *Store) Abandon(ctx context.Context, a checkpoint.Audit, now time.Time, 
 // refused with ErrPruned, a run held by a live runner with a
 // *LeaseHeldError.
 func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Time, stepIDs []string, opts ...checkpoint.OperateOption) error {
-	return s.operate(ctx, a, now, checkpoint.NewOperateOptions(opts), false, func(tx pgx.Tx, run checkpoint.Run, _ time.Time) error {
+	o := checkpoint.NewOperateOptions(opts)
+	return s.operate(ctx, a, now, o, false, func(tx pgx.Tx, run checkpoint.Run, _ time.Time) error {
+		if err := o.Unchanged(run); err != nil {
+			return err
+		}
 		msg, err := checkpoint.Reopening(run, a)
 		if err != nil {
 			return err
@@ -207,20 +216,27 @@ func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Tim
 // live runner a *LeaseHeldError.
 func (s *Store) ResolveStep(ctx context.Context, a checkpoint.Audit, now time.Time, stepID string, done bool, output []byte, opts ...checkpoint.OperateOption) error {
 	return s.operate(ctx, a, now, checkpoint.NewOperateOptions(opts), false, func(tx pgx.Tx, run checkpoint.Run, _ time.Time) error {
-		var status string
-		err := tx.QueryRow(ctx, sqlStepStatus, run.ID, stepID).Scan(&status)
+		rs := checkpoint.ResolveState{Run: run, StepID: stepID}
+		err := tx.QueryRow(ctx, sqlStepStatus, run.ID, stepID).Scan(&rs.Status, &rs.Call, &rs.LastAttempt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: run %s has no step %q", checkpoint.ErrNotFound, run.ID, stepID)
 		}
 		if err != nil {
 			return err
 		}
-		newStatus, errText, err := checkpoint.Resolution(run, stepID, status, a, done)
+		o := checkpoint.NewOperateOptions(opts)
+		if after, ok := checkpoint.ResolveStepAfter(rs.Call); ok && o.Replace {
+			err := tx.QueryRow(ctx, sqlRecordedAfter, run.ID, after).Scan(&rs.UsedBy)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+		}
+		newStatus, errText, call, err := checkpoint.Resolution(rs, a, done, o.Replace)
 		if err != nil {
 			return err
 		}
 		b := &pgx.Batch{}
-		b.Queue(sqlResolveStep, run.ID, stepID, newStatus, output, errText, s.clock(now))
+		b.Queue(sqlResolveStep, run.ID, stepID, newStatus, output, errText, s.clock(now), call)
 		b.Queue(sqlFenceRun, run.ID, run.Fence, s.clock(now))
 		return tx.SendBatch(ctx, b).Close()
 	})

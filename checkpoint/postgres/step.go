@@ -16,13 +16,14 @@ const (
 	// a finished (completed or rejected) one. It checks the fence itself
 	// too (it selects from the run row only at the lease's fence), besides
 	// the fence check ahead of it.
-	sqlPutStep = `INSERT INTO steps (run_id, step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan)
-SELECT $1, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::integer, $8::integer, $9::timestamptz, $10::timestamptz, $12::bytea
+	sqlPutStep = `INSERT INTO steps (run_id, step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan, call_record)
+SELECT $1, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::integer, $8::integer, $9::timestamptz, $10::timestamptz, $12::bytea, $13::bytea
 FROM runs WHERE id = $1 AND fence = $11
 ON CONFLICT (run_id, step_id) DO UPDATE SET
     status = excluded.status, output = excluded.output, input_hash = excluded.input_hash,
     error = excluded.error, tries = excluded.tries, attempt = excluded.attempt,
-    started_at = excluded.started_at, finished_at = excluded.finished_at, plan = excluded.plan
+    started_at = excluded.started_at, finished_at = excluded.finished_at, plan = excluded.plan,
+    call_record = excluded.call_record
 WHERE steps.status NOT IN ('completed', 'rejected')`
 	// sqlPutStepLone is sqlPutStep in the one-round-trip batch: a refused
 	// write raises, rolling back the batch, which InTx then makes again
@@ -41,7 +42,7 @@ RETURNING 1) SELECT CASE WHEN (SELECT count(*) FROM w) = 1 OR EXISTS (
 THEN 1 ELSE stepwise_expect_rows(0, 1, 'put step') END`
 	sqlGetStep    = `SELECT status, output, input_hash, error FROM steps WHERE run_id = $1 AND step_id = $2`
 	sqlDeleteStep = `DELETE FROM steps WHERE run_id = $1 AND step_id = $2`
-	sqlSteps      = `SELECT step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan
+	sqlSteps      = `SELECT step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan, call_record
 FROM steps WHERE run_id = $1 ORDER BY started_at NULLS FIRST, step_id`
 )
 
@@ -57,7 +58,7 @@ func (t *pgTx) PutStep(st checkpoint.Step) error {
 	if !t.deferring() && !t.pipelining() {
 		return t.putStep(st)
 	}
-	st.Output, st.Plan = bytes.Clone(st.Output), bytes.Clone(st.Plan)
+	st.Output, st.Plan, st.Call = bytes.Clone(st.Output), bytes.Clone(st.Plan), bytes.Clone(st.Call)
 	if t.pipelining() {
 		t.pend(&pgx.QueuedQuery{SQL: sqlPutStepPiped, Arguments: t.putStepArgs(st)}, func(err error) error {
 			if !isRefusal(err) {
@@ -81,7 +82,7 @@ func (t *pgTx) PutStep(st checkpoint.Step) error {
 // putStepArgs are sqlPutStep's (and sqlPutStepLone's) arguments.
 func (t *pgTx) putStepArgs(st checkpoint.Step) []any {
 	return []any{t.lease.RunID, st.ID, st.Status, st.Output, st.InputHash, st.Error,
-		st.Tries, t.lease.Attempt, ts(st.StartedAt), ts(st.FinishedAt), t.lease.Fence, st.Plan}
+		st.Tries, t.lease.Attempt, ts(st.StartedAt), ts(st.FinishedAt), t.lease.Fence, st.Plan, st.Call}
 }
 
 // putStep sends PutStep's statement through the explicit transaction and
@@ -137,7 +138,7 @@ func (s *Store) Steps(ctx context.Context, runID string, fn func(checkpoint.Step
 		st := checkpoint.Step{RunID: runID}
 		var started, finished pgtype.Timestamptz
 		if err := rows.Scan(&st.ID, &st.Status, &st.Output, &st.InputHash, &st.Error, &st.Tries, &st.Attempt,
-			&started, &finished, &st.Plan); err != nil {
+			&started, &finished, &st.Plan, &st.Call); err != nil {
 			return s.wrap("read steps of "+runID, err)
 		}
 		st.StartedAt = tm(started)

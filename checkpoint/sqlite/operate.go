@@ -134,7 +134,11 @@ func (s *Store) Abandon(ctx context.Context, a checkpoint.Audit, now time.Time, 
 // succeeded run as failed. It does not undo effects. A run held by a live
 // runner is refused with a *LeaseHeldError.
 func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Time, stepIDs []string, opts ...checkpoint.OperateOption) error {
-	return s.operate(ctx, a, now, checkpoint.NewOperateOptions(opts), false, func(tx *sql.Tx, run checkpoint.Run) error {
+	o := checkpoint.NewOperateOptions(opts)
+	return s.operate(ctx, a, now, o, false, func(tx *sql.Tx, run checkpoint.Run) error {
+		if err := o.Unchanged(run); err != nil {
+			return err
+		}
 		msg, err := checkpoint.Reopening(run, a)
 		if err != nil {
 			return err
@@ -290,8 +294,13 @@ func (z payloadSize) details() string {
 var errSkipPrune = errors.New("run no longer qualifies for pruning")
 
 const (
-	sqlStepStatus  = `SELECT status FROM steps WHERE run_id = ? AND step_id = ?`
-	sqlResolveStep = `UPDATE steps SET status = ?, output = ?, error = ?, finished_at = ? WHERE run_id = ? AND step_id = ?`
+	sqlStepStatus = `SELECT status, call_record, (SELECT COALESCE(max(number), 0) FROM attempts WHERE run_id = ?1)
+FROM steps WHERE run_id = ?1 AND step_id = ?2`
+	sqlResolveStep = `UPDATE steps SET status = ?, output = ?, error = ?, finished_at = ?, call_record = ? WHERE run_id = ? AND step_id = ?`
+	// sqlRecordedAfter names a step or batch item recorded by an attempt
+	// after the given one: what used a resolution made then.
+	sqlRecordedAfter = `SELECT step_id FROM steps WHERE run_id = ?1 AND attempt > ?2
+UNION ALL SELECT step_id || '/' || item_key FROM items WHERE run_id = ?1 AND attempt > ?2 LIMIT 1`
 )
 
 // ResolveStep settles an outside call whose outcome is unknown: done
@@ -300,19 +309,26 @@ const (
 // resolved; a run held by a live runner is refused with a *LeaseHeldError.
 func (s *Store) ResolveStep(ctx context.Context, a checkpoint.Audit, now time.Time, stepID string, done bool, output []byte, opts ...checkpoint.OperateOption) error {
 	return s.operate(ctx, a, now, checkpoint.NewOperateOptions(opts), false, func(tx *sql.Tx, run checkpoint.Run) error {
-		var status string
-		err := tx.QueryRowContext(ctx, sqlStepStatus, run.ID, stepID).Scan(&status)
+		rs := checkpoint.ResolveState{Run: run, StepID: stepID}
+		err := tx.QueryRowContext(ctx, sqlStepStatus, run.ID, stepID).Scan(&rs.Status, &rs.Call, &rs.LastAttempt)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("%w: run %s has no step %q", checkpoint.ErrNotFound, run.ID, stepID)
 		}
 		if err != nil {
 			return err
 		}
-		newStatus, errText, err := checkpoint.Resolution(run, stepID, status, a, done)
+		o := checkpoint.NewOperateOptions(opts)
+		if after, ok := checkpoint.ResolveStepAfter(rs.Call); ok && o.Replace {
+			err := tx.QueryRowContext(ctx, sqlRecordedAfter, run.ID, after).Scan(&rs.UsedBy)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+		}
+		newStatus, errText, call, err := checkpoint.Resolution(rs, a, done, o.Replace)
 		if err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, sqlResolveStep, newStatus, output, errText, fmtTime(now), run.ID, stepID); err != nil {
+		if _, err := tx.ExecContext(ctx, sqlResolveStep, newStatus, output, errText, fmtTime(now), call, run.ID, stepID); err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, sqlFenceRun, fmtTime(now), run.ID, run.Fence)

@@ -225,6 +225,88 @@ func testOperations(t *testing.T, h Harness) {
 		}
 	})
 
+	// A reset judged at an older fence (an attempt claimed the run since
+	// its caller read what it clears) clears nothing.
+	t.Run("ResetWithFence", func(t *testing.T) {
+		e, st, op := hosts(t)
+		c := e.claim(st, "ops/9", ownerA, t0)
+		e.inTx(st, c.Lease, func(tx checkpoint.Tx) error { return tx.PutStep(completed("pay", `1`)) })
+		now := t0.Add(2 * lease)
+		judged := c.Lease.Fence
+		c2 := e.claim(st, "ops/9", ownerB, now)
+		if err := st.Finish(e.ctx, c2.Lease, checkpoint.Ending{Status: checkpoint.RunFailed, At: now}); err != nil {
+			t.Fatal(err)
+		}
+		err := op.ResetSteps(e.ctx, audit("ops/9", "reset", now), now, []string{"pay"}, goneA, checkpoint.WithFence(judged))
+		if !errors.Is(err, checkpoint.ErrRunChanged) {
+			t.Fatalf("reset judged at fence %d, run at %d: %v; want ErrRunChanged", judged, c2.Lease.Fence, err)
+		}
+		if _, ok := e.steps(st, "ops/9")["pay"]; !ok {
+			t.Errorf("the refused reset cleared the step")
+		}
+		if got := e.commands(op, "ops/9"); len(got) != 0 {
+			t.Errorf("audit after a refused reset: %v; want none", got)
+		}
+		if err := op.ResetSteps(e.ctx, audit("ops/9", "reset", now), now, []string{"pay"}, goneA, checkpoint.WithFence(c2.Lease.Fence)); err != nil {
+			t.Fatalf("reset judged at the run's fence: %v", err)
+		}
+		if _, ok := e.steps(st, "ops/9")["pay"]; ok {
+			t.Errorf("the reset kept the step")
+		}
+	})
+
+	// A resolution is kept in the step's call record and can be replaced
+	// until a checkpoint recorded by a later attempt may have used it.
+	t.Run("ResolveReplace", func(t *testing.T) {
+		e, st, op := hosts(t)
+		c := e.claim(st, "ops/8", ownerA, t0)
+		rec := checkpoint.CallRecord{Key: "ops/8/pay", OutputShape: []byte(`{"type":"string"}`)}
+		e.inTx(st, c.Lease, func(tx checkpoint.Tx) error {
+			if err := tx.PutStep(checkpoint.Step{ID: "pay", Status: checkpoint.StepCalling, StartedAt: t0, FinishedAt: t0, Call: rec.Encode()}); err != nil {
+				return err
+			}
+			return tx.PutStep(completed("load", `1`))
+		})
+		now := t0.Add(time.Second)
+		replace := checkpoint.WithReplace()
+		if err := op.ResolveStep(e.ctx, audit("ops/8", "resolve", now), now, "load", true, []byte(`2`), goneA, replace); !errors.Is(err, checkpoint.ErrNotResolved) {
+			t.Errorf("replace on a step no operator resolved: %v; want ErrNotResolved", err)
+		}
+		if err := op.ResolveStep(e.ctx, audit("ops/8", "resolve", now), now, "pay", true, []byte(`"r-1"`), goneA); err != nil {
+			t.Fatalf("resolve: %v", err)
+		}
+		got, err := checkpoint.DecodeCallRecord(e.steps(st, "ops/8")["pay"].Call)
+		if err != nil || got.Key != rec.Key || string(got.OutputShape) != string(rec.OutputShape) || got.Resolved == nil ||
+			got.Resolved.As != "done" || got.Resolved.AfterAttempt != c.Lease.Attempt {
+			t.Fatalf("call record after resolve: %+v (%v); want the key, the shape and the resolution after attempt %d", got, err, c.Lease.Attempt)
+		}
+		if err := op.ResolveStep(e.ctx, audit("ops/8", "resolve", now), now, "pay", true, []byte(`"r-2"`), goneA); !errors.Is(err, checkpoint.ErrNotUnknown) {
+			t.Errorf("resolve again without replace: %v; want ErrNotUnknown", err)
+		}
+		later := now.Add(time.Minute)
+		if err := op.ResolveStep(e.ctx, audit("ops/8", "resolve --replace", later), later, "pay", true, []byte(`"r-2"`), goneA, replace); err != nil {
+			t.Fatalf("replace an unused resolution: %v", err)
+		}
+		if s := e.steps(st, "ops/8")["pay"]; s.Status != checkpoint.StepCompleted || string(s.Output) != `"r-2"` {
+			t.Errorf("step after replace = %+v; want completed with the new output", s)
+		}
+		// A later attempt that records nothing has not used it; one that
+		// records a step has.
+		e.claim(st, "ops/8", ownerB, later.Add(time.Second))
+		if err := op.ResolveStep(e.ctx, audit("ops/8", "resolve --replace", later), later, "pay", false, nil, checkpoint.WithOwnerGone(func(string) bool { return true }), replace); err != nil {
+			t.Fatalf("replace after an attempt that recorded nothing: %v", err)
+		}
+		c3 := e.claim(st, "ops/8", ownerA, later.Add(2*lease))
+		e.inTx(st, c3.Lease, func(tx checkpoint.Tx) error { return tx.PutStep(completed("report", `3`)) })
+		if err := op.ResolveStep(e.ctx, audit("ops/8", "resolve --replace", later), later, "pay", true, []byte(`"r-3"`), goneA, replace); !errors.Is(err, checkpoint.ErrResolutionUsed) ||
+			!strings.Contains(err.Error(), "report") {
+			t.Errorf("replace after a later step was recorded: %v; want ErrResolutionUsed naming report", err)
+		}
+		if got := e.commands(op, "ops/8"); !slices.Equal(got, []string{"resolve", "resolve --replace", "resolve --replace"}) {
+			t.Errorf("audit = %v; want the resolve and the two replaces that happened", got)
+		}
+	})
+
 	t.Run("PruneKeepsTombstones", func(t *testing.T) {
 		e, st, op := hosts(t)
 		finish := func(id, status string, at time.Time) {

@@ -18,6 +18,7 @@ func testSteps(t *testing.T, h Harness) {
 			RunID: "steps/1", ID: "post/T-1001", Status: checkpoint.StepCompleted,
 			Output: []byte(`{"posted":true}`), InputHash: "in-1", Error: "", Tries: 3, Attempt: c.Lease.Attempt,
 			StartedAt: t0, FinishedAt: t0.Add(1500 * time.Millisecond), Plan: []byte(`{"writes":[]}`),
+			Call: []byte(`{"key":"steps/1/post/T-1001"}`),
 		}
 		e.inTx(a, c.Lease, func(tx checkpoint.Tx) error { return tx.PutStep(want) })
 		got := e.steps(b, "steps/1")["post/T-1001"]
@@ -188,5 +189,6 @@ func testSteps(t *testing.T, h Harness) {
 func sameStep(a, b checkpoint.Step) bool {
 	return a.RunID == b.RunID && a.ID == b.ID && a.Status == b.Status && string(a.Output) == string(b.Output) &&
 		a.InputHash == b.InputHash && a.Error == b.Error && a.Tries == b.Tries && a.Attempt == b.Attempt &&
-		sameTime(a.StartedAt, b.StartedAt) && sameTime(a.FinishedAt, b.FinishedAt) && string(a.Plan) == string(b.Plan)
+		sameTime(a.StartedAt, b.StartedAt) && sameTime(a.FinishedAt, b.FinishedAt) && string(a.Plan) == string(b.Plan) &&
+		string(a.Call) == string(b.Call)
 }

@@ -78,7 +78,10 @@ type Transfer struct {
 }
 
 // Receipt is a payment provider's answer.
-type Receipt struct{ ID string }
+type Receipt struct {
+	ID     string "json:\"id\""
+	Amount int64  "json:\"amount\""
+}
 
 func countTransfers(ctx context.Context, date string) (Day, error) { return Day{}, nil }
 

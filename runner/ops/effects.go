@@ -192,7 +192,7 @@ func AppliedEffects(ctx context.Context, st checkpoint.Backend, runID string, ss
 			continue
 		}
 		var sum steps.BatchSummary
-		if json.Unmarshal(s.Output, &sum) != nil || sum.Target == "" {
+		if len(s.Call) > 0 || json.Unmarshal(s.Output, &sum) != nil || sum.Target == "" {
 			continue
 		}
 		done := sum.Completed

@@ -76,6 +76,11 @@ const (
 	RerunApplied RefusalKind = "rerun-applied"
 	// ResetApplied: a reset of a step whose effects applied.
 	ResetApplied RefusalKind = "reset-applied"
+	// RerunCalled: a rerun from a step that clears outside calls that
+	// happened (they are made again).
+	RerunCalled RefusalKind = "rerun-called"
+	// ResetCalled: a reset of an outside call that happened.
+	ResetCalled RefusalKind = "reset-called"
 )
 
 // Refusal is an operation refused because of what it would do, until an
@@ -129,13 +134,15 @@ func Abandon(ctx context.Context, st checkpoint.Backend, who Who, runID string, 
 }
 
 // Reset clears one step's checkpoint so it runs again on the next resume.
-// A step whose effects applied is refused (a *Refusal, ResetApplied)
-// unless force: they are not undone, and apply again.
+// Unless force, it is refused (a *Refusal) for a step whose effects
+// applied (ResetApplied: they are not undone, and apply again) and for an
+// outside call that happened or may have (ResetCalled: it is made again).
+// The audit record names what was kept and cleared.
 func Reset(ctx context.Context, st checkpoint.Backend, who Who, runID, step string, force bool, now time.Time) (checkpoint.Audit, error) {
 	if err := who.Check(); err != nil {
 		return checkpoint.Audit{}, err
 	}
-	all, err := RunSteps(ctx, st, runID)
+	fence, all, err := runStepsAt(ctx, st, runID)
 	if err != nil {
 		return checkpoint.Audit{}, err
 	}
@@ -147,37 +154,70 @@ func Reset(ctx context.Context, st checkpoint.Backend, who Who, runID, step stri
 	if err != nil {
 		return checkpoint.Audit{}, err
 	}
-	if applied.Any() && !force {
-		return checkpoint.Audit{}, &Refusal{Kind: ResetApplied, RunID: runID, Step: step, Err: fmt.Errorf(
-			"%w: step %s of %s has applied effects (%s), and resetting it does not undo them: "+
-				"the step would apply them again when it reruns:\n  %s",
-			ErrNeedsDecision, step, runID, applied.Count(), strings.Join(applied.Lines, "\n  "))}
+	calls, err := OutsideCalls(all[i : i+1])
+	if err != nil {
+		return checkpoint.Audit{}, err
 	}
-	details := ""
-	if applied.Any() {
-		details = "effects kept: " + strings.Join(applied.Lines, "; ")
+	if (applied.Any() || calls.Any()) && !force {
+		kind := ResetApplied
+		if !applied.Any() {
+			kind = ResetCalled
+		}
+		return checkpoint.Audit{}, &Refusal{Kind: kind, RunID: runID, Step: step, Err: resetRefusal(runID, step, applied, calls)}
 	}
-	a := who.Audit(runID, "reset --step "+step, details, now)
-	return a, st.ResetSteps(ctx, a, now, []string{step}, OwnerGone)
+	a := who.Audit(runID, "reset --step "+step, clearedDetails("", applied, calls), now)
+	return a, changed(st.ResetSteps(ctx, a, now, []string{step}, OwnerGone, checkpoint.WithFence(fence)))
 }
 
 // Resolve settles an outside call whose outcome is unknown: done records
 // it completed with output (JSON), otherwise the next resume calls again.
-// A step awaiting no such decision is refused with ErrNeedsDecision.
-func Resolve(ctx context.Context, st checkpoint.Backend, who Who, runID, step string, done bool, output []byte, now time.Time) (checkpoint.Audit, error) {
+// An output that does not fit the type the step decodes it into (the
+// shape its call recorded) is refused with an *OutputShapeError. A step
+// awaiting no such decision is refused with ErrNeedsDecision; with
+// replace, the step's earlier resolution is replaced instead, refused
+// with ErrNeedsDecision once a later attempt recorded a step or item
+// (checkpoint.WithReplace).
+func Resolve(ctx context.Context, st checkpoint.Backend, who Who, runID, step string, done, replace bool, output []byte, now time.Time) (checkpoint.Audit, error) {
 	if err := who.Check(); err != nil {
 		return checkpoint.Audit{}, err
 	}
 	if !json.Valid(output) {
 		return checkpoint.Audit{}, fmt.Errorf("%w: %q", ErrBadOutput, output)
 	}
-	as := "retry"
+	details := "output " + preview(string(output), 200)
+	if done || replace {
+		all, err := RunSteps(ctx, st, runID)
+		if err != nil {
+			return checkpoint.Audit{}, err
+		}
+		i, err := findStep(runID, step, all)
+		if err != nil {
+			return checkpoint.Audit{}, err
+		}
+		if done {
+			if err := checkResolveOutput(all[i], output); err != nil {
+				return checkpoint.Audit{}, err
+			}
+		}
+		if replace {
+			// What it replaces, for the audit trail (the store refuses
+			// it if that is not a resolution).
+			details += fmt.Sprintf("; replaces %s, output %s", all[i].Status, preview(string(all[i].Output), 200))
+		}
+	}
+	as, command := "retry", "resolve --step "+step
 	if done {
 		as = "done"
 	}
-	a := who.Audit(runID, "resolve --step "+step+" --as "+as, "output "+preview(string(output), 200), now)
-	if err := st.ResolveStep(ctx, a, now, step, done, output, OwnerGone); err != nil {
-		if errors.Is(err, checkpoint.ErrNotUnknown) {
+	command += " --as " + as
+	opts := []checkpoint.OperateOption{OwnerGone}
+	if replace {
+		command += " --replace"
+		opts = append(opts, checkpoint.WithReplace())
+	}
+	a := who.Audit(runID, command, details, now)
+	if err := st.ResolveStep(ctx, a, now, step, done, output, opts...); err != nil {
+		if errors.Is(err, checkpoint.ErrNotUnknown) || errors.Is(err, checkpoint.ErrNotResolved) || errors.Is(err, checkpoint.ErrResolutionUsed) {
 			return a, fmt.Errorf("%w: %w", ErrNeedsDecision, err)
 		}
 		return a, err
@@ -197,6 +237,12 @@ type RerunPlan struct {
 	// Applied are the cleared steps' effects that applied: not undone,
 	// they apply again.
 	Applied KeptEffects
+	// Calls are the cleared outside calls that happened: not undone,
+	// they are made again.
+	Calls MadeCalls
+	// fence is the run's fence the plan was judged at: Record clears
+	// nothing if the run changed since.
+	fence int64
 }
 
 // Clears says what a rerun from a step clears ("" from the top).
@@ -211,7 +257,8 @@ func (p RerunPlan) Clears() string {
 // PlanRerun judges a rerun of runID, from the top (fromStep "") or from a
 // step. Refused: a pruned run (checkpoint.ErrPruned); unless force, an
 // abandoned run (RerunAbandoned), a succeeded run from the top
-// (RerunSucceeded), steps to clear whose effects applied (RerunApplied).
+// (RerunSucceeded), steps to clear whose effects applied (RerunApplied)
+// or outside calls to clear that happened (RerunCalled).
 func PlanRerun(ctx context.Context, st checkpoint.Backend, runID, fromStep string, force bool) (RerunPlan, error) {
 	p := RerunPlan{RunID: runID, FromStep: fromStep}
 	info, err := st.Run(ctx, runID)
@@ -233,10 +280,11 @@ func PlanRerun(ctx context.Context, st checkpoint.Backend, runID, fromStep strin
 		}
 		return p, nil
 	}
-	all, err := RunSteps(ctx, st, runID)
+	fence, all, err := runStepsAt(ctx, st, runID)
 	if err != nil {
 		return p, err
 	}
+	p.fence = fence
 	i, err := findStep(runID, fromStep, all)
 	if err != nil {
 		return p, err
@@ -246,12 +294,17 @@ func PlanRerun(ctx context.Context, st checkpoint.Backend, runID, fromStep strin
 	if p.Applied, err = AppliedEffects(ctx, st, runID, cleared); err != nil {
 		return p, err
 	}
-	if p.Applied.Any() && !force {
-		// Like reset: clearing a step does not undo its effects, and
-		// running it again applies them a second time.
-		return p, &Refusal{Kind: RerunApplied, RunID: runID, Step: fromStep, Err: fmt.Errorf(
-			"%w: %s\nalready applied and NOT undone by clearing: %s; rerunning the steps applies them again:\n  %s",
-			ErrNeedsDecision, p.Clears(), p.Applied.Count(), strings.Join(p.Applied.Lines, "\n  "))}
+	if p.Calls, err = OutsideCalls(cleared); err != nil {
+		return p, err
+	}
+	if (p.Applied.Any() || p.Calls.Any()) && !force {
+		// Like reset: clearing a step does not undo its effects or its
+		// calls, and running it again makes them a second time.
+		kind := RerunApplied
+		if !p.Applied.Any() {
+			kind = RerunCalled
+		}
+		return p, &Refusal{Kind: kind, RunID: runID, Step: fromStep, Err: clearRefusal(p.Clears(), p.Applied, p.Calls)}
 	}
 	return p, nil
 }
@@ -270,11 +323,9 @@ func (p RerunPlan) Record(ctx context.Context, st checkpoint.Backend, who Who, n
 	if strings.TrimSpace(who.Reason) == "" {
 		return fmt.Errorf("%w: a rerun from step %s clears checkpoints; say why, for the audit trail", ErrNeedsReason, p.FromStep)
 	}
-	details := fmt.Sprintf("cleared %s", checkpoint.JoinIDs(p.Cleared, 50))
-	if p.Applied.Any() {
-		details += "; effects kept: " + strings.Join(p.Applied.Lines, "; ")
-	}
-	return st.ResetSteps(ctx, who.Audit(p.RunID, "rerun --from-step "+p.FromStep, details, now), now, p.Cleared, OwnerGone)
+	details := clearedDetails(fmt.Sprintf("cleared %s", checkpoint.JoinIDs(p.Cleared, 50)), p.Applied, p.Calls)
+	return changed(st.ResetSteps(ctx, who.Audit(p.RunID, "rerun --from-step "+p.FromStep, details, now), now, p.Cleared,
+		OwnerGone, checkpoint.WithFence(p.fence)))
 }
 
 // Resumption is what an operator's resume or rerun claims the run with
@@ -315,16 +366,34 @@ func Resume(who Who, runID, command, fromStep string, accepting bool, now time.T
 // RunSteps returns a run's step checkpoints in the order they started;
 // checkpoint.ErrNotFound if there is no such run.
 func RunSteps(ctx context.Context, st checkpoint.Backend, runID string) ([]checkpoint.Step, error) {
-	if _, err := st.Run(ctx, runID); err != nil {
-		return nil, err
+	_, all, err := runStepsAt(ctx, st, runID)
+	return all, err
+}
+
+// runStepsAt is RunSteps and the run's fence, read before the steps: an
+// operation that judged the steps gives it to the store (WithFence), so
+// a run changed since is refused rather than judged stale.
+func runStepsAt(ctx context.Context, st checkpoint.Backend, runID string) (int64, []checkpoint.Step, error) {
+	info, err := st.Run(ctx, runID)
+	if err != nil {
+		return 0, nil, err
 	}
 	var all []checkpoint.Step
-	err := st.Steps(ctx, runID, func(s checkpoint.Step) error {
+	err = st.Steps(ctx, runID, func(s checkpoint.Step) error {
 		all = append(all, s)
 		return nil
 	})
 	slices.SortStableFunc(all, func(a, b checkpoint.Step) int { return a.StartedAt.Compare(b.StartedAt) })
-	return all, err
+	return info.Run.Fence, all, err
+}
+
+// changed is a store's ErrRunChanged as a refusal that needs the operator
+// to judge again.
+func changed(err error) error {
+	if errors.Is(err, checkpoint.ErrRunChanged) {
+		return fmt.Errorf("%w: %w", ErrNeedsDecision, err)
+	}
+	return err
 }
 
 // NoStepError is returned when an operation names a step the run has not

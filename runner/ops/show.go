@@ -39,6 +39,19 @@ type StepView struct {
 	StartedAt  time.Time       `json:"started_at"`
 	FinishedAt *time.Time      `json:"finished_at,omitempty"` // absent while unfinished
 	Plan       *PlanView       `json:"plan,omitempty"`
+	// Call is an outside call's record: its idempotency key, the shape
+	// of output resolve accepts for it, and an operator's resolution.
+	Call *CallView `json:"call,omitempty"`
+}
+
+// CallView is an outside call step's record (checkpoint.CallRecord) as
+// operators see it.
+type CallView struct {
+	Key string `json:"key"`
+	// OutputShape is the step's output type's shape, rendered (see
+	// steps.Shape): what resolve --as done --output must fit.
+	OutputShape string                     `json:"output_shape,omitempty"`
+	Resolved    *checkpoint.CallResolution `json:"resolved,omitempty"`
 }
 
 // PlanView is a step's effect plan: each key's before -> after.
@@ -176,6 +189,13 @@ func viewStep(s checkpoint.Step, info checkpoint.RunInfo, bs []BatchView, effect
 		Error: s.Error, StartedAt: s.StartedAt, FinishedAt: OptTime(s.FinishedAt)}
 	if json.Valid(s.Output) {
 		sv.Output = s.Output
+	}
+	if rec, err := checkpoint.DecodeCallRecord(s.Call); err == nil && rec != nil {
+		sv.Call = &CallView{Key: rec.Key, Resolved: rec.Resolved}
+		var shape steps.Shape
+		if json.Unmarshal(rec.OutputShape, &shape) == nil {
+			sv.Call.OutputShape = shape.String()
+		}
 	}
 	if effects && len(s.Plan) > 0 {
 		var pv PlanView

@@ -60,7 +60,7 @@ func TestStartRefusesBadRequests(t *testing.T) {
 		{"unknown field", `{"job":"report","parms":{}}`, 400, "bad_json", "parms", "unknown field"},
 		{"params not an object", `{"job":"report","params":[1]}`, 400, "bad_json", "params", "must be a object"},
 		{"no job", `{"params":{}}`, 400, "bad_request", "job", `needs "job"`},
-		{"unknown job", start("nosuch", "2026-11-28"), 404, "not_found", "job", "notify, report, settle"},
+		{"unknown job", start("nosuch", "2026-11-28"), 404, "not_found", "job", "notify, pay, report, settle"},
 		{"bad date", start("report", "28.11.2026"), 400, "bad_params", "params.date", "YYYY-MM-DD"},
 		{"unknown parameter", start("report", "2026-11-28", "colour", "red"), 400, "bad_params", "params.colour", "unknown parameter"},
 		{"missing key parameter", map[string]any{"job": "report", "params": map[string]any{}}, 400, "bad_params", "params.date", `"date"`},

@@ -124,7 +124,7 @@ func forceHint(r *ops.Refusal) string {
 	case ops.RerunSucceeded:
 		return `; "force": true runs its job again, skipping every checkpointed step (nothing applies twice); ` +
 			`to redo steps give "from_step" and a reason`
-	case ops.RerunApplied, ops.ResetApplied:
+	case ops.RerunApplied, ops.ResetApplied, ops.RerunCalled, ops.ResetCalled:
 		return "\n" + `send "force": true if that is what you want`
 	}
 	return ""

@@ -78,6 +78,7 @@ func registry() *jobs.Registry {
 		jobs.Define("notify", func(ctx context.Context, run *steps.Run, p dayParams) error {
 			return steps.Notify(ctx, run, "notify", "day.closed", map[string]string{"date": p.Date})
 		}),
+		payJob,
 	)
 	return &reg
 }

@@ -20,8 +20,10 @@ type OperateBody struct {
 	// Reason says why, for the audit trail. Required.
 	Reason string `json:"reason"`
 	// Force: recover a run whose lease has not expired; rerun an abandoned
-	// or succeeded run, or from a step whose effects applied; resume an
-	// abandoned or succeeded run; reset a step whose effects applied.
+	// or succeeded run, or from a step, clearing steps whose effects
+	// applied or outside calls that were made; resume an abandoned or
+	// succeeded run; reset a step whose effects applied or an outside call
+	// that was made (the call is made again).
 	Force bool `json:"force,omitempty"`
 	// FromStep (rerun): clear this step's checkpoint and those of every
 	// step that started after it, then run.
@@ -35,8 +37,12 @@ type OperateBody struct {
 	// As (resolve): done (the call happened) or retry (it did not).
 	As string `json:"as,omitempty"`
 	// Output (resolve as done): the call's result, returned to later
-	// steps. Defaults to null.
+	// steps; it must fit the step's output type (its call.output_shape).
+	// Defaults to null.
 	Output json.RawMessage `json:"output,omitempty"`
+	// Replace (resolve): replace the step's earlier resolution, while no
+	// later attempt has recorded a step or batch item since it.
+	Replace bool `json:"replace,omitempty"`
 }
 
 // OperationView is the answer of an operation, from the audit record it
@@ -107,8 +113,11 @@ func (s *Server) runPost(w http.ResponseWriter, r *http.Request) {
 		if len(out) == 0 {
 			out = []byte("null")
 		}
-		a, err = ops.Resolve(ctx, s.cfg.Store, who, p.RunID, p.Step, b.As == "done", out, now)
+		a, err = ops.Resolve(ctx, s.cfg.Store, who, p.RunID, p.Step, b.As == "done", b.Replace, out, now)
 		v.Result = "resolved as " + b.As
+		if b.Replace {
+			v.Result = "resolution replaced: resolved as " + b.As
+		}
 	case "resume", "rerun":
 		s.resume(w, r, p, b, who, v)
 		return

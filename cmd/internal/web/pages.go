@@ -123,6 +123,7 @@ type runPage struct {
 	Refreshing bool
 	Steps      []string // step IDs, for reset and rerun from a step
 	Calling    []string // steps whose outside call's outcome is unknown
+	Resolved   []string // outside calls an operator resolved (resolve --replace)
 }
 
 // timelineRow is one step on the run's timeline: where its bar starts and
@@ -220,6 +221,11 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, who Caller, known 
 		p.Steps = append(p.Steps, s.ID)
 		if s.Status == checkpoint.StepCalling {
 			p.Calling = append(p.Calling, s.ID)
+		}
+	}
+	for _, s := range v.Steps {
+		if s.Call != nil && s.Call.Resolved != nil {
+			p.Resolved = append(p.Resolved, s.ID)
 		}
 	}
 	for _, b := range v.Batches {

@@ -88,18 +88,18 @@
     resume: { title: "Resume", what: "Runs the run again from its checkpoints: completed steps and items are skipped, nothing applies twice. It runs in the serving process; this page follows its progress.",
       body: function (f) { return { reason: f.reason.value }; } },
     rerun: { title: "Rerun", what: "Runs the run again. From a step, it first clears that step's checkpoint and those of every step that started after it; effects that applied are not undone, and apply again.",
-      force: "Force it (a succeeded or abandoned run, or cleared steps whose effects applied)",
+      force: "Force it (a succeeded or abandoned run, or cleared steps whose effects applied or whose outside calls were made: they apply, or are made, again)",
       body: function (f) { const b = { reason: f.reason.value, force: f.force.checked }; if (f.step.value) b.from_step = f.step.value; return b; } },
     recover: { title: "Recover", what: "Marks a run left running by a runner that is gone failed, so it can be resumed.",
       force: "Recover even though its lease has not expired (only if you know its runner is gone)",
       body: function (f) { return { reason: f.reason.value, force: f.force.checked }; } },
     reset: { title: "Reset a step", what: "Clears one step's checkpoint so it runs again on the next resume.",
-      force: "Reset even though the step's effects applied (they are not undone, and apply again)",
+      force: "Reset even though the step's effects applied or its outside call was made (neither is undone: they apply, or it is made, again)",
       step: function (f) { return f.step.value; },
       body: function (f) { return { reason: f.reason.value, force: f.force.checked }; } },
     resolve: { title: "Resolve an outside call", what: "Settles an outside call whose outcome is unknown: record it completed with its output, or have the next resume call again.",
       step: function (f) { return f.call.value; },
-      body: function (f) { return { reason: f.reason.value, as: f.as.value, output: JSON.parse(f.output.value || "null") }; } },
+      body: function (f) { return { reason: f.reason.value, as: f.as.value, output: JSON.parse(f.output.value || "null"), replace: f.replace.checked }; } },
     abandon: { title: "Abandon", what: "Gives up on the run: run and resume refuse it unless forced.",
       body: function (f) { return { reason: f.reason.value }; } },
   };
@@ -129,6 +129,7 @@
         if (current !== "rerun" && form.step.selectedOptions[0] && form.step.selectedOptions[0].disabled) form.step.selectedIndex = 1;
         if (current === "rerun") form.step.value = "";
         form.force.checked = false;
+        form.replace.checked = false;
         errorBox.hidden = true;
         dialog.showModal();
         form.reason.focus();
