@@ -320,6 +320,14 @@ func decodeParams(job string, t reflect.Type, ps []Param, values map[string]stri
 				return v, badParam(p.Name, fmt.Errorf("%w: parameter %q is %q; want a date as YYYY-MM-DD", ErrBadParams, p.Name, f.String()))
 			}
 		}
+		if name, ok := targetRef(f.String()); ok && IsResourceFormat(p.Format) {
+			// A target's name, resolved when the job is executed.
+			if !ValidTargetName(name) {
+				return v, badParam(p.Name, fmt.Errorf("%w: parameter %q is %q, which is not a target name (lower-case letters, digits, - or _)",
+					ErrBadParams, p.Name, f.String()))
+			}
+			continue
+		}
 		if (p.Format == FormatPath || p.Format == FormatExistingFile) && f.String() != "" {
 			abs, err := absPath(p, f.String())
 			if err != nil {
