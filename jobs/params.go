@@ -64,7 +64,12 @@ func badParam(name string, err error) error { return &ParamError{Param: name, er
 //	                               to an existing SQLite file, as
 //	                               existingfile
 //
-// A path parameter given empty stays empty (not given).
+// A path parameter given empty stays empty (not given). A value of a path,
+// existingfile or database parameter that is "target:NAME" (TargetPrefix)
+// is the name of a target the operator configured: it is stored as given
+// and resolved to the target's location when the job executes (Targets).
+// Over the HTTP API these parameters take target names only
+// (RequestValues).
 type Param struct {
 	Name     string
 	Type     string // string, int, bool, duration, ...
