@@ -21,7 +21,7 @@ import (
 // configures by name for the runs a process executes: serve (its API's
 // requests may name only these) and worker resolve the "target:NAME"
 // parameters of the runs they execute from them, and run, resume and
-// rerun resolve those of a run the API started.
+// rerun (and backfill) resolve those of a run the API started.
 type targetFlags struct {
 	Target  []string `sep:"none" placeholder:"NAME=LOCATION" help:"A target a run may name: NAME=postgres://USER@HOST:PORT/DATABASE or NAME=PATH (made absolute); repeat for several. A start over the HTTP API gives a parameter naming a file or a database (settle's ledger) as one of these names, never a path or URL; the run stores target:NAME and every process executing it (serve, worker, resume) resolves NAME from its own --target and --targets. No password here (ps shows it to every user): put targets with credentials in --targets."`
 	Targets string   `type:"path" env:"STEPWISE_TARGETS" placeholder:"FILE" help:"File of targets, one NAME=LOCATION a line (# comments), as --target; it may hold passwords in its URLs, so it must be readable by its owner only (chmod 600). Relative paths are against the file's directory. In serve and worker, target databases take their password only from here, never from PGPASSWORD or ~/.pgpass."`

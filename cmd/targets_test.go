@@ -128,7 +128,7 @@ func TestTargetFlagsRefuseBadTargets(t *testing.T) {
 }
 
 func TestTargetFlagsHelp(t *testing.T) {
-	for _, cmd := range []string{"serve", "worker", "run", "resume", "rerun"} {
+	for _, cmd := range []string{"serve", "worker", "run", "resume", "rerun", "backfill"} {
 		code, text := execTargets(t, cmd, "--help")
 		text = oneLine(text)
 		if code != ExitOK || !strings.Contains(text, "--target=NAME=LOCATION") || !strings.Contains(text, "--targets=FILE") ||
