@@ -242,6 +242,9 @@ func TestTargetTakesNoPasswordFromTheEnvironment(t *testing.T) {
 	if info.Run.Status != checkpoint.RunFailed || !strings.Contains(info.Run.Error, `target "ledger"`) || strings.Contains(info.Run.Error, "postgres://") {
 		t.Errorf("the run is %s with error %q; want failed, naming target \"ledger\" and not its URL", info.Run.Status, info.Run.Error)
 	}
+	if view := a.do("GET", "/api/v1/runs/load/2026-11-28", operateToken, nil); strings.Contains(view.Raw, "postgres://") {
+		t.Errorf("the API's view of the run shows the target's URL:\n%s", view.Raw)
+	}
 }
 
 // A run the API queues for workers (serve --enqueue) stores the target's
