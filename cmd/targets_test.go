@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint/stores"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -33,7 +34,10 @@ func reportRegistry() *jobs.Registry {
 func execTargets(t *testing.T, args ...string) (int, string) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code := Execute(context.Background(), reportRegistry(), args, &out, &errb, Schedules())
+	// A serve or worker that should have refused its flags stops anyway.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	code := Execute(ctx, reportRegistry(), args, &out, &errb, Schedules())
 	return code, out.String() + errb.String()
 }
 
