@@ -145,6 +145,15 @@ func TestStartNamesOnlyConfiguredTargets(t *testing.T) {
 			}
 		}
 	}
+	// Not a string at all: refused by the parameter's type.
+	for _, body := range []string{
+		`{"job":"load","params":{"date":"2026-11-28","ledger":["postgres://stepwise@127.0.0.1:` + port + `/x"]}}`,
+		`{"job":"load","params":{"date":"2026-11-28","ledger":{"host":"127.0.0.1","port":` + port + `}}}`,
+		`{"job":"load","params":{"date":"2026-11-28","ledger":"\u002fetc/passwd"}}`,
+	} {
+		got := a.do("POST", "/api/v1/runs", operateToken, body)
+		expect(t, body, got, http.StatusBadRequest, "bad_params", "params.ledger")
+	}
 	unknown := a.do("POST", "/api/v1/runs", operateToken, start("load", "2026-11-28", "ledger", "payroll"))
 	expect(t, "an unknown target", unknown, http.StatusBadRequest, "bad_params", "params.ledger")
 	if msg := unknown.str("error"); !strings.Contains(msg, `target "payroll"`) || !strings.Contains(msg, "configured: inputs, ledger, report") {
@@ -254,7 +263,7 @@ func TestTargetTakesNoPasswordFromTheEnvironment(t *testing.T) {
 func TestQueuedRunResolvesTargetOnWorker(t *testing.T) {
 	st, loc := checkpointtest.OpenNew(t)
 	checkpointtest.CreateTable(t, loc, accounts, map[string]int64{"a": 100, "b": 0})
-	a := newTargetAPI(t, st, loc, mustTargets(t, map[string]string{"ledger": "/srv/serve/only/ledger.db"}), true)
+	a := newTargetAPI(t, st, loc, mustTargets(t, map[string]string{"ledger": loc}), true)
 
 	queue := func(date string) {
 		t.Helper()
@@ -300,6 +309,22 @@ func TestQueuedRunResolvesTargetOnWorker(t *testing.T) {
 	}
 	if b := checkpointtest.Balance(t, loc, accounts, "a"); b.Value != 95 {
 		t.Errorf("account a is %d; want 95: the worker posts into its own ledger target", b.Value)
+	}
+
+	// The refused run, resumed over the API, runs in the server, which
+	// resolves the stored name from its own targets.
+	got := a.do("POST", "/api/v1/runs/load/2026-11-27/resume", operateToken, reason("the ledger worker is back"))
+	expect(t, "resume the refused run", got, http.StatusOK)
+	a.wait("load/2026-11-27")
+	info, err = st.Run(context.Background(), "load/2026-11-27")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Run.Status != checkpoint.RunSucceeded || string(info.Run.Params) != `{"date":"2026-11-27","ledger":"target:ledger","input":"","out":""}` {
+		t.Fatalf("resumed over the API the run is %s (%q) with params %s; want succeeded, still naming the target", info.Run.Status, info.Run.Error, info.Run.Params)
+	}
+	if b := checkpointtest.Balance(t, loc, accounts, "a"); b.Value != 90 {
+		t.Errorf("account a is %d; want 90 after the resumed run's fee", b.Value)
 	}
 }
 
