@@ -16,6 +16,7 @@ import (
 // BackfillCmd starts one run per business date.
 type BackfillCmd struct {
 	operatorFlags
+	targetFlags
 	Job         string            `arg:"" help:"Job whose identifying parameter is a date (format:\"date\")."`
 	From        string            `required:"" help:"First business date, YYYY-MM-DD."`
 	To          string            `required:"" help:"Last business date, YYYY-MM-DD (inclusive)."`
@@ -107,8 +108,12 @@ func (c *BackfillCmd) Run(env *Env) error {
 	}
 	// Runs over their job's concurrency limit (one settlement per ledger)
 	// wait for room: --max-parallel never runs more at once than it allows.
+	targets, err := c.targets()
+	if err != nil {
+		return usageError{err}
+	}
 	r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
-		WaitForLimit: true, TracerProvider: env.tracing(true)})
+		WaitForLimit: true, TracerProvider: env.tracing(true), Targets: targets})
 	if err != nil {
 		return err
 	}

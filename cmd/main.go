@@ -262,6 +262,10 @@ type Env struct {
 	// maxConns, if set, is the PostgreSQL store's pool size (a worker
 	// driving many runs at once needs more than the default).
 	maxConns int32
+	// ownTargetCredentials opens target databases with their own URL's
+	// password only (stores.Settings.OwnTargetCredentials): serve and
+	// worker.
+	ownTargetCredentials bool
 }
 
 func (e *Env) now() time.Time {

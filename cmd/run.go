@@ -11,6 +11,7 @@ import (
 
 // runFlags are the flags shared by run and resume.
 type runFlags struct {
+	targetFlags
 	Wait         bool          `help:"If another runner holds the run, or another process holds the database's write lock (at the start or at any write mid-run), wait for it instead of exiting 4."`
 	RetrySkipped bool          `name:"retry-skipped" help:"Process again the batch items an earlier attempt skipped under the step's skip policy."`
 	Progress     string        `default:"auto" enum:"auto,bar,log,none" help:"Batch progress: a live bar on a terminal and a log line every few seconds otherwise (auto), or forced."`
@@ -20,6 +21,10 @@ type runFlags struct {
 }
 
 func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
+	targets, err := f.targets()
+	if err != nil {
+		return nil, nil, usageError{err}
+	}
 	st, err := env.Store()
 	if err != nil {
 		return nil, nil, err
@@ -35,7 +40,7 @@ func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
 	r, err := runner.New(runner.Config{
 		Store: st, Jobs: env.Registry, Logger: log,
 		Lease: f.Lease, Wait: f.Wait, OnProgress: prog.hook(), ProgressLog: prog.logEvery(), Deliver: deliver,
-		TracerProvider: env.tracing(true),
+		TracerProvider: env.tracing(true), Targets: targets,
 	})
 	return r, prog, err
 }

@@ -29,6 +29,7 @@ type ServeCmd struct {
 	MisfireThreshold time.Duration `name:"misfire-threshold" default:"1m" help:"How late a fire may be noticed and still count as on time; later ones follow the schedule's misfire policy."`
 	Enqueue          bool          `help:"Queue each fire's run for a pool of workers ('${name} worker', on any host) instead of running it in this process; the fire is settled once its run is queued."`
 	Queue            string        `default:"default" help:"With --enqueue: the queue the fires' runs go to."`
+	targetFlags
 
 	// The HTTP server's defences (servesec.go).
 	ServeHTTPFlags
@@ -58,6 +59,11 @@ func (c *ServeCmd) Run(env *Env) error {
 	if err != nil {
 		return usageError{err}
 	}
+	targets, err := c.targets()
+	if err != nil {
+		return usageError{err}
+	}
+	env.ownTargetCredentials = true // only the targets carry credentials
 	st, err := env.Store()
 	if err != nil {
 		return err
@@ -70,7 +76,7 @@ func (c *ServeCmd) Run(env *Env) error {
 	}
 	sched, err := runner.NewScheduler(runner.SchedulerConfig{
 		Runner: runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
-			TracerProvider: env.tracing(false)},
+			TracerProvider: env.tracing(false), Targets: targets},
 		Schedules:        scheds,
 		Grace:            c.Grace,
 		MisfireThreshold: c.MisfireThreshold,
@@ -104,7 +110,7 @@ func (c *ServeCmd) Run(env *Env) error {
 	}
 	if c.Listen != "" {
 		r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
-			TracerProvider: env.tracing(false), Metrics: metrics})
+			TracerProvider: env.tracing(false), Metrics: metrics, Targets: targets})
 		if err != nil {
 			return usageError{err}
 		}
@@ -115,7 +121,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		if c.Enqueue {
 			starter = &httpapi.Queued{Runner: r, Local: local, Queue: c.Queue}
 		}
-		api, err := httpapi.New(httpapi.Config{Store: st, Jobs: env.Registry, Starter: starter, Tokens: tokens,
+		api, err := httpapi.New(httpapi.Config{Store: st, Jobs: env.Registry, Starter: starter, Tokens: tokens, Targets: targets,
 			Schedules: c.schedules, Logger: env.Logger(), Now: env.now,
 			NoTokensHint: "start serve with --tokens FILE", SessionIdle: c.SessionIdle, SessionMax: c.SessionMax,
 			SecureCookies: c.SecureCookies, TrustedProxies: proxies, Registerer: reg})

@@ -41,6 +41,7 @@ func openBackend(e *Env, mustExist bool) (checkpoint.Backend, error) {
 	g := e.Globals
 	st, err := stores.Open(e.Ctx, g.DB, stores.Settings{
 		MustExist: mustExist, Synchronous: g.Synchronous, BusyTimeout: g.BusyTimeout, MaxConns: e.maxConns,
+		OwnTargetCredentials: e.ownTargetCredentials,
 	})
 	switch {
 	case errors.Is(err, checkpoint.ErrNoDatabase) && mustExist:

@@ -83,7 +83,8 @@ type WorkerCmd struct {
 	NoPartitions bool          `name:"no-partitions" help:"Take queued runs only, leaving the partitions of batch steps (steps.Partitions, settle -p partitions=N) to other runners."`
 	Lease        time.Duration `default:"30s" nonzero:"" help:"Lease length of the runs and partitions claimed; the worker heartbeats every third of it, and stops working one it could not renew by a third of the lease before it expires. A run or partition whose worker died is taken by another worker once its lease expires."`
 	Poll         time.Duration `default:"1s" nonzero:"" help:"How often an idle worker looks for due runs and claimable partitions, jittered by a fifth: the only wake-up on SQLite; on PostgreSQL the fallback to LISTEN/NOTIFY, which wakes workers at each enqueue and when partitions are recorded or released."`
-	Grace        time.Duration `default:"20s" help:"After SIGTERM or SIGINT: claim nothing more, let the runs in flight finish for this long, then interrupt them (recorded interrupted, leases released: due again for any worker). Keep it under STEPWISE_GRACE, after which the process exits anyway."`
+	targetFlags
+	Grace time.Duration `default:"20s" help:"After SIGTERM or SIGINT: claim nothing more, let the runs in flight finish for this long, then interrupt them (recorded interrupted, leases released: due again for any worker). Keep it under STEPWISE_GRACE, after which the process exits anyway."`
 }
 
 // Run implements the worker command.
@@ -98,6 +99,11 @@ func (c *WorkerCmd) Run(env *Env) error {
 	// for its heartbeat, and a partition of it two more (its chunk's
 	// transaction and its heartbeat); claims need one more.
 	env.maxConns = int32(max(4, 2*c.Concurrency+3))
+	targets, err := c.targets()
+	if err != nil {
+		return usageError{err}
+	}
+	env.ownTargetCredentials = true // only the targets carry credentials
 	st, err := env.Store()
 	if err != nil {
 		return err
@@ -105,7 +111,7 @@ func (c *WorkerCmd) Run(env *Env) error {
 	warnMaintenance(env, st)
 	w, err := runner.NewWorker(runner.WorkerConfig{
 		Runner: runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
-			TracerProvider: env.tracing(false)},
+			TracerProvider: env.tracing(false), Targets: targets},
 		Queues:       c.Queues,
 		Concurrency:  c.Concurrency,
 		Poll:         c.Poll,

@@ -24,4 +24,10 @@
 // parameters is refused. A file parameter tagged format:"path" (or
 // format:"existingfile", which must exist) is made absolute when decoded,
 // so the run stores where the file is, not where it was typed from.
+//
+// A request from outside the operator's shell (the HTTP API) names files
+// and databases only by the targets the operator configured (Targets,
+// RequestValues): the run stores "target:NAME" and the process executing
+// it resolves the name from its own Targets (WithTargets, which the
+// runner applies from runner.Config.Targets).
 package jobs

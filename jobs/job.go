@@ -25,7 +25,10 @@ type Job interface {
 	// Decode decodes and validates parameters from name=value pairs (which
 	// win) and a JSON params file (may be nil).
 	Decode(values map[string]string, file []byte) (Decoded, error)
-	// Execute decodes canonical parameters and runs the job function.
+	// Execute decodes canonical parameters, resolves their target
+	// references ("target:NAME") from the Targets ctx carries
+	// (WithTargets), and runs the job function. A name ctx's Targets do
+	// not configure is an *UnknownTargetError, before the job runs.
 	Execute(ctx context.Context, run *steps.Run, params []byte) error
 	// Settings are the job's run-wide options.
 	Settings() Settings
@@ -179,7 +182,11 @@ func (d *Definition[P]) Execute(ctx context.Context, run *steps.Run, params []by
 	if err != nil {
 		return err
 	}
-	return d.fn(ctx, run, v.Interface().(P))
+	res, err := resolveTargets(v, d.params, targetsFrom(ctx))
+	if err != nil {
+		return err
+	}
+	return res.wrap(d.fn(ctx, run, v.Interface().(P)))
 }
 
 // RunID returns the run ID for a run key: job name, "/", key.

@@ -64,7 +64,12 @@ func badParam(name string, err error) error { return &ParamError{Param: name, er
 //	                               to an existing SQLite file, as
 //	                               existingfile
 //
-// A path parameter given empty stays empty (not given).
+// A path parameter given empty stays empty (not given). A value of a path,
+// existingfile or database parameter that is "target:NAME" (TargetPrefix)
+// is the name of a target the operator configured: it is stored as given
+// and resolved to the target's location when the job executes (Targets).
+// Over the HTTP API these parameters take target names only
+// (RequestValues).
 type Param struct {
 	Name     string
 	Type     string // string, int, bool, duration, ...
@@ -319,6 +324,14 @@ func decodeParams(job string, t reflect.Type, ps []Param, values map[string]stri
 			if _, err := time.Parse(dateLayout, f.String()); err != nil {
 				return v, badParam(p.Name, fmt.Errorf("%w: parameter %q is %q; want a date as YYYY-MM-DD", ErrBadParams, p.Name, f.String()))
 			}
+		}
+		if name, ok := targetRef(f.String()); ok && IsResourceFormat(p.Format) {
+			// A target's name, resolved when the job is executed.
+			if !ValidTargetName(name) {
+				return v, badParam(p.Name, fmt.Errorf("%w: parameter %q is %q, which is not a target name (lower-case letters, digits, - or _)",
+					ErrBadParams, p.Name, f.String()))
+			}
+			continue
 		}
 		if (p.Format == FormatPath || p.Format == FormatExistingFile) && f.String() != "" {
 			abs, err := absPath(p, f.String())

@@ -100,6 +100,14 @@ type Config struct {
 	// (steps.InjectTrace). Defaults to the global OpenTelemetry provider
 	// (otel.GetTracerProvider), a no-op unless the program set one.
 	TracerProvider trace.TracerProvider
+	// Targets are the outside resources this process's operator
+	// configured by name: the "target:NAME" parameters of the runs it
+	// executes (those started over the API, in this process or queued for
+	// a worker) resolve to their locations when the job function is
+	// called (jobs.WithTargets). A run naming a target they do not
+	// configure fails with a *jobs.UnknownTargetError. Nil configures
+	// none.
+	Targets *jobs.Targets
 	// Metrics, if set, receives each attempt's duration, its steps'
 	// durations and, when a run succeeds, the job's last-success time.
 	// A Scheduler gives its own SchedulerConfig.Metrics when this is nil.
@@ -252,7 +260,7 @@ func (r *Runner) dryAttempt(ctx context.Context, job jobs.Job, dec jobs.Decoded)
 		return Result{RunID: runID}, err
 	}
 	defer run.Close()
-	jobErr := callJob(ctx, job, run, dec.JSON)
+	jobErr := callJob(jobs.WithTargets(ctx, r.cfg.Targets), job, run, dec.JSON)
 	res := Result{RunID: runID, Status: "dry-run", Stats: run.Stats(), DryPlans: run.DryPlans()}
 	if jobErr != nil {
 		return res, fmt.Errorf("dry run of %s failed: %w", runID, jobErr)
@@ -587,7 +595,7 @@ func (r *Runner) drive(ctx context.Context, job jobs.Job, claim checkpoint.Claim
 	if err != nil {
 		return false, err
 	}
-	err = callJob(ctx, job, run, dec.JSON)
+	err = callJob(jobs.WithTargets(ctx, r.cfg.Targets), job, run, dec.JSON)
 	res.Stats = run.Stats()
 	if cerr := run.Close(); err == nil && cerr != nil {
 		err = cerr
@@ -725,7 +733,7 @@ func (r *Runner) workPartition(ctx context.Context, pl checkpoint.PartitionLease
 		release(err)
 		return err
 	}
-	jobErr := callJob(ctx, job, run, dec.JSON)
+	jobErr := callJob(jobs.WithTargets(ctx, r.cfg.Targets), job, run, dec.JSON)
 	if cerr := run.Close(); jobErr == nil {
 		jobErr = cerr
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -158,6 +159,11 @@ func openDatabase(ctx context.Context, cfg Config, spec checkpoint.TargetSpec) (
 	if err != nil {
 		return nil, fmt.Errorf("postgres: effect target %s: %w", spec.Table.Name, err)
 	}
+	if cfg.OwnTargetCredentials {
+		// Whatever the environment, the passfile or a service file gave
+		// is dropped: the URL's own password, or none.
+		pc.ConnConfig.Password = urlPassword(cfg.URL)
+	}
 	d := &dbTarget{table: spec.Table, sql: newTargetSQL(spec.Table), readOnly: spec.ReadOnly,
 		where: describe(pc), shown: redactURL(cfg.URL)}
 	if d.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
@@ -260,4 +266,17 @@ func (d *dbTarget) Close() error {
 	err := d.rdb.Close()
 	d.pool.Close()
 	return err
+}
+
+// urlPassword is the password a postgres:// URL holds itself, in its user
+// information or a password= parameter; "" when it holds none.
+func urlPassword(loc string) string {
+	u, err := url.Parse(loc)
+	if err != nil {
+		return ""
+	}
+	if pw, ok := u.User.Password(); ok {
+		return pw
+	}
+	return u.Query().Get("password")
 }

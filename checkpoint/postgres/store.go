@@ -53,6 +53,14 @@ type Config struct {
 	// that only read, so a mistyped URL creates nothing. The database
 	// itself is never created either way.
 	MustExist bool
+	// OwnTargetCredentials makes every effect target database this
+	// store (or OpenDatabaseTarget) connects to take its password from
+	// its own URL only (user:password@ or password=), never from
+	// PGPASSWORD, PGPASSFILE or ~/.pgpass, or a service file: those are
+	// the checkpoint store's. serve and worker set it, so that only the
+	// targets their operator configured carry credentials, and only
+	// those the operator gave each one.
+	OwnTargetCredentials bool
 	// Targets opens an effect target whose TargetSpec.Location this
 	// backend does not own (anything but a postgres:// or postgresql://
 	// URL, such as a SQLite file path), with settings of the caller's

@@ -52,6 +52,10 @@ type Settings struct {
 	// CallerClock makes a PostgreSQL store compute leases from the times
 	// the caller passes (tests with a fake clock).
 	CallerClock bool
+	// OwnTargetCredentials makes PostgreSQL effect target databases take
+	// their password from their own URL only, never from the environment
+	// or a passfile (postgres.Config.OwnTargetCredentials).
+	OwnTargetCredentials bool
 }
 
 // Open opens the checkpoint store at location (a postgres:// or
@@ -88,6 +92,7 @@ func (s Settings) postgres(url string) postgres.Config {
 	return postgres.Config{
 		URL: url, MaxConns: s.MaxConns, StatementTimeout: s.StatementTimeout, IdleInTxTimeout: s.IdleInTxTimeout,
 		ConnectTimeout: s.ConnectTimeout, ApplicationName: s.ApplicationName, CallerClock: s.CallerClock,
+		OwnTargetCredentials: s.OwnTargetCredentials,
 	}
 }
 

@@ -34,7 +34,7 @@ import (
 // Params are the settle job's parameters.
 type Params struct {
 	Date   string `param:"date,key" format:"date" help:"business date to settle, YYYY-MM-DD"`
-	Ledger string `param:"ledger" format:"database" help:"ledger database: an existing SQLite file (stored as an absolute path) or a postgres:// URL without a password; empty means the checkpoint database"`
+	Ledger string `param:"ledger" format:"database" help:"ledger database: an existing SQLite file (stored as an absolute path) or a postgres:// URL without a password; over the HTTP API the name of a target serve's operator configured (--target); empty means the checkpoint database"`
 	Chunk  int    `param:"chunk" default:"1000" help:"transfers committed together"`
 	// Partitions splits the post step across runners, by debit account.
 	Partitions int `param:"partitions" default:"1" help:"partitions of the post step, by debit account (1 to 256); several let workers share it"`

@@ -43,6 +43,12 @@
 // answered by its run key, as a start without a key is (200, created
 // false, the tombstone's status), and the key is not recorded again.
 //
+// A start's parameters that name a file or a database (formats path,
+// existingfile, database) are names of the targets the operator configured
+// (Config.Targets): a path, URL, connection string or unknown name is 400
+// with code "bad_params" naming the configured targets, and nothing is
+// opened or dialled for it; the run stores "target:NAME".
+//
 // A start (POST /api/v1/runs), resume or rerun over its job's concurrency
 // limit is refused, as the command line refuses it, with 409 and code
 // "limit_reached": the error names the limit and the runs holding it, and

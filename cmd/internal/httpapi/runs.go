@@ -271,7 +271,10 @@ type ItemsView struct {
 type StartBody struct {
 	Job string `json:"job"`
 	// Params are the job's parameters: a string is taken as the CLI's -p
-	// NAME=VALUE is, any other JSON value as in a --params-file.
+	// NAME=VALUE is, any other JSON value as in a --params-file, except
+	// that a parameter naming a file or a database takes the name of a
+	// target the server's operator configured (Config.Targets), never a
+	// path or URL.
 	Params map[string]json.RawMessage `json:"params"`
 }
 
@@ -329,6 +332,10 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	values, file, err := splitParams(b.Params)
+	if err == nil {
+		// Files and databases only by the names the operator configured.
+		values, err = jobs.RequestValues(job, values, s.cfg.Targets)
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -37,6 +37,12 @@ type Config struct {
 	// Starter starts and resumes the runs the API accepts. Required (see
 	// Local).
 	Starter Starter
+	// Targets are what a start's resource parameters (a file or a
+	// database: jobs.IsResourceFormat) may name: a request gives a
+	// target's name, never a path or URL (jobs.RequestValues), and the
+	// run stores "target:NAME". The Starter's runner resolves it with
+	// the same names (runner.Config.Targets). Nil configures none.
+	Targets *jobs.Targets
 	// Tokens are the bearer tokens accepted. Nil or empty: every request
 	// is anonymous and only reads are served (writes are 401), and only
 	// to a request whose Host is localhost or a loopback IP (else 421;
