@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -161,6 +162,11 @@ func report(env *Env, res runner.Result, err error) error {
 	if err != nil && res.Status == checkpoint.RunInterrupted {
 		fmt.Fprintf(env.Stdout, "resume it with: %s resume %s\n", env.Name, res.RunID)
 		return reported{err}
+	}
+	if errors.Is(err, checkpoint.ErrTransient) {
+		// A database fault the retries did not outlast: once the server
+		// answers, the run goes on from its checkpoints.
+		fmt.Fprintf(env.Stdout, "resume it with: %s resume %s\n", env.Name, res.RunID)
 	}
 	return err
 }
