@@ -254,6 +254,9 @@ type Env struct {
 	// maxConns, if set, is the PostgreSQL store's pool size (a worker
 	// driving many runs at once needs more than the default).
 	maxConns int32
+	// lease, if set, is the command's --lease: a PostgreSQL store's
+	// session timeouts follow it.
+	lease time.Duration
 }
 
 func (e *Env) now() time.Time {

@@ -53,6 +53,7 @@ type RunCmd struct {
 
 // Run implements the run command.
 func (c *RunCmd) Run(env *Env) error {
+	env.lease = c.Lease
 	file, err := readParamsFile(c.ParamsFile)
 	if err != nil {
 		return err
@@ -95,6 +96,7 @@ type ResumeCmd struct {
 
 // Run implements the resume command.
 func (c *ResumeCmd) Run(env *Env) error {
+	env.lease = c.Lease
 	if _, err := env.ExistingStore(); err != nil { // the run is recorded there
 		return err
 	}

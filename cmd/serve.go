@@ -51,6 +51,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		return usageError{fmt.Errorf("--listen %s is not a loopback address, and without --tokens anyone who reaches it could read every run: "+
 			"give --tokens FILE (lines NAME:ROLE:TOKEN), or listen on 127.0.0.1", c.Listen)}
 	}
+	env.lease = c.Lease
 	st, err := env.Store()
 	if err != nil {
 		return err

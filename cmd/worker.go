@@ -103,6 +103,7 @@ func (c *WorkerCmd) Run(env *Env) error {
 	// for its heartbeat, and a partition of it two more (its chunk's
 	// transaction and its heartbeat); claims need one more.
 	env.maxConns = int32(max(4, 2*c.Concurrency+3))
+	env.lease = c.Lease
 	st, err := env.Store()
 	if err != nil {
 		return err
