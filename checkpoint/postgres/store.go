@@ -206,6 +206,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		s.pool.Close()
 		return nil, s.wrap("connect", err)
 	}
+	if err := s.checkConnLimit(ctx); err != nil {
+		s.pool.Close()
+		return nil, err
+	}
 	if cfg.MustExist {
 		var exists bool
 		if err := s.pool.QueryRow(ctx, sqlSchemaTable).Scan(&exists); err != nil {
@@ -224,6 +228,37 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s.rdb = openReader(pc)
 	return s, nil
+}
+
+// minConns is how many connections a store needs at once: a run's write
+// and its heartbeat beside it.
+const minConns = 2
+
+// sqlConnLimits reads the database's and the role's CONNECTION LIMIT
+// (-1: none) and whether the role is a superuser (exempt from both).
+const sqlConnLimits = `SELECT (SELECT datconnlimit FROM pg_database WHERE datname = current_database()), rolconnlimit, rolsuper
+FROM pg_roles WHERE rolname = current_user`
+
+// checkConnLimit refuses, before anything is written, a database or role
+// whose CONNECTION LIMIT leaves fewer than minConns connections: the
+// first write would work, and the heartbeat or read beside it fail the
+// run midway.
+func (s *Store) checkConnLimit(ctx context.Context) error {
+	var db, role int32
+	var super bool
+	if err := s.pool.QueryRow(ctx, sqlConnLimits).Scan(&db, &role, &super); err != nil {
+		return s.wrap("read the connection limits", err)
+	}
+	what, limit := "database", db
+	if role >= 0 && (db < 0 || role < db) {
+		what, limit = "role", role
+	}
+	if super || limit < 0 || limit >= minConns {
+		return nil
+	}
+	return &Error{Kind: ErrTooManyConnections, Where: s.where, Op: "connect",
+		Detail: fmt.Sprintf("the %s's CONNECTION LIMIT is %d; a store needs %d connections at once (a write and its heartbeat)", what, limit, minConns),
+		Hint:   fmt.Sprintf("raise it (ALTER %s ... CONNECTION LIMIT %d or more); nothing was written", strings.ToUpper(what), minConns+2)}
 }
 
 // describe names the server and database of a pool configuration.
