@@ -84,11 +84,6 @@ func healCase(t *testing.T, s store, n, transfers int) {
 	st := s.open(t)
 	defer st.Close()
 	runID := jobs.RunID(settlement.Job.Name(), testDate)
-	admin, err := pgx.Connect(context.Background(), pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(context.Background())
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 23))
 	var ended []string
 	started := time.Now()
@@ -106,31 +101,8 @@ func healCase(t *testing.T, s store, n, transfers int) {
 		if len(ended) >= n {
 			continue
 		}
-		rows, err := admin.Query(context.Background(), sqlWritingSessions, names)
-		if err != nil {
-			t.Fatal(err)
-		}
-		type session struct {
-			pid          int32
-			state, query string
-		}
-		found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (session, error) {
-			var x session
-			return x, r.Scan(&x.pid, &x.state, &x.query)
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(found) == 0 {
-			continue
-		}
-		x := found[rng.IntN(len(found))]
-		var ok bool
-		if err := admin.QueryRow(context.Background(), "SELECT pg_terminate_backend($1)", x.pid).Scan(&ok); err != nil {
-			t.Fatal(err)
-		}
-		if ok {
-			ended = append(ended, fmt.Sprintf("%s: %q", x.state, x.query))
+		if what := terminateWriter(t, names, rng); what != "" {
+			ended = append(ended, what)
 		}
 	}
 	took := time.Since(started)
@@ -142,4 +114,44 @@ func healCase(t *testing.T, s store, n, transfers int) {
 		t.Errorf("only %d sessions were ended (want %d): the run was over too soon to test anything", len(ended), n)
 	}
 	t.Logf("run succeeded in %s with %d sessions ended and no operator action: %s", took.Round(time.Millisecond), len(ended), strings.Join(ended, "; "))
+}
+
+// terminateWriter ends, with pg_terminate_backend, one of the sessions
+// named by names that is inside a write transaction, chosen by rng, and
+// says which ("" when none was).
+func terminateWriter(t *testing.T, names []string, rng *rand.Rand) string {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	rows, err := admin.Query(ctx, sqlWritingSessions, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type session struct {
+		pid          int32
+		state, query string
+	}
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (session, error) {
+		var x session
+		return x, r.Scan(&x.pid, &x.state, &x.query)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	x := found[rng.IntN(len(found))]
+	var ok bool
+	if err := admin.QueryRow(ctx, "SELECT pg_terminate_backend($1)", x.pid).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("%s: %q", x.state, x.query)
 }
