@@ -75,6 +75,7 @@ func (r *Runner) driveRetrying(ctx context.Context, store checkpoint.Store, job 
 			return pastDeadline, &StoreFaultError{RunID: claim.Lease.RunID, Tries: try, Err: err}
 		}
 		delay := policy.Backoff(try, rand.Float64())
+		r.cfg.Metrics.storeFault(job.Name())
 		log.Warn().Err(err).Int("try", try).Int("max_tries", policy.MaxTries).Float64(steps.FieldRetryInSeconds, delay.Seconds()).
 			Msg("store fault; the attempt goes on from its checkpoints after a pause")
 		if sleepOn(r.cfg.Clock, ctx, delay) != nil {

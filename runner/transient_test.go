@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -60,12 +62,16 @@ func faultJob(tries int, calls map[string]*atomic.Int64) *jobs.Definition[jobPar
 	}, jobs.Retry(steps.RetryPolicy{MaxTries: tries, Initial: time.Millisecond, Max: 5 * time.Millisecond}))
 }
 
-func faultRunner(t *testing.T, st checkpoint.Backend, tries int) (*runner.Runner, map[string]*atomic.Int64) {
+func faultRunner(t *testing.T, st checkpoint.Backend, tries int, metrics ...*runner.Metrics) (*runner.Runner, map[string]*atomic.Int64) {
 	t.Helper()
 	calls := map[string]*atomic.Int64{"load": {}, "price": {}, "summary": {}}
 	reg := &jobs.Registry{}
 	reg.MustRegister(faultJob(tries, calls))
-	r, err := runner.New(runner.Config{Store: st, Jobs: reg, Owner: "test:1"})
+	cfg := runner.Config{Store: st, Jobs: reg, Owner: "test:1"}
+	if len(metrics) > 0 {
+		cfg.Metrics = metrics[0]
+	}
+	r, err := runner.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +84,12 @@ func faultRunner(t *testing.T, st checkpoint.Backend, tries int) (*runner.Runner
 // was lost is found committed).
 func TestTransientStoreFaultIsTriedAgain(t *testing.T) {
 	st := &faultyStore{Backend: checkpointtest.Open(t)}
-	r, calls := faultRunner(t, st, 5)
+	reg := prometheus.NewRegistry()
+	m, err := runner.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, calls := faultRunner(t, st, 5, m)
 	st.fail.Store(3) // the run's first three writes fail
 	res, err := r.Run(context.Background(), runner.Request{Job: "job", Values: testValues})
 	if err != nil || res.Status != checkpoint.RunSucceeded || res.Attempt != 1 {
@@ -86,6 +97,9 @@ func TestTransientStoreFaultIsTriedAgain(t *testing.T) {
 	}
 	if got := st.faults.Load(); got != 3 {
 		t.Fatalf("%d faults injected, want 3", got)
+	}
+	if s := series(t, reg, "stepwise_store_faults_total", map[string]string{"job": "job"}); s == nil || s.GetCounter().GetValue() != 3 {
+		t.Errorf("stepwise_store_faults_total = %v; want 3", s)
 	}
 	for id, n := range calls {
 		if n.Load() < 1 || n.Load() > 3 {
