@@ -34,6 +34,11 @@ var (
 	// ErrTooManyConnections: the server (or the role, or the database)
 	// has reached its connection limit.
 	ErrTooManyConnections = errors.New("postgres: too many connections")
+	// ErrConnectionClosed: the server ended the session (an
+	// administrator's pg_terminate_backend, a shutdown, a crash) or the
+	// connection broke under a statement. It also matches ErrUnavailable
+	// and checkpoint.ErrTransient: the step or chunk is tried again.
+	ErrConnectionClosed = errors.New("postgres: connection closed by the server")
 	// ErrAborted: the server aborted the transaction to break a
 	// deadlock or a serialization failure. Nothing of it was kept; it
 	// matches checkpoint.ErrTransient, so it is tried again.
@@ -90,6 +95,8 @@ func (e *Error) Unwrap() []error {
 	switch e.Kind {
 	case ErrNoDatabase:
 		return []error{e.Kind, checkpoint.ErrNoDatabase, e.Err}
+	case ErrConnectionClosed:
+		return []error{e.Kind, ErrUnavailable, checkpoint.ErrTransient, e.Err}
 	case ErrUnavailable, ErrAborted, checkpoint.ErrLocked:
 		return []error{e.Kind, checkpoint.ErrTransient, e.Err}
 	}
@@ -135,7 +142,7 @@ func wrapError(where, op string, err error) error {
 		case codeTooManyConnections:
 			kind, hint = ErrTooManyConnections, "lower the pool size of the runners or raise the server's max_connections"
 		case codeAdminShutdown, codeCrashShutdown:
-			kind, hint = ErrUnavailable, hintClosed
+			kind, hint = ErrConnectionClosed, hintClosed
 		case codeCannotConnectNow:
 			kind, hint = ErrUnavailable, "the server is starting up or shutting down; retry when it is up"
 		case codeSerialization, codeDeadlock:
@@ -164,7 +171,7 @@ func wrapError(where, op string, err error) error {
 			Hint: "check the server is running and accepts connections at that address", Err: err}
 	}
 	if connectionLost(err) {
-		return &Error{Kind: ErrUnavailable, Where: where, Op: op, Detail: "connection lost: " + err.Error(), Hint: hintLost, Err: err}
+		return &Error{Kind: ErrConnectionClosed, Where: where, Op: op, Detail: "connection lost: " + err.Error(), Hint: hintLost, Err: err}
 	}
 	return err
 }

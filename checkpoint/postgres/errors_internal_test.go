@@ -64,7 +64,8 @@ func TestWrapErrorTransient(t *testing.T) {
 		}
 	}
 	err := wrapError(where, "commit", &pgconn.PgError{Severity: "FATAL", Code: "57P01", Message: "terminating connection due to administrator command"})
-	if !strings.Contains(err.Error(), "the server closed the connection") || !strings.Contains(err.Error(), "resume") {
+	if !errors.Is(err, ErrConnectionClosed) || !errors.Is(err, ErrUnavailable) || strings.Contains(err.Error(), "server unavailable") ||
+		!strings.Contains(err.Error(), "connection closed by the server") || !strings.Contains(err.Error(), "resume") {
 		t.Errorf("a terminated session says %q; want what happened and how to resume", err)
 	}
 }
