@@ -1,13 +1,17 @@
 package cmd
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/runner"
 )
 
 // issue 23.1: enqueue of a failed run's key says what to do instead of
@@ -49,5 +53,23 @@ func TestEnqueueOfAFailedRunAndTheNextTry(t *testing.T) {
 	o = cliRun(t, []string{"--db", db, "runs"})
 	if o.code != ExitOK || !strings.Contains(o.stdout, "next try at") {
 		t.Errorf("runs does not say when the run back in its queue is tried again:\n%s", o)
+	}
+}
+
+// issue 23.5: a lone run that failed on a database fault prints the
+// resume line, as an interrupted one does; another failure does not.
+func TestReportOfAStoreFaultSaysHowToResume(t *testing.T) {
+	fault := &runner.StoreFaultError{RunID: "crashy/k", Tries: 6, Err: fmt.Errorf("connection closed: %w", checkpoint.ErrTransient)}
+	var out bytes.Buffer
+	if err := report(&Env{Stdout: &out, Name: "mytool"}, runner.Result{RunID: "crashy/k", Status: checkpoint.RunFailed, Attempt: 1}, fault); !errors.Is(err, checkpoint.ErrTransient) {
+		t.Errorf("report returned %v; want the fault itself", err)
+	}
+	if want := "resume it with: mytool resume crashy/k\n"; !strings.HasSuffix(out.String(), want) {
+		t.Errorf("report of a run failed on a store fault = %q, want it to end %q", out.String(), want)
+	}
+	out.Reset()
+	report(&Env{Stdout: &out, Name: "mytool"}, runner.Result{RunID: "crashy/k", Status: checkpoint.RunFailed, Attempt: 1}, errors.New("bad input"))
+	if strings.Contains(out.String(), "resume it with") {
+		t.Errorf("report of an ordinary failure = %q; the resume line is for store faults", out.String())
 	}
 }
