@@ -64,7 +64,7 @@ func TestPoolHealsTerminatedSessions(t *testing.T) {
 				s.ledger = schemaIn(t, server)
 			}
 			ledger := poolLedger
-			ledger.Transfers = max(ledger.Transfers, 200*n) // long enough to end n sessions inside it
+			ledger.Transfers = max(ledger.Transfers, 400*n) // long enough to end n sessions inside it, even on an idle machine
 			seed(t, s.ledgerLoc(), ledger)
 			healCase(t, s, n, ledger.Transfers)
 		})
@@ -97,7 +97,7 @@ func healCase(t *testing.T, s store, n, transfers int) {
 			t.Fatalf("the run is %s after 2 minutes (ended: %s); partitions %s", runStatus(t, st, runID),
 				strings.Join(ended, "; "), states(partitionsOf(t, s, testDate)))
 		}
-		time.Sleep(time.Duration(rng.Int64N(int64(80 * time.Millisecond))))
+		time.Sleep(time.Duration(rng.Int64N(int64(40 * time.Millisecond))))
 		if len(ended) >= n {
 			continue
 		}
