@@ -55,6 +55,15 @@ var (
 	// ErrAbandoned is returned by Claim for an abandoned run unless the
 	// claim is forced.
 	ErrAbandoned = errors.New("checkpoint: run was abandoned")
+	// ErrTransient is matched (errors.Is) by a store error that trying
+	// again may cure: the connection was lost or closed by the server,
+	// the server was shutting down or starting up, or the transaction was
+	// aborted by a serialization failure or a deadlock. Nothing of the
+	// failed write was kept, except that a lost commit may have
+	// committed; the checkpoints tell which when the step or chunk is
+	// tried again. The backend decides what is transient; callers only
+	// ask errors.Is(err, ErrTransient).
+	ErrTransient = errors.New("checkpoint: transient store fault")
 )
 
 // LeaseHeldError is returned by Claim, and by the manual operations, when

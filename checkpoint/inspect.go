@@ -1,6 +1,9 @@
 package checkpoint
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Page selects one page of a run's rows in key order: those after the
 // previous page's last row (AfterStep, AfterKey; both empty for the first
@@ -25,6 +28,12 @@ type Inspector interface {
 	// ChunkPlanCounts counts a run's chunk plans by step and status (the
 	// Count of an ItemCount is then a number of plans).
 	ChunkPlanCounts(ctx context.Context, runID string) ([]ItemCount, error)
+	// StoreNow is the store's clock, for judging times as the store
+	// judges leases (a run's staleness, how long ago it was updated):
+	// PostgreSQL's now(). It is the zero time when the store keeps times
+	// on the caller's clock (SQLite, whose clock is the local one; a
+	// PostgreSQL store with Config.CallerClock): the caller uses its own.
+	StoreNow(ctx context.Context) (time.Time, error)
 }
 
 // Backend is the one typed handle on a store: everything it offers the

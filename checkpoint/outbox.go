@@ -45,8 +45,16 @@ type DeliveryFailure struct {
 	Key string
 	// Error is what the delivery returned, kept as the message's LastError.
 	Error string
-	// RetryAt is when the message is due again if it is not dead.
+	// RetryAt is when the message is due again if it is not dead, on the
+	// caller's clock.
 	RetryAt time.Time
+	// RetryIn, when positive, is how long after the failure the message
+	// is due again, on the store's clock: a store that keeps times on its
+	// own clock (PostgreSQL's now(), as for leases) uses it instead of
+	// RetryAt, so a dispatcher whose clock is skewed neither delays a
+	// retry nor hurries it. SQLite, whose clock is the caller's, uses
+	// RetryAt.
+	RetryIn time.Duration
 	// MaxTries is the number of tries, this one counted, after which the
 	// message is dead. At least 1.
 	MaxTries int

@@ -242,6 +242,11 @@ type Ending struct {
 	Status string // one of the Run* statuses
 	Error  string
 	At     time.Time
+	// RetryAfter, when positive, makes a queued run ended interrupted
+	// claimable by ClaimNext only that long after its end, on the store's
+	// clock (the pool trying a run again after a store fault, with
+	// backoff). Zero leaves it claimable at once.
+	RetryAfter time.Duration
 }
 
 // Run is one row of the runs table.

@@ -60,6 +60,7 @@ func (c *BackfillCmd) Run(env *Env) error {
 	if days := int(to.Sub(from).Hours()/24) + 1; days > 3660 {
 		return usageError{fmt.Errorf("--from %s --to %s spans %d days; backfill at most ten years at a time", c.From, c.To, days)}
 	}
+	env.lease = c.Lease
 	open := env.Store
 	if c.DryRun { // lists only: never creates the database
 		open = env.ExistingStore

@@ -88,6 +88,9 @@ func statusText(r checkpoint.Run, now time.Time) string {
 			text += ", not before " + r.AvailableAt.Format(time.RFC3339)
 		}
 		return text + ")"
+	case !ops.NextTry(r, now).IsZero():
+		return fmt.Sprintf("%s (back in queue %s after a fault: next try at %s, %s)", r.Status, r.Queue,
+			r.AvailableAt.UTC().Format(time.RFC3339), ago(r.AvailableAt, now))
 	}
 	return r.Status
 }
@@ -112,7 +115,7 @@ func (c *RunsCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	now := env.now()
+	now := ops.Now(env.Ctx, st, env.now())
 	runs, _, err := ops.ListRunRecords(env.Ctx, st, ops.RunsQuery{Job: c.Job, Status: c.Status, Limit: c.Limit}, now)
 	if err != nil {
 		return err

@@ -266,6 +266,9 @@ type Env struct {
 	// password only (stores.Settings.OwnTargetCredentials): serve and
 	// worker.
 	ownTargetCredentials bool
+	// lease, if set, is the command's --lease: a PostgreSQL store's
+	// session timeouts follow it.
+	lease time.Duration
 }
 
 func (e *Env) now() time.Time {

@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -57,6 +58,7 @@ type RunCmd struct {
 
 // Run implements the run command.
 func (c *RunCmd) Run(env *Env) error {
+	env.lease = c.Lease
 	file, err := readParamsFile(c.ParamsFile)
 	if err != nil {
 		return err
@@ -99,6 +101,7 @@ type ResumeCmd struct {
 
 // Run implements the resume command.
 func (c *ResumeCmd) Run(env *Env) error {
+	env.lease = c.Lease
 	if _, err := env.ExistingStore(); err != nil { // the run is recorded there
 		return err
 	}
@@ -172,6 +175,11 @@ func report(env *Env, res runner.Result, err error) error {
 	if err != nil && res.Status == checkpoint.RunInterrupted {
 		fmt.Fprintf(env.Stdout, "resume it with: %s resume %s\n", env.Name, res.RunID)
 		return reported{err}
+	}
+	if errors.Is(err, checkpoint.ErrTransient) {
+		// A database fault the retries did not outlast: once the server
+		// answers, the run goes on from its checkpoints.
+		fmt.Fprintf(env.Stdout, "resume it with: %s resume %s\n", env.Name, res.RunID)
 	}
 	return err
 }

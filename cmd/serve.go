@@ -64,6 +64,7 @@ func (c *ServeCmd) Run(env *Env) error {
 		return usageError{err}
 	}
 	env.ownTargetCredentials = true // only the targets carry credentials
+	env.lease = c.Lease
 	st, err := env.Store()
 	if err != nil {
 		return err

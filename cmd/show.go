@@ -70,7 +70,7 @@ func (c *ShowCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	now := env.now()
+	now := ops.Now(env.Ctx, st, env.now())
 	v, err := ops.Show(env.Ctx, st, c.RunID, ops.ShowOptions{Effects: c.Effects, ChunkPlans: limit}, now)
 	if err != nil {
 		return err

@@ -40,7 +40,7 @@ func (dbMapper) Decode(ctx *kong.DecodeContext, target reflect.Value) error {
 func openBackend(e *Env, mustExist bool) (checkpoint.Backend, error) {
 	g := e.Globals
 	st, err := stores.Open(e.Ctx, g.DB, stores.Settings{
-		MustExist: mustExist, Synchronous: g.Synchronous, BusyTimeout: g.BusyTimeout, MaxConns: e.maxConns,
+		MustExist: mustExist, Synchronous: g.Synchronous, BusyTimeout: g.BusyTimeout, MaxConns: e.maxConns, Lease: e.lease,
 		OwnTargetCredentials: e.ownTargetCredentials,
 	})
 	switch {

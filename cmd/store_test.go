@@ -34,10 +34,14 @@ func TestDBPostgresServerErrors(t *testing.T) {
 	dbName := strings.TrimPrefix(mustParse(t, db).Path, "/")
 	pgtest.Exec(t, db, "CREATE ROLE "+role+" LOGIN")
 	pgtest.Exec(t, db, "CREATE ROLE "+role+"_full LOGIN CONNECTION LIMIT 0")
+	pgtest.Exec(t, db, "CREATE ROLE "+role+"_one LOGIN CONNECTION LIMIT 1")
+	pgtest.Exec(t, db, "GRANT CREATE ON SCHEMA public TO "+role+"_one")
 	t.Cleanup(func() {
 		pgtest.Exec(t, base, "DROP OWNED BY "+role+" CASCADE")
 		pgtest.Exec(t, base, "DROP ROLE IF EXISTS "+role)
 		pgtest.Exec(t, base, "DROP ROLE IF EXISTS "+role+"_full")
+		pgtest.Exec(t, db, "DROP OWNED BY "+role+"_one CASCADE")
+		pgtest.Exec(t, base, "DROP ROLE IF EXISTS "+role+"_one")
 	})
 	as := func(user, database string) string {
 		v := *u
@@ -54,6 +58,9 @@ func TestDBPostgresServerErrors(t *testing.T) {
 		{"missing database", as("postgres", dbName+"_missing"), []string{"database does not exist", dbName + "_missing"}},
 		{"no privilege", as(role, dbName), []string{"permission denied", dbName}},
 		{"connection limit", as(role+"_full", dbName), []string{"too many connections", dbName}},
+		// One connection opens the store, but a run needs two at once:
+		// refused before anything is written, not failed midway.
+		{"connection limit 1", as(role+"_one", dbName), []string{"too many connections", dbName, "CONNECTION LIMIT is 1"}},
 	} {
 		// run writes: on a database without Stepwise's tables it creates
 		// them, which needs the privilege.
@@ -72,6 +79,15 @@ func TestDBPostgresServerErrors(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("failing to reach PostgreSQL created %v", ents)
+	}
+	conn, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var tables int
+	if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").Scan(&tables); err != nil || tables != 0 {
+		t.Errorf("a refused store wrote %d tables (%v)", tables, err)
 	}
 }
 

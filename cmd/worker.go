@@ -13,7 +13,7 @@ import (
 // EnqueueCmd queues a run of a job for the workers.
 type EnqueueCmd struct {
 	Job        string            `arg:"" help:"Registered job name (see '${name} jobs')."`
-	Params     map[string]string `short:"p" mapsep:"none" placeholder:"NAME=VALUE" help:"A job parameter; repeat for several. Identifying parameters name the run: enqueueing a run key that exists changes nothing and says so."`
+	Params     map[string]string `short:"p" mapsep:"none" placeholder:"NAME=VALUE" help:"A job parameter; repeat for several. Identifying parameters name the run: enqueueing a run key that exists changes nothing and says so (a failed one exits 5 naming the resume command)."`
 	ParamsFile string            `type:"existingfile" placeholder:"FILE" help:"JSON object of job parameters; -p values override it."`
 	Queue      string            `default:"default" help:"Queue to put the run in; a worker takes runs from the queues its --queues names (all when omitted)."`
 	Priority   int               `default:"0" help:"Among a queue's due runs, higher priorities start first; equal ones oldest first."`
@@ -63,6 +63,11 @@ func (c *EnqueueCmd) Run(env *Env) error {
 		return writeJSON(env.Stdout, enqueueView{RunID: run.ID, Created: res.Created, Status: run.Status,
 			Queue: run.Queue, Priority: run.Priority, AvailableAt: run.AvailableAt})
 	}
+	if !res.Created && run.Status == checkpoint.RunFailed {
+		// Left as it is, no worker takes it: say what does.
+		return fmt.Errorf("%w: run %s exists already and failed (%s); nothing enqueued: resume it with `%s resume %s` "+
+			"(it goes on from its checkpoints), or enqueue another run key", ErrNeedsDecision, run.ID, run.Error, env.Name, run.ID)
+	}
 	if !res.Created {
 		fmt.Fprintf(env.Stdout, "run %s exists already (%s); nothing enqueued\n", run.ID, run.Status)
 		return nil
@@ -104,6 +109,7 @@ func (c *WorkerCmd) Run(env *Env) error {
 		return usageError{err}
 	}
 	env.ownTargetCredentials = true // only the targets carry credentials
+	env.lease = c.Lease
 	st, err := env.Store()
 	if err != nil {
 		return err

@@ -28,6 +28,7 @@ import (
 //	stepwise_effects_applied_total{job}       compare-and-set writes applied
 //	stepwise_cas_conflicts_total{job}         writes that found another writer's version
 //	stepwise_replans_total{job}               plans made again after a conflict
+//	stepwise_store_faults_total{job}          transient store faults (a dropped connection, a deadlock) an attempt went on from
 //	stepwise_duplicate_fires_total{schedule}  fires whose run had already succeeded or was running elsewhere
 //	stepwise_misfires_skipped_total{schedule,reason}  missed fires not run: reason "policy" or "deadline"
 //	stepwise_overlap_skipped_total{schedule}  fires skipped under OverlapForbid
@@ -51,7 +52,7 @@ type Metrics struct {
 	stepsExecuted, stepsSkipped, stepsFailed                *prometheus.CounterVec
 	effectsApplied, casConflicts, replans                   *prometheus.CounterVec
 	duplicateFires, misfiresSkipped, overlapSkipped         *prometheus.CounterVec
-	fireErrors, leaseTakeovers                              *prometheus.CounterVec
+	fireErrors, leaseTakeovers, storeFaults                 *prometheus.CounterVec
 	lag, leader, lastSuccess                                *prometheus.GaugeVec
 	attemptDuration, stepDuration                           *prometheus.HistogramVec
 }
@@ -100,6 +101,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		overlapSkipped:  counter("overlap_skipped_total", "Fires skipped because an earlier run of the schedule was unfinished (overlap forbid).", "schedule"),
 		fireErrors:      counter("fire_errors_total", "Fires whose run could not be started or recorded.", "schedule"),
 		leaseTakeovers:  counter("lease_takeovers_total", "Leases taken over from a dead or stalled owner.", "kind"),
+		storeFaults:     counter("store_faults_total", "Transient store faults (a dropped connection, a server restart, a deadlock) an attempt went on from its checkpoints after.", "job"),
 		lag:             gauge("schedule_lag_seconds", "How late after its fire time the schedule's latest run started.", "schedule"),
 		leader:          gauge("schedule_leader", "1 while this scheduler holds the schedule's lease and fires it.", "schedule"),
 		lastSuccess: gauge("job_last_success_timestamp_seconds",
@@ -114,7 +116,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, c := range []prometheus.Collector{m.runsStarted, m.runsSucceeded, m.runsFailed, m.runsInterrupted,
 		m.stepsExecuted, m.stepsSkipped, m.stepsFailed, m.effectsApplied, m.casConflicts, m.replans,
 		m.duplicateFires, m.misfiresSkipped, m.overlapSkipped,
-		m.fireErrors, m.leaseTakeovers, m.lag, m.leader, m.lastSuccess, m.attemptDuration, m.stepDuration} {
+		m.fireErrors, m.leaseTakeovers, m.storeFaults, m.lag, m.leader, m.lastSuccess, m.attemptDuration, m.stepDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -173,6 +175,14 @@ func (m *Metrics) runEnded(job string, res Result) {
 	m.effectsApplied.WithLabelValues(job).Add(float64(res.Stats.Effects))
 	m.casConflicts.WithLabelValues(job).Add(float64(res.Stats.Conflicts))
 	m.replans.WithLabelValues(job).Add(float64(res.Stats.Replans))
+}
+
+// storeFault counts a transient store fault an attempt of job goes on
+// from.
+func (m *Metrics) storeFault(job string) {
+	if m != nil {
+		m.storeFaults.WithLabelValues(job).Inc()
+	}
 }
 
 func (m *Metrics) duplicateFire(schedule string) {

@@ -264,7 +264,7 @@ func (d *Dispatcher) Pass(ctx context.Context) (PassResult, error) {
 				continue
 			}
 			delay := backoff.Backoff(m.Tries+1, rand.Float64())
-			dead, err := d.Store.MarkFailed(ctx, checkpoint.DeliveryFailure{Key: m.Key, Error: derr.Error(), RetryAt: now.Add(delay), MaxTries: maxTries})
+			dead, err := d.Store.MarkFailed(ctx, checkpoint.DeliveryFailure{Key: m.Key, Error: derr.Error(), RetryAt: now.Add(delay), RetryIn: delay, MaxTries: maxTries})
 			if err != nil {
 				return res, err
 			}

@@ -442,13 +442,14 @@ func (c *Claimed) execute(ctx context.Context) (Result, error) {
 	defer cancel(nil)
 	stopBeat := r.heartbeat(runCtx, lease, claimedAt, cancel, log)
 
-	pastDeadline, jobErr := r.drive(runCtx, job, claim, dec, req, &res, jobLog)
+	pastDeadline, jobErr := r.driveRetrying(runCtx, job, claim, dec, req, &res, jobLog, log)
 	stopBeat()
 
 	end := checkpoint.Ending{Status: checkpoint.RunSucceeded, At: r.cfg.Clock.Now()}
 	var (
 		outErr error
 		lost   *LeaseLostError
+		fault  *StoreFaultError
 	)
 	switch {
 	case jobErr == nil:
@@ -467,6 +468,13 @@ func (c *Claimed) execute(ctx context.Context) (Result, error) {
 		end.Status = checkpoint.RunFailed
 		end.Error = fmt.Sprintf("deadline of %s passed: %v", job.Settings().Deadline, jobErr)
 		outErr = fmt.Errorf("run %s failed: %s (rerun to resume)", runID, end.Error)
+	case errors.As(jobErr, &fault):
+		if e, ok := r.requeueAfterFault(job, claim, fault); ok {
+			end, outErr = e, jobErr
+			break
+		}
+		end.Status, end.Error = checkpoint.RunFailed, jobErr.Error()
+		outErr = jobErr
 	default:
 		end.Status, end.Error = checkpoint.RunFailed, jobErr.Error()
 		var p *PanicError
@@ -503,6 +511,8 @@ func (c *Claimed) execute(ctx context.Context) (Result, error) {
 	ev, msg := log.Info(), "run "+end.Status
 	var p *PanicError
 	switch {
+	case fault != nil && end.Status == checkpoint.RunInterrupted:
+		ev, msg = log.Warn().Err(fault.Err).Float64(steps.FieldRetryInSeconds, fault.RetryIn.Seconds()), "run back in its queue after store faults; a worker tries it again"
 	case end.Status == checkpoint.RunInterrupted:
 		// Expected and resumable: one warning saying why, not the
 		// internal error of wherever the cancel reached the job.

@@ -193,7 +193,8 @@ func (w *Worker) claimPartitions() WorkSource {
 			log := w.log.With().Str(steps.FieldRunID, pl.RunID).Str(steps.FieldStepID, pl.Step).Int("partition", pl.Index).Logger()
 			switch {
 			case err == nil:
-			case errors.Is(err, checkpoint.ErrFenced), errors.Is(err, steps.ErrPartitionLeaseLost), errors.Is(err, ErrInterrupted):
+			case errors.Is(err, checkpoint.ErrFenced), errors.Is(err, steps.ErrPartitionLeaseLost), errors.Is(err, ErrInterrupted),
+				errors.Is(err, checkpoint.ErrTransient):
 				log.Warn().Err(err).Msg("stopped working a partition; it is left to the runner holding it, or to the next claim")
 			default:
 				log.Error().Err(err).Msg("partition not worked")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -401,6 +402,7 @@ func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionSt
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				policy, faults := StoreRetryPolicy(r.retry), 0
 				for gctx.Err() == nil {
 					claim := claim
 					claim.Now = r.now()
@@ -425,6 +427,19 @@ func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionSt
 						// Claimable again once its lease passes, by this
 						// runner too: the next claim finds it then.
 						if r.sleep(gctx, min(r.partitionLease()/10, time.Second)) != nil {
+							return
+						}
+						continue
+					}
+					if errors.Is(err, checkpoint.ErrTransient) && ctx.Err() == nil && faults+1 < policy.MaxTries {
+						// A store fault: the partition was handed back
+						// (workPartition), so it is claimable again, by
+						// this runner too, after a pause.
+						faults++
+						delay := policy.Backoff(faults, rand.Float64())
+						r.log.Warn().Str(FieldStepID, name).Int("partition", pl.Index).Int("try", faults).
+							Float64(FieldRetryInSeconds, delay.Seconds()).Err(err).Msg("store fault in a partition; it is claimed again after a pause")
+						if r.sleep(gctx, delay) != nil {
 							return
 						}
 						continue
@@ -656,6 +671,18 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 		if eerr := end(prog); eerr != nil {
 			pr.log.Warn().Err(eerr).Msg("could not release the interrupted partition; it is claimable once its lease passes")
 		}
+		return err
+	case errors.Is(err, checkpoint.ErrTransient) && ctx.Err() == nil:
+		// A store fault (a dropped connection, a deadlock): hand the
+		// partition back rather than fail it, so any runner claims it
+		// again and goes on from its committed chunks. If the store does
+		// not answer, it is claimable once its lease passes.
+		prog.State = checkpoint.PartitionPending
+		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
+		if eerr := ps.EndPartition(rctx, h.write(r.now()), prog); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
+			pr.log.Warn().Err(eerr).Msg("could not hand back the partition after a store fault; it is claimable once its lease passes")
+		}
+		done()
 		return err
 	default:
 		prog.State, prog.Error = checkpoint.PartitionFailed, err.Error()

@@ -86,26 +86,30 @@ func (r *Run) applySame(ctx context.Context, ot *openTarget, u effectUnit) error
 	return nil
 }
 
-// partitionReplans bounds the re-plans of a partition's separate-store
-// chunk: other processes' partitions may move its keys meanwhile.
-const partitionReplans = 8 * MaxReplans
+// PartitionReplanTime bounds, by time rather than count, the re-plans of
+// a partition's separate-store chunk: other processes' partitions may
+// move its keys meanwhile, as often as their chunks commit, so a chunk
+// goes on re-planning (after a jittered pause) until it applies or this
+// long has passed since its first conflict, and at least MaxReplans times.
+const PartitionReplanTime = 30 * time.Second
 
 // applySeparate plans the unit against the target's current state, records
 // the plan in the checkpoint store, applies it in one target transaction
 // with its effect ID, and records it applied. A version conflict (another
-// writer moved a key) re-plans, at most MaxReplans times in all, then
-// returns the *checkpoint.VersionConflictError.
+// writer moved a key) re-plans, at most MaxReplans times in all (a
+// partition's chunk: for PartitionReplanTime), then returns the
+// *checkpoint.VersionConflictError. The re-plans are counted in Stats and
+// logged once per chunk: the first, and how many it took once it applied.
 func (r *Run) applySeparate(ctx context.Context, ot *openTarget, u effectUnit) error {
-	limit := MaxReplans
 	if r.part != nil {
 		// Partitions of one process take turns on a separate target
 		// (their reads and applies would only race each other); those of
-		// other processes may still move its keys, so they re-plan more
-		// often, after a jittered pause.
+		// other processes may still move its keys, so they re-plan for
+		// longer, after a jittered pause.
 		ot.mu.Lock()
 		defer ot.mu.Unlock()
-		limit = partitionReplans
 	}
+	var firstConflict time.Time
 	for replan := 0; ; replan++ {
 		groups := u.groups()
 		cur, err := readTarget(ctx, ot, keysOf(groups...))
@@ -128,20 +132,30 @@ func (r *Run) applySeparate(ctx context.Context, ot *openTarget, u effectUnit) e
 		err = r.finishRecorded(ctx, ot, u, id, res.Writes)
 		var conflict *checkpoint.VersionConflictError
 		if !errors.As(err, &conflict) {
+			if err == nil && replan > 0 {
+				r.log.Info().Str(FieldStepID, u.stepID()).Str("chunk", u.label()).Int("replans", replan).
+					Msg("applied after re-planning")
+			}
 			return err
 		}
 		r.count(func(s *Stats) { s.Conflicts++ })
-		if replan+1 >= limit {
+		if replan == 0 {
+			firstConflict = r.now()
+		}
+		if replan+1 >= MaxReplans && (r.part == nil || r.now().Sub(firstConflict) >= PartitionReplanTime) {
 			return err
 		}
 		if r.part != nil {
-			if err := r.sleep(ctx, time.Duration(rand.Int64N(int64(replan+1)*int64(5*time.Millisecond)))); err != nil {
+			pause := time.Duration(rand.Int64N(int64(min(replan+1, 20)) * int64(5*time.Millisecond)))
+			if err := r.sleep(ctx, pause); err != nil {
 				return err
 			}
 		}
 		r.count(func(s *Stats) { s.Replans++ })
-		r.log.Warn().Str(FieldStepID, u.stepID()).Str("key", conflict.Key).Int64("expected", conflict.Expected).
-			Int64("found", conflict.Found).Msg("another writer moved a key; re-planning")
+		if replan == 0 {
+			r.log.Warn().Str(FieldStepID, u.stepID()).Str("chunk", u.label()).Str("key", conflict.Key).Int64("expected", conflict.Expected).
+				Int64("found", conflict.Found).Msg("another writer moved a key; re-planning (logged once per chunk)")
+		}
 		u.superseded(id)
 	}
 }

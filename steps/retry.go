@@ -251,3 +251,20 @@ func (r *Run) recordTry(ctx context.Context, cp *checkpoint.Step, tryErr error) 
 		r.log.Warn().Str(FieldStepID, cp.ID).Err(err).Msg("could not record the failed try")
 	}
 }
+
+// DefaultStoreRetry is the policy a transient store fault
+// (checkpoint.ErrTransient: a dropped connection, a server restart, a
+// deadlock) is tried again under when the job's own RetryPolicy retries
+// nothing: six tries over about twelve seconds, long enough for a server
+// restart or a failover.
+var DefaultStoreRetry = RetryPolicy{MaxTries: 6, Initial: 500 * time.Millisecond, Max: 8 * time.Second, Jitter: EqualJitter}
+
+// StoreRetryPolicy is the policy under which a transient store fault of
+// a job with retry policy job is tried again: job itself when it retries,
+// DefaultStoreRetry otherwise, with defaults filled in.
+func StoreRetryPolicy(job RetryPolicy) RetryPolicy {
+	if job.MaxTries > 1 {
+		return job.withDefaults()
+	}
+	return DefaultStoreRetry.withDefaults()
+}

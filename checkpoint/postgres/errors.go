@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stepwise-run/stepwise/checkpoint"
@@ -32,6 +34,15 @@ var (
 	// ErrTooManyConnections: the server (or the role, or the database)
 	// has reached its connection limit.
 	ErrTooManyConnections = errors.New("postgres: too many connections")
+	// ErrConnectionClosed: the server ended the session (an
+	// administrator's pg_terminate_backend, a shutdown, a crash) or the
+	// connection broke under a statement. It also matches ErrUnavailable
+	// and checkpoint.ErrTransient: the step or chunk is tried again.
+	ErrConnectionClosed = errors.New("postgres: connection closed by the server")
+	// ErrAborted: the server aborted the transaction to break a
+	// deadlock or a serialization failure. Nothing of it was kept; it
+	// matches checkpoint.ErrTransient, so it is tried again.
+	ErrAborted = errors.New("postgres: transaction aborted (deadlock or serialization failure)")
 	// ErrBadURL: the database URL does not parse, or names settings pgx
 	// refuses (an unknown sslmode, say). Nothing was connected to.
 	ErrBadURL = errors.New("postgres: bad database URL")
@@ -53,6 +64,9 @@ const (
 	codeUndefinedTable        = "42P01"
 	codeUndefinedColumn       = "42703"
 	codeUniqueViolation       = "23505"
+	codeSerialization         = "40001"
+	codeDeadlock              = "40P01"
+	classConnection           = "08"
 )
 
 // Error is a store error the server or the network caused: what kind it
@@ -78,11 +92,25 @@ func (e *Error) Error() string {
 // callers can tell "that database does not exist" without knowing the
 // backend.
 func (e *Error) Unwrap() []error {
-	if e.Kind == ErrNoDatabase {
+	switch e.Kind {
+	case ErrNoDatabase:
 		return []error{e.Kind, checkpoint.ErrNoDatabase, e.Err}
+	case ErrConnectionClosed:
+		return []error{e.Kind, ErrUnavailable, checkpoint.ErrTransient, e.Err}
+	case ErrUnavailable, ErrAborted, checkpoint.ErrLocked:
+		return []error{e.Kind, checkpoint.ErrTransient, e.Err}
 	}
 	return []error{e.Kind, e.Err}
 }
+
+// Hints of the transient kinds: what happened and what becomes of it.
+const (
+	hintClosed = "the server closed the connection (an administrator ended the session, or the server is shutting down); " +
+		"the step or chunk is tried again under the job's retry policy, and a run that still fails is resumed with `stepwise resume RUN-ID`"
+	hintAborted = "nothing of the transaction was kept; it is tried again under the job's retry policy"
+	hintLost    = "the connection to the server was lost; the step or chunk is tried again under the job's retry policy " +
+		"once the server answers, and a run that still fails is resumed with `stepwise resume RUN-ID`"
+)
 
 // wrapError turns a driver error into an *Error of one of the package's
 // sentinels (or checkpoint's, where one means the same), naming where (the
@@ -113,10 +141,18 @@ func wrapError(where, op string, err error) error {
 			kind, hint = checkpoint.ErrLocked, "another session holds a lock it needs; retry when it is done"
 		case codeTooManyConnections:
 			kind, hint = ErrTooManyConnections, "lower the pool size of the runners or raise the server's max_connections"
-		case codeAdminShutdown, codeCrashShutdown, codeCannotConnectNow:
-			kind, hint = ErrUnavailable, "retry when the server is up"
+		case codeAdminShutdown, codeCrashShutdown:
+			kind, hint = ErrConnectionClosed, hintClosed
+		case codeCannotConnectNow:
+			kind, hint = ErrUnavailable, "the server is starting up or shutting down; retry when it is up"
+		case codeSerialization, codeDeadlock:
+			kind, hint = ErrAborted, hintAborted
 		case codeInvalidSchemaName:
 			kind, hint = ErrNoDatabase, "no schema of the URL's search_path exists that this role may use: create it, grant USAGE on it, or fix the URL"
+		default:
+			if strings.HasPrefix(pe.Code, classConnection) {
+				kind, hint = ErrUnavailable, hintLost
+			}
 		}
 		if kind != nil {
 			return &Error{Kind: kind, Where: where, Op: op, Detail: pe.Message, Hint: hint, Err: err}
@@ -134,5 +170,17 @@ func wrapError(where, op string, err error) error {
 		return &Error{Kind: ErrUnavailable, Where: where, Op: op, Detail: detail,
 			Hint: "check the server is running and accepts connections at that address", Err: err}
 	}
+	if connectionLost(err) {
+		return &Error{Kind: ErrConnectionClosed, Where: where, Op: op, Detail: "connection lost: " + err.Error(), Hint: hintLost, Err: err}
+	}
 	return err
+}
+
+// connectionLost reports whether err is pgconn's own word that the
+// connection broke under a statement or was closed before it: a read cut
+// off mid-answer, a closed connection, or an error pgconn says happened
+// before anything was sent (pgconn.SafeToRetry).
+func connectionLost(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, pgconn.ErrConnClosed) ||
+		pgconn.SafeToRetry(err)
 }

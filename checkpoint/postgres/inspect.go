@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stepwise-run/stepwise/checkpoint"
@@ -87,4 +88,17 @@ func (s *Store) ChunkPlanCounts(ctx context.Context, runID string) ([]checkpoint
 		counts = nil // as from the SQLite store
 	}
 	return counts, s.wrap(op, err)
+}
+
+// StoreNow implements checkpoint.Inspector: the server's now(), or the
+// zero time under Config.CallerClock.
+func (s *Store) StoreNow(ctx context.Context) (time.Time, error) {
+	if s.cfg.CallerClock {
+		return time.Time{}, nil
+	}
+	var now time.Time
+	if err := s.pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		return time.Time{}, s.wrap("read the server's clock", err)
+	}
+	return now.UTC(), nil
 }

@@ -75,7 +75,9 @@ FROM runs AS r WHERE r.id = $1`
 	sqlFinish = `WITH r AS (
     UPDATE runs SET status = $3::text, error = $4::text, lease_owner = NULL, lease_until = NULL,
         updated_at = coalesce($5::timestamptz, now()),
-        finished_at = CASE WHEN $3::text IN ('succeeded', 'abandoned') THEN coalesce($5::timestamptz, now()) END
+        finished_at = CASE WHEN $3::text IN ('succeeded', 'abandoned') THEN coalesce($5::timestamptz, now()) END,
+        available_at = CASE WHEN $7::bigint > 0 THEN coalesce($5::timestamptz, now()) + $7::bigint * interval '1 microsecond'
+            ELSE available_at END
     WHERE id = $1 AND fence = $2
     RETURNING id, updated_at
 ), a AS (
@@ -216,7 +218,8 @@ func (s *Store) Heartbeat(ctx context.Context, l checkpoint.Lease, now, until ti
 // Finish implements checkpoint.Store.
 func (s *Store) Finish(ctx context.Context, l checkpoint.Lease, e checkpoint.Ending) error {
 	var n int
-	if err := s.pool.QueryRow(ctx, sqlFinish, l.RunID, l.Fence, e.Status, e.Error, s.clock(e.At), l.Attempt).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(ctx, sqlFinish, l.RunID, l.Fence, e.Status, e.Error, s.clock(e.At), l.Attempt,
+		e.RetryAfter.Microseconds()).Scan(&n); err != nil {
 		return s.wrap("finish run "+l.RunID, err)
 	}
 	if n == 0 {

@@ -42,7 +42,8 @@ WHERE key = $1`
 	// sqlMarkFailed counts a failed try of a message still queued (a
 	// failure reported after a delivery changes nothing) and makes it dead
 	// at the limit of tries.
-	sqlMarkFailed = `UPDATE outbox SET tries = tries + 1, last_error = $2, next_at = coalesce($3::timestamptz, now()),
+	sqlMarkFailed = `UPDATE outbox SET tries = tries + 1, last_error = $2,
+next_at = coalesce($3::timestamptz, now() + $5::bigint * interval '1 microsecond'),
 status = CASE WHEN tries + 1 >= $4 THEN 'dead' ELSE 'queued' END
 WHERE key = $1 AND status = 'queued' RETURNING status`
 	// sqlRequeueKeys and sqlRequeueDead queue dead messages again, due at
@@ -126,14 +127,20 @@ func (s *Store) MarkSent(ctx context.Context, key string, at time.Time) error {
 	return s.wrap("mark message "+key+" sent", err)
 }
 
-// MarkFailed implements checkpoint.OutboxStore: f.RetryAt is the retry
-// time the dispatcher chose.
+// MarkFailed implements checkpoint.OutboxStore: the message is due again
+// f.RetryIn after the server's now(), as leases are (f.RetryAt, the
+// dispatcher's own reading, under Config.CallerClock or when RetryIn is
+// not set).
 func (s *Store) MarkFailed(ctx context.Context, f checkpoint.DeliveryFailure) (bool, error) {
 	if err := f.Validate(); err != nil {
 		return false, err
 	}
+	retryAt := ts(f.RetryAt)
+	if f.RetryIn > 0 && !s.cfg.CallerClock {
+		retryAt = nil
+	}
 	var status string
-	err := s.pool.QueryRow(ctx, sqlMarkFailed, f.Key, f.Error, ts(f.RetryAt), f.MaxTries).Scan(&status)
+	err := s.pool.QueryRow(ctx, sqlMarkFailed, f.Key, f.Error, retryAt, f.MaxTries, f.RetryIn.Microseconds()).Scan(&status)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil // no longer queued: sent or dead already
 	}

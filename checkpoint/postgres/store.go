@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,11 +33,25 @@ type Config struct {
 	StatementTimeout time.Duration
 	// IdleInTxTimeout makes the server end a session that sits inside a
 	// transaction this long without sending anything: a runner paused or
-	// cut off in the middle of InTx then releases the run row's lock, so
-	// the runner that takes the run over is not blocked behind it (the
-	// paused one is fenced when it wakes). Defaults to 60s; negative turns
-	// it off.
+	// cut off in the middle of InTx then releases the row locks it holds
+	// (the run's, a partition's, the target rows of a chunk), so the
+	// runner that takes its work over once the lease passes is not
+	// blocked behind it (the paused one is fenced when it wakes).
+	// Defaults to half of Lease (at least 1s) when Lease is set, else 60s;
+	// negative turns it off. A shorter idle_in_transaction_session_timeout
+	// in the URL is kept.
 	IdleInTxTimeout time.Duration
+	// LockTimeout makes a statement that waits longer for a row lock
+	// fail with checkpoint.ErrLocked, a transient fault the runner tries
+	// again, instead of waiting without end behind a stalled session.
+	// Defaults to Lease when Lease is set, else none (the server's
+	// setting); negative turns it off. A shorter lock_timeout in the URL
+	// is kept.
+	LockTimeout time.Duration
+	// Lease is the lease the runners using this store take (the command
+	// line's --lease), when known: the session timeouts above follow it,
+	// so a paused process cannot hold locks past its lease.
+	Lease time.Duration
 	// ConnectTimeout bounds establishing one connection. Defaults to 10s.
 	ConnectTimeout time.Duration
 	// ApplicationName is shown in pg_stat_activity. Defaults to "stepwise".
@@ -114,15 +129,60 @@ func (c Config) poolConfig() (*pgxpool.Config, error) {
 	if c.StatementTimeout > 0 {
 		rp["statement_timeout"] = strconv.FormatInt(c.StatementTimeout.Milliseconds(), 10)
 	}
-	switch {
-	case c.IdleInTxTimeout == 0:
-		rp["idle_in_transaction_session_timeout"] = "60000"
-	case c.IdleInTxTimeout > 0:
-		rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(c.IdleInTxTimeout.Milliseconds(), 10)
+	idle, lock := c.IdleInTxTimeout, c.LockTimeout
+	if idle == 0 {
+		idle = 60 * time.Second
+		if c.Lease > 0 {
+			idle = max(c.Lease/2, time.Second)
+		}
 	}
+	if lock == 0 && c.Lease > 0 {
+		lock = max(c.Lease, time.Second)
+	}
+	sessionTimeout(rp, "idle_in_transaction_session_timeout", idle)
+	sessionTimeout(rp, "lock_timeout", lock)
 	// Timestamps come back in UTC, as from the SQLite store.
 	rp["timezone"] = "UTC"
 	return pc, nil
+}
+
+// sessionTimeout sets the session setting name to d (in milliseconds)
+// unless d is not positive or the URL set a shorter one of its own.
+func sessionTimeout(rp map[string]string, name string, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	if own, ok := settingDuration(rp[name]); ok && own > 0 && own <= d {
+		return
+	}
+	rp[name] = strconv.FormatInt(d.Milliseconds(), 10)
+}
+
+// settingDuration parses a PostgreSQL time setting as the server does: a
+// bare number is milliseconds; else a number and one of the units us, ms,
+// s, min, h, d.
+func settingDuration(v string) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if n, err := strconv.ParseFloat(v, 64); err == nil {
+		return time.Duration(n * float64(time.Millisecond)), true
+	}
+	units := []struct {
+		suffix string
+		unit   time.Duration
+	}{{"us", time.Microsecond}, {"ms", time.Millisecond}, {"min", time.Minute}, {"s", time.Second}, {"h", time.Hour}, {"d", 24 * time.Hour}}
+	for _, u := range units {
+		if num, ok := strings.CutSuffix(v, u.suffix); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+			if err != nil {
+				return 0, false
+			}
+			return time.Duration(n * float64(u.unit)), true
+		}
+	}
+	return 0, false
 }
 
 // Store is the checkpoint store kept in a PostgreSQL database, shared by
@@ -154,6 +214,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		s.pool.Close()
 		return nil, s.wrap("connect", err)
 	}
+	if err := s.checkConnLimit(ctx); err != nil {
+		s.pool.Close()
+		return nil, err
+	}
 	if cfg.MustExist {
 		var exists bool
 		if err := s.pool.QueryRow(ctx, sqlSchemaTable).Scan(&exists); err != nil {
@@ -172,6 +236,37 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s.rdb = openReader(pc)
 	return s, nil
+}
+
+// minConns is how many connections a store needs at once: a run's write
+// and its heartbeat beside it.
+const minConns = 2
+
+// sqlConnLimits reads the database's and the role's CONNECTION LIMIT
+// (-1: none) and whether the role is a superuser (exempt from both).
+const sqlConnLimits = `SELECT (SELECT datconnlimit FROM pg_database WHERE datname = current_database()), rolconnlimit, rolsuper
+FROM pg_roles WHERE rolname = current_user`
+
+// checkConnLimit refuses, before anything is written, a database or role
+// whose CONNECTION LIMIT leaves fewer than minConns connections: the
+// first write would work, and the heartbeat or read beside it fail the
+// run midway.
+func (s *Store) checkConnLimit(ctx context.Context) error {
+	var db, role int32
+	var super bool
+	if err := s.pool.QueryRow(ctx, sqlConnLimits).Scan(&db, &role, &super); err != nil {
+		return s.wrap("read the connection limits", err)
+	}
+	what, limit := "database", db
+	if role >= 0 && (db < 0 || role < db) {
+		what, limit = "role", role
+	}
+	if super || limit < 0 || limit >= minConns {
+		return nil
+	}
+	return &Error{Kind: ErrTooManyConnections, Where: s.where, Op: "connect",
+		Detail: fmt.Sprintf("the %s's CONNECTION LIMIT is %d; a store needs %d connections at once (a write and its heartbeat)", what, limit, minConns),
+		Hint:   fmt.Sprintf("raise it (ALTER %s ... CONNECTION LIMIT %d or more); nothing was written", strings.ToUpper(what), minConns+2)}
 }
 
 // describe names the server and database of a pool configuration.

@@ -66,6 +66,11 @@ func txTarget(ctx context.Context, tx pgx.Tx, table checkpoint.Table, sq *target
 // (and quoted) identifiers; values are always parameters.
 type targetSQL struct {
 	read, readLocked, versions, update, insert string
+	// lockRows locks the rows of the keys $1 in bytewise key order, the
+	// one global order every writer of the table takes them in: an
+	// UPDATE ... FROM unnest(...) locks rows in whatever order its join
+	// visits them, so two of them on overlapping keys could deadlock.
+	lockRows string
 	// cas is update and insert in one statement that raises codeRefused
 	// when a key was missed, naming in its message (see parseCASRefusal)
 	// the first missed key in bytewise order, its expected version and
@@ -82,6 +87,7 @@ func newTargetSQL(t checkpoint.Table) *targetSQL {
 	return &targetSQL{
 		read:       read,
 		readLocked: read + ` FOR UPDATE`,
+		lockRows:   `SELECT ` + key + ` FROM ` + name + ` WHERE ` + key + ` = ANY($1) ORDER BY ` + key + ` COLLATE "C" FOR UPDATE`,
 		versions:   `SELECT ` + key + `, ` + ver + ` FROM ` + name + ` WHERE ` + key + ` = ANY($1)`,
 		update: `UPDATE ` + name + ` AS t SET ` + val + ` = u.nv, ` + ver + ` = u.ov + 1
 FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(k, nv, ov)
@@ -264,6 +270,14 @@ func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 	}
 	b := &pgx.Batch{}
 	queued := 0
+	// Outside the checkpoint's transaction (a separate target) nothing
+	// locked the rows yet: lock them in key order first, so partitions
+	// writing overlapping accounts wait for each other instead of
+	// deadlocking.
+	lockFirst := g.lock && len(uk) > 1
+	if lockFirst {
+		b.Queue(g.sql.lockRows, uk)
+	}
 	if len(uk) > 0 {
 		b.Queue(g.sql.update, uk, unv, uov)
 		queued++
@@ -277,6 +291,11 @@ func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 		return g.fail(fmt.Errorf("postgres: write %s: %w", g.table.Name, err))
 	}
 	written := make(map[string]bool, len(ws))
+	if lockFirst {
+		if _, lerr := br.Exec(); lerr != nil {
+			err, queued = fmt.Errorf("postgres: lock %s rows in key order: %w", g.table.Name, lerr), 0
+		}
+	}
 	for range queued {
 		var keys []string
 		rows, qerr := br.Query()

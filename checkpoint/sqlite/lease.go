@@ -42,7 +42,8 @@ VALUES (?, ?, ?, ?, 'running', ?)`
 	sqlHeartbeat = `UPDATE runs SET lease_until = ?1, updated_at = ?2
 WHERE id = ?3 AND fence = ?4 AND status = 'running' AND lease_until > ?2`
 	sqlFinishRun = `UPDATE runs SET status = ?, error = ?, lease_owner = NULL, lease_until = NULL,
-    updated_at = ?, finished_at = CASE WHEN ? IN ('succeeded', 'abandoned') THEN ? ELSE NULL END
+    updated_at = ?, finished_at = CASE WHEN ? IN ('succeeded', 'abandoned') THEN ? ELSE NULL END,
+    available_at = coalesce(?, available_at)
 WHERE id = ? AND fence = ?`
 	sqlFinishAttempt = `UPDATE attempts SET status = ?, error = ?, finished_at = ?
 WHERE run_id = ? AND number = ?`
@@ -237,7 +238,11 @@ func (s *Store) Heartbeat(ctx context.Context, l checkpoint.Lease, now, until ti
 func (s *Store) Finish(ctx context.Context, l checkpoint.Lease, e checkpoint.Ending) error {
 	return s.tx(ctx, "finish run "+l.RunID, func(tx *sql.Tx) error {
 		at := fmtTime(e.At)
-		res, err := tx.ExecContext(ctx, sqlFinishRun, e.Status, e.Error, at, e.Status, at, l.RunID, l.Fence)
+		var avail any // NULL keeps available_at
+		if e.RetryAfter > 0 {
+			avail = fmtTime(e.At.Add(e.RetryAfter))
+		}
+		res, err := tx.ExecContext(ctx, sqlFinishRun, e.Status, e.Error, at, e.Status, at, avail, l.RunID, l.Fence)
 		if err != nil {
 			return err
 		}

@@ -45,6 +45,9 @@ type Settings struct {
 	StatementTimeout time.Duration
 	// IdleInTxTimeout ends a PostgreSQL session idle inside a transaction.
 	IdleInTxTimeout time.Duration
+	// Lease is the runners' lease, when known: a PostgreSQL store's
+	// session timeouts follow it (postgres.Config.Lease).
+	Lease time.Duration
 	// ConnectTimeout bounds establishing one PostgreSQL connection.
 	ConnectTimeout time.Duration
 	// ApplicationName is shown in PostgreSQL's pg_stat_activity.
@@ -90,7 +93,7 @@ func Open(ctx context.Context, location string, s Settings) (checkpoint.Backend,
 // postgres is s for a PostgreSQL store or target at url.
 func (s Settings) postgres(url string) postgres.Config {
 	return postgres.Config{
-		URL: url, MaxConns: s.MaxConns, StatementTimeout: s.StatementTimeout, IdleInTxTimeout: s.IdleInTxTimeout,
+		URL: url, MaxConns: s.MaxConns, StatementTimeout: s.StatementTimeout, IdleInTxTimeout: s.IdleInTxTimeout, Lease: s.Lease,
 		ConnectTimeout: s.ConnectTimeout, ApplicationName: s.ApplicationName, CallerClock: s.CallerClock,
 		OwnTargetCredentials: s.OwnTargetCredentials,
 	}

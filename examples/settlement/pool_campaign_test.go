@@ -26,7 +26,9 @@ import (
 // on PostgreSQL, ledger in the checkpoint database (same store) or in a
 // schema of another database (separate store). While it runs the test
 // SIGKILLs random workers and the run's owner (the worker driving the
-// run) and restarts them, and SIGSTOPs a worker holding a partition past
+// run) and restarts them, ends the server session of a worker inside a
+// write transaction (pg_terminate_backend: a dropped connection, healed
+// with no operator, issue 23), and SIGSTOPs a worker holding a partition past
 // its lease, then SIGCONTs it: the partition is claimed by another worker
 // meanwhile (its fence raised), and the woken worker must write nothing
 // more (it stops itself, self-fenced, or its commit is fenced out). Once
@@ -59,7 +61,10 @@ var poolLedger = settlement.SeedConfig{Accounts: 40, Transfers: 1200, Date: test
 
 // poolTally counts what a campaign did, over its cases.
 type poolTally struct {
-	kills, ownerKills, pauses, takenOver, fencedOut atomic.Int64
+	kills, ownerKills, pauses, takenOver, fencedOut, terminated atomic.Int64
+	// longest is the longest time, in nanoseconds, from a case's last
+	// fault to its run's success.
+	longest atomic.Int64
 }
 
 func TestPoolCampaign(t *testing.T) {
@@ -86,9 +91,11 @@ func TestPoolCampaign(t *testing.T) {
 	server := pgtest.Database(t) // the separate ledgers' database
 	var tally poolTally
 	t.Cleanup(func() {
-		t.Logf("pool campaign seed %d: %d cases, %d SIGKILLs (%d of the run's owner), %d SIGSTOP pauses past the lease "+
-			"(%d with the partition claimed by another worker meanwhile, %d of those seen fenced out after SIGCONT)",
-			campaignSeed, cases, tally.kills.Load(), tally.ownerKills.Load(), tally.pauses.Load(), tally.takenOver.Load(), tally.fencedOut.Load())
+		t.Logf("pool campaign seed %d: %d cases, %d SIGKILLs (%d of the run's owner), %d sessions ended by the server, "+
+			"%d SIGSTOP pauses past the lease (%d with the partition claimed by another worker meanwhile, %d of those seen fenced out after SIGCONT); "+
+			"operator actions needed 0 (a run that needed one fails its case), longest recovery from the last fault %s",
+			campaignSeed, cases, tally.kills.Load(), tally.ownerKills.Load(), tally.terminated.Load(), tally.pauses.Load(),
+			tally.takenOver.Load(), tally.fencedOut.Load(), time.Duration(tally.longest.Load()).Round(time.Millisecond))
 		if t.Failed() {
 			t.Logf("FAILED pool campaign seed %d: replay with %s=%d go test -run TestPoolCampaign ./examples/settlement/", campaignSeed, campaignSeedEnv, campaignSeed)
 		}
@@ -136,6 +143,7 @@ func poolCase(t *testing.T, s store, rng *rand.Rand, tally *poolTally, campaignS
 		start(i)
 	}
 	var log []string
+	var lastFault time.Time
 	succeeded := func() bool { return runStatus(t, st, runID) == checkpoint.RunSucceeded }
 	deadline := time.Now().Add(3 * time.Minute)
 	for events := 0; !succeeded(); {
@@ -151,7 +159,17 @@ func poolCase(t *testing.T, s store, rng *rand.Rand, tally *poolTally, campaignS
 		if events >= poolEvents || succeeded() {
 			continue
 		}
-		switch k := rng.IntN(10); {
+		lastFault = time.Now()
+		switch k := rng.IntN(12); {
+		case k >= 10: // end a worker's session inside a write transaction
+			names := make([]string, len(workers))
+			for i, w := range workers {
+				names[i] = w.SessionName()
+			}
+			if what := terminateWriter(t, names, rng); what != "" {
+				tally.terminated.Add(1)
+				log = append(log, "ended a session "+what)
+			}
 		case k < 4: // a random worker
 			i := rng.IntN(len(workers))
 			kill(i)
@@ -213,6 +231,11 @@ func poolCase(t *testing.T, s store, rng *rand.Rand, tally *poolTally, campaignS
 		}
 		events++
 	}
+	if !lastFault.IsZero() {
+		took := time.Since(lastFault)
+		for old := tally.longest.Load(); int64(took) > old && !tally.longest.CompareAndSwap(old, int64(took)); old = tally.longest.Load() {
+		}
+	}
 	stopWorkers(t, workers...)
 	for _, p := range poolAudit(t, s) {
 		t.Error(p)
@@ -227,6 +250,12 @@ func poolCase(t *testing.T, s store, rng *rand.Rand, tally *poolTally, campaignS
 // poolAudit returns every way a finished pooled settlement in s breaks
 // what it must hold.
 func poolAudit(t *testing.T, s store) []string {
+	t.Helper()
+	return poolAuditOf(t, s, poolLedger.Transfers)
+}
+
+// poolAuditOf is poolAudit of a ledger seeded with transfers transfers.
+func poolAuditOf(t *testing.T, s store, transfers int) []string {
 	t.Helper()
 	bad := partitionInvariants(t, s, testDate)
 	st := s.open(t)
@@ -245,8 +274,8 @@ func poolAudit(t *testing.T, s store) []string {
 			bad = append(bad, fmt.Sprintf("partition %d is %s with %d of %d finished", p.Index, p.State, p.Finished(), p.Total))
 		}
 	}
-	if sum := s.summary(t, testDate); fin != int64(poolLedger.Transfers) || sum.Transfers != fin || sum.Posted+sum.Rejected != fin {
-		bad = append(bad, fmt.Sprintf("partitions finished %d, summary %+v; want %d transfers", fin, sum, poolLedger.Transfers))
+	if sum := s.summary(t, testDate); fin != int64(transfers) || sum.Transfers != fin || sum.Posted+sum.Rejected != fin {
+		bad = append(bad, fmt.Sprintf("partitions finished %d, summary %+v; want %d transfers", fin, sum, transfers))
 	}
 	if s.ledger != "" {
 		plans := s.plans(t, testDate)

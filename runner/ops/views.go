@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"context"
 	"encoding/json"
 	"time"
 
@@ -31,6 +32,21 @@ type RunView struct {
 	AvailableAt *time.Time `json:"available_at,omitempty"`
 	Limit       string     `json:"limit,omitempty"`
 	LimitMax    int        `json:"limit_max,omitempty"`
+	// NextTry is when a worker takes a queued or interrupted run of a
+	// queue again, once its not-before passes (a run the pool tries
+	// again after a store fault, with backoff); nil when it is due now
+	// or not queued.
+	NextTry *time.Time `json:"next_try,omitempty"`
+}
+
+// NextTry is when a worker takes r again, on the store's clock at now:
+// the zero time unless r is a queued or interrupted run of a queue whose
+// not-before is still ahead.
+func NextTry(r checkpoint.Run, now time.Time) time.Time {
+	if r.Queue == "" || (r.Status != checkpoint.RunQueued && r.Status != checkpoint.RunInterrupted) || !r.AvailableAt.After(now) {
+		return time.Time{}
+	}
+	return r.AvailableAt
 }
 
 // ViewRun is r as operators see it at now.
@@ -40,6 +56,7 @@ func ViewRun(r checkpoint.Run, now time.Time) RunView {
 		Fence: r.Fence, LeaseOwner: r.LeaseOwner, LeaseUntil: OptTime(r.LeaseUntil), Error: r.Error,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, FinishedAt: OptTime(r.FinishedAt),
 		Queue: r.Queue, Priority: r.Priority, AvailableAt: OptTime(r.AvailableAt), Limit: r.Limit.Key, LimitMax: r.Limit.Max,
+		NextTry: OptTime(NextTry(r, now)),
 	}
 }
 
@@ -79,4 +96,16 @@ func ViewMessage(m checkpoint.Message) MessageView {
 	}
 	return MessageView{Key: m.Key, Topic: m.Topic, Payload: payload, Status: m.Status, Tries: m.Tries, NextAt: m.NextAt,
 		LastError: m.LastError, CreatedAt: m.CreatedAt, SentAt: OptTime(m.SentAt)}
+}
+
+// Now is the time operators' views are judged at: the store's clock
+// (checkpoint.Inspector.StoreNow, PostgreSQL's now()) when it keeps one,
+// so a host whose clock is skewed sees a live run as live; else local,
+// the caller's clock. If the store cannot be read, local: the listing
+// that follows reports the store's error.
+func Now(ctx context.Context, st checkpoint.Backend, local time.Time) time.Time {
+	if now, err := st.StoreNow(ctx); err == nil && !now.IsZero() {
+		return now
+	}
+	return local
 }

@@ -105,7 +105,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	page, err := ops.ListRuns(r.Context(), s.cfg.Store, rq, s.cfg.Now())
+	page, err := ops.ListRuns(r.Context(), s.cfg.Store, rq, ops.Now(r.Context(), s.cfg.Store, s.cfg.Now()))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -196,7 +196,7 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request, runID string) {
 		s.fail(w, r, err)
 		return
 	}
-	v, err := ops.Show(r.Context(), s.cfg.Store, runID, ops.ShowOptions{Effects: true, ChunkPlans: limit}, s.cfg.Now())
+	v, err := ops.Show(r.Context(), s.cfg.Store, runID, ops.ShowOptions{Effects: true, ChunkPlans: limit}, ops.Now(r.Context(), s.cfg.Store, s.cfg.Now()))
 	if errors.Is(err, checkpoint.ErrNotFound) {
 		err = notFound(runID)
 	}

@@ -57,7 +57,7 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request, who Caller, known
 		}
 		rq.After = &c
 	}
-	page, err := ops.ListRuns(r.Context(), h.cfg.Store, rq, p.Now)
+	page, err := ops.ListRuns(r.Context(), h.cfg.Store, rq, ops.Now(r.Context(), h.cfg.Store, p.Now))
 	if err != nil {
 		h.fail(w, r, http.StatusInternalServerError, "Runs unavailable", "The runs could not be read; the server's log has why.", err)
 		return
@@ -196,7 +196,8 @@ type keyWrite struct {
 
 func (h *Handler) run(w http.ResponseWriter, r *http.Request, who Caller, known bool) {
 	id := r.PathValue("id")
-	ctx, now, q := r.Context(), h.cfg.Now(), r.URL.Query()
+	ctx, q := r.Context(), r.URL.Query()
+	now := ops.Now(ctx, h.cfg.Store, h.cfg.Now())
 	// A page's own refresh (its script asks every few seconds) leaves the
 	// effects out: reading chunk plans is the page's heaviest part, and
 	// they change only while a batch runs.
