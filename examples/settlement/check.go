@@ -147,148 +147,196 @@ func CheckRecorded(ctx context.Context, db *sql.DB, date string, outcome map[str
 
 // check is Check, or with outcome CheckRecorded.
 func check(ctx context.Context, db *sql.DB, date string, outcome map[string]string) (Report, error) {
-	rep := Report{Date: date, Recorded: outcome != nil}
-	seen := map[string]bool{}
+	c := &checker{ctx: ctx, db: db, date: date, outcome: outcome, seen: map[string]bool{},
+		rep: Report{Date: date, Recorded: outcome != nil}}
 	if _, err := time.Parse("2006-01-02", date); err != nil {
-		return rep, fmt.Errorf("%w: ledger check: date %q is not YYYY-MM-DD", ErrBadInput, date)
+		return c.rep, fmt.Errorf("%w: ledger check: date %q is not YYYY-MM-DD", ErrBadInput, date)
 	}
 	var tables int
 	if err := db.QueryRowContext(ctx, dialectOf(db).ledgerTables()).Scan(&tables); err != nil {
-		return rep, fmt.Errorf("ledger check: read the schema: %w", err)
+		return c.rep, fmt.Errorf("ledger check: read the schema: %w", err)
 	}
 	if tables != 3 {
-		return rep, fmt.Errorf("%w: ledger check: the database has no accounts, transfers and opening_balances tables; it is not a ledger made by Seed", ErrBadInput)
+		return c.rep, fmt.Errorf("%w: ledger check: the database has no accounts, transfers and opening_balances tables; it is not a ledger made by Seed", ErrBadInput)
 	}
-	want := map[string]int64{}
-	opening := sum{what: "the opening total of " + date}
-	rows, err := db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = $1`, date)
+	for _, phase := range []func() error{c.readOpening, c.replay, c.recordedProblems, c.compareClosing} {
+		if err := phase(); err != nil {
+			return c.rep, err
+		}
+	}
+	sort.Slice(c.rep.Mismatches, func(i, j int) bool { return c.rep.Mismatches[i].Account < c.rep.Mismatches[j].Account })
+	return c.rep, nil
+}
+
+// checker is one ledger check's state, phase by phase: the opening
+// balances, the replay of the date's transfers over them (want), the
+// problems of a recorded run, and the comparison with the closing
+// balances.
+type checker struct {
+	ctx     context.Context
+	db      *sql.DB
+	date    string
+	outcome map[string]string // CheckRecorded's outcomes; nil for Check
+	seen    map[string]bool   // transfers that have a recorded outcome
+	open    map[string]int64  // the date's opening balances
+	want    map[string]int64  // what the replay makes each balance
+	rep     Report
+}
+
+// readOpening reads the date's opening balances and their total.
+func (c *checker) readOpening() error {
+	c.want = map[string]int64{}
+	opening := sum{what: "the opening total of " + c.date}
+	rows, err := c.db.QueryContext(c.ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = $1`, c.date)
 	if err != nil {
-		return rep, fmt.Errorf("ledger check: read opening balances: %w", err)
+		return fmt.Errorf("ledger check: read opening balances: %w", err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var id string
 		var b int64
 		if err := rows.Scan(&id, &b); err != nil {
-			rows.Close()
-			return rep, err
+			return err
 		}
-		want[id] = b
+		c.want[id] = b
 		opening.add(b)
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
-		return rep, fmt.Errorf("ledger check: read opening balances: %w", err)
+		return fmt.Errorf("ledger check: read opening balances: %w", err)
 	}
-	if rep.OpeningTotal, err = opening.value(); err != nil {
-		return rep, fmt.Errorf("ledger check: %w", err)
+	if c.rep.OpeningTotal, err = opening.value(); err != nil {
+		return fmt.Errorf("ledger check: %w", err)
 	}
-	if len(want) == 0 {
-		return rep, fmt.Errorf("%w: ledger check: no opening balances for %s; seed that date first", ErrBadInput, date)
+	if len(c.want) == 0 {
+		return fmt.Errorf("%w: ledger check: no opening balances for %s; seed that date first", ErrBadInput, c.date)
 	}
-	open := maps.Clone(want)
-	rows, err = db.QueryContext(ctx, `SELECT id, from_account, to_account, amount FROM transfers WHERE business_date = $1 ORDER BY id`, date)
+	c.open = maps.Clone(c.want)
+	return nil
+}
+
+// replay posts the date's transfers in ID order over want: each unless its
+// amount is not positive or it would overdraw (Check), or as recorded
+// (CheckRecorded).
+func (c *checker) replay() error {
+	rows, err := c.db.QueryContext(c.ctx, `SELECT id, from_account, to_account, amount FROM transfers WHERE business_date = $1 ORDER BY id`, c.date)
 	if err != nil {
-		return rep, err
+		return err
 	}
+	defer rows.Close()
 	for rows.Next() {
-		var id, from, to string
-		var amount int64
-		if err := rows.Scan(&id, &from, &to, &amount); err != nil {
-			rows.Close()
-			return rep, err
+		var t Transfer
+		if err := rows.Scan(&t.ID, &t.From, &t.To, &t.Amount); err != nil {
+			return err
 		}
-		rep.Transfers++
-		if outcome != nil {
-			seen[id] = true
-			switch st := outcome[id]; {
-			case st == OutcomeRejected:
-				rep.Rejected++
-				if amount <= 0 {
-					rep.BadAmount++
-				}
-				continue
-			case st != OutcomePosted:
-				rep.Problems = append(rep.Problems, fmt.Sprintf("transfer %s has no recorded outcome (%q)", id, st))
-				continue
-			case amount <= 0:
-				rep.Problems = append(rep.Problems, fmt.Sprintf("transfer %s of amount %d was posted", id, amount))
-				continue
-			}
-		} else if amount <= 0 {
+		if err := c.post(t); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// post replays one transfer.
+func (c *checker) post(t Transfer) error {
+	rep := &c.rep
+	rep.Transfers++
+	if c.outcome != nil {
+		c.seen[t.ID] = true
+		switch st := c.outcome[t.ID]; {
+		case st == OutcomeRejected:
 			rep.Rejected++
-			rep.BadAmount++
-			continue
-		}
-		// Each step is a real balance, as the planner computes it: it must
-		// fit.
-		debit, ok := steps.AddInt64(want[from], -amount)
-		if ok && debit < 0 && outcome == nil {
-			rep.Rejected++
-			continue
-		}
-		credit, ok2 := steps.AddInt64(want[to], amount)
-		if !ok || !ok2 {
-			rows.Close()
-			acct, bal := from, want[from]
-			if ok {
-				acct, bal = to, want[to]
+			if t.Amount <= 0 {
+				rep.BadAmount++
 			}
-			return rep, fmt.Errorf("ledger check: %w: replaying transfer %s of %d from %s to %s: the balance of %s (%d) would not fit in int64 minor units",
-				ErrOverflow, id, amount, from, to, acct, bal)
+			return nil
+		case st != OutcomePosted:
+			rep.Problems = append(rep.Problems, fmt.Sprintf("transfer %s has no recorded outcome (%q)", t.ID, st))
+			return nil
+		case t.Amount <= 0:
+			rep.Problems = append(rep.Problems, fmt.Sprintf("transfer %s of amount %d was posted", t.ID, t.Amount))
+			return nil
 		}
-		want[from], want[to] = debit, credit
-		rep.Posted++
+	} else if t.Amount <= 0 {
+		rep.Rejected++
+		rep.BadAmount++
+		return nil
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return rep, err
+	// Each step is a real balance, as the planner computes it: it must
+	// fit.
+	debit, ok := steps.AddInt64(c.want[t.From], -t.Amount)
+	if ok && debit < 0 && c.outcome == nil {
+		rep.Rejected++
+		return nil
 	}
-	if outcome != nil {
-		var extra []string
-		for id := range outcome {
-			if !seen[id] {
-				extra = append(extra, id)
-			}
+	credit, ok2 := steps.AddInt64(c.want[t.To], t.Amount)
+	if !ok || !ok2 {
+		acct, bal := t.From, c.want[t.From]
+		if ok {
+			acct, bal = t.To, c.want[t.To]
 		}
-		sort.Strings(extra)
-		for _, id := range extra {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("recorded outcome %s names no transfer of %s", id, date))
-		}
-		var below []string
-		for id, b := range want {
-			if b < 0 {
-				below = append(below, fmt.Sprintf("account %s ends below zero: %d", id, b))
-			}
-		}
-		sort.Strings(below)
-		rep.Problems = append(rep.Problems, below...)
+		return fmt.Errorf("ledger check: %w: replaying transfer %s of %d from %s to %s: the balance of %s (%d) would not fit in int64 minor units",
+			ErrOverflow, t.ID, t.Amount, t.From, t.To, acct, bal)
 	}
-	// Compare with the balances at the end of the day: the current ones,
-	// or, once another date is seeded after it, that date's opening
-	// balances.
-	prev, next, err := seededNext(ctx, db, date)
+	c.want[t.From], c.want[t.To] = debit, credit
+	rep.Posted++
+	return nil
+}
+
+// recordedProblems adds, for CheckRecorded, the outcomes that name no
+// transfer and the balances the replay leaves below zero.
+func (c *checker) recordedProblems() error {
+	if c.outcome == nil {
+		return nil
+	}
+	var extra []string
+	for id := range c.outcome {
+		if !c.seen[id] {
+			extra = append(extra, id)
+		}
+	}
+	sort.Strings(extra)
+	for _, id := range extra {
+		c.rep.Problems = append(c.rep.Problems, fmt.Sprintf("recorded outcome %s names no transfer of %s", id, c.date))
+	}
+	var below []string
+	for id, b := range c.want {
+		if b < 0 {
+			below = append(below, fmt.Sprintf("account %s ends below zero: %d", id, b))
+		}
+	}
+	sort.Strings(below)
+	c.rep.Problems = append(c.rep.Problems, below...)
+	return nil
+}
+
+// compareClosing compares want with the balances at the end of the day:
+// the current ones, or, once another date is seeded after it, that date's
+// opening balances; a snapshot seeded past an unsettled date is refused
+// (ErrNoSnapshot) rather than compared.
+func (c *checker) compareClosing() error {
+	prev, next, err := seededNext(c.ctx, c.db, c.date)
 	if err != nil {
-		return rep, fmt.Errorf("ledger check: %w", err)
+		return fmt.Errorf("ledger check: %w", err)
 	}
 	if prev != "" {
-		if bad, err := seededUnsettled(ctx, db, prev, date); err != nil {
-			return rep, fmt.Errorf("ledger check: %w", err)
+		if bad, err := seededUnsettled(c.ctx, c.db, prev, c.date); err != nil {
+			return fmt.Errorf("ledger check: %w", err)
 		} else if bad {
-			return rep, fmt.Errorf("%w: ledger check: %s was seeded before %s was settled, so its opening balances are %s's opening balances unchanged; the ledger has no record of the balances %s opened with (seed each date after settling the one before)",
-				ErrNoSnapshot, date, prev, prev, date)
+			return fmt.Errorf("%w: ledger check: %s was seeded before %s was settled, so its opening balances are %s's opening balances unchanged; the ledger has no record of the balances %s opened with (seed each date after settling the one before)",
+				ErrNoSnapshot, c.date, prev, prev, c.date)
 		}
 	}
 	total := sum{what: "the total of the current balances"}
-	rep.ComparedWith = "the current balances"
+	c.rep.ComparedWith = "the current balances"
+	var rows *sql.Rows
 	if next != "" {
 		total.what = "the total of " + next + "'s opening balances"
-		rep.ComparedWith = next + "'s opening balances (seeded after " + date + ")"
-		rows, err = db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = $1`, next)
+		c.rep.ComparedWith = next + "'s opening balances (seeded after " + c.date + ")"
+		rows, err = c.db.QueryContext(c.ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = $1`, next)
 	} else {
-		rows, err = db.QueryContext(ctx, `SELECT id, balance FROM accounts`)
+		rows, err = c.db.QueryContext(c.ctx, `SELECT id, balance FROM accounts`)
 	}
 	if err != nil {
-		return rep, err
+		return err
 	}
 	defer rows.Close()
 	moved := 0
@@ -296,29 +344,28 @@ func check(ctx context.Context, db *sql.DB, date string, outcome map[string]stri
 		var id string
 		var got int64
 		if err := rows.Scan(&id, &got); err != nil {
-			return rep, err
+			return err
 		}
-		rep.Accounts++
+		c.rep.Accounts++
 		total.add(got)
-		if got != open[id] {
+		if got != c.open[id] {
 			moved++
 		}
-		if w, ok := want[id]; !ok || w != got {
-			rep.Mismatches = append(rep.Mismatches, Mismatch{Account: id, Want: w, Got: got})
+		if w, ok := c.want[id]; !ok || w != got {
+			c.rep.Mismatches = append(c.rep.Mismatches, Mismatch{Account: id, Want: w, Got: got})
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return rep, err
+		return err
 	}
-	if rep.Total, err = total.value(); err != nil {
-		return rep, fmt.Errorf("ledger check: %w", err)
+	if c.rep.Total, err = total.value(); err != nil {
+		return fmt.Errorf("ledger check: %w", err)
 	}
-	if next != "" && moved == 0 && len(rep.Mismatches) > 0 {
-		return rep, fmt.Errorf("%w: ledger check: %s was seeded before %s was settled, so its opening balances are %s's opening balances unchanged; the ledger has no record of %s's closing balances (seed each date after settling the one before)",
-			ErrNoSnapshot, next, date, date, date)
+	if next != "" && moved == 0 && len(c.rep.Mismatches) > 0 {
+		return fmt.Errorf("%w: ledger check: %s was seeded before %s was settled, so its opening balances are %s's opening balances unchanged; the ledger has no record of %s's closing balances (seed each date after settling the one before)",
+			ErrNoSnapshot, next, c.date, c.date, c.date)
 	}
-	sort.Slice(rep.Mismatches, func(i, j int) bool { return rep.Mismatches[i].Account < rep.Mismatches[j].Account })
-	return rep, nil
+	return nil
 }
 
 // seededNext returns the dates seeded just before and just after date (""
