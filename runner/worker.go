@@ -232,62 +232,56 @@ func (w *Worker) Run(ctx context.Context) error {
 		sources = append(sources, w.claimPartitions())
 	}
 	sources = append(sources, w.cfg.Sources...)
-	var wake <-chan struct{}
-	if qw, ok := checkpoint.Waker(w.cfg.Runner.Store); ok {
-		listenCtx, stopListening := context.WithCancel(ctx)
-		defer stopListening()
-		ch, err := qw.WakeOnEnqueue(listenCtx)
-		if err != nil {
-			w.log.Warn().Err(err).Msg("cannot listen for enqueued runs; polling only")
-		} else {
-			wake = ch
-		}
-	}
+	wake, stopListening := w.listen(ctx)
+	defer stopListening()
 	tasksCtx, cancelTasks := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelTasks(nil)
-	var wg sync.WaitGroup
-	done := make(chan struct{}, w.cfg.Concurrency)
-	inFlight := 0
+	s := &slots{ctx: tasksCtx, done: make(chan struct{}, w.cfg.Concurrency)}
 	w.log.Info().Str("owner", w.cfg.Runner.Owner).Strs("queues", w.cfg.Queues).Int("concurrency", w.cfg.Concurrency).
 		Strs("jobs", names).Msg("worker started")
+	w.claimUntilDone(ctx, sources, wake, s)
+	w.drain(s, cancelTasks)
+	s.wg.Wait()
+	w.log.Info().Msg("worker stopped")
+	return nil
+}
 
-	// fill claims work for the free slots, source by source, until every
-	// slot is busy or no source has any; after a source's error the next
-	// pass waits for the poll.
-	fill := func() {
-		for inFlight < w.cfg.Concurrency && ctx.Err() == nil {
-			var task Task
-			for _, src := range sources {
-				t, err := src(ctx)
-				if err != nil {
-					if ctx.Err() == nil {
-						w.log.Warn().Err(err).Msg("could not claim work; trying again at the next poll")
-					}
-					return
-				}
-				if t != nil {
-					task = t
-					break
-				}
-			}
-			if task == nil {
-				return
-			}
-			inFlight++
-			wg.Go(func() {
-				defer func() { done <- struct{}{} }()
-				task(tasksCtx)
-			})
-		}
+// slots are the worker's tasks in flight: each sends on done when it
+// returns.
+type slots struct {
+	ctx      context.Context // the tasks' context, cancelled by drain
+	wg       sync.WaitGroup
+	done     chan struct{}
+	inFlight int
+}
+
+// listen returns the channel that wakes the worker when a run is enqueued
+// (nil: the store cannot wake it, or listening failed; the worker polls),
+// and the function that stops listening.
+func (w *Worker) listen(ctx context.Context) (<-chan struct{}, func()) {
+	qw, ok := checkpoint.Waker(w.cfg.Runner.Store)
+	if !ok {
+		return nil, func() {}
 	}
+	listenCtx, stop := context.WithCancel(ctx)
+	ch, err := qw.WakeOnEnqueue(listenCtx)
+	if err != nil {
+		w.log.Warn().Err(err).Msg("cannot listen for enqueued runs; polling only")
+		return nil, stop
+	}
+	return ch, stop
+}
 
+// claimUntilDone fills the free slots, then waits for a slot to free, the
+// poll (jittered), or a wake-up (debounced), until ctx ends.
+func (w *Worker) claimUntilDone(ctx context.Context, sources []WorkSource, wake <-chan struct{}, s *slots) {
 	for ctx.Err() == nil {
-		fill()
+		w.fill(ctx, sources, s)
 		poll := w.cfg.Poll*4/5 + rand.N(w.cfg.Poll*2/5+1)
 		select {
 		case <-ctx.Done():
-		case <-done:
-			inFlight--
+		case <-s.done:
+			s.inFlight--
 		case <-w.clock.After(poll):
 		case _, ok := <-wake:
 			if !ok {
@@ -300,27 +294,58 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
 
+// fill claims work for the free slots, source by source, until every slot
+// is busy or no source has any; after a source's error the next pass waits
+// for the poll.
+func (w *Worker) fill(ctx context.Context, sources []WorkSource, s *slots) {
+	for s.inFlight < w.cfg.Concurrency && ctx.Err() == nil {
+		var task Task
+		for _, src := range sources {
+			t, err := src(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					w.log.Warn().Err(err).Msg("could not claim work; trying again at the next poll")
+				}
+				return
+			}
+			if t != nil {
+				task = t
+				break
+			}
+		}
+		if task == nil {
+			return
+		}
+		s.inFlight++
+		s.wg.Go(func() {
+			defer func() { s.done <- struct{}{} }()
+			task(s.ctx)
+		})
+	}
+}
+
+// drain waits for the tasks in flight: within Grace, then interrupting
+// what is left (at once without a grace period).
+func (w *Worker) drain(s *slots, cancelTasks context.CancelCauseFunc) {
 	var graceOver <-chan time.Time
-	if w.cfg.Grace > 0 && inFlight > 0 {
-		w.log.Info().Int("running", inFlight).Float64(fieldGraceSeconds, w.cfg.Grace.Seconds()).
+	if w.cfg.Grace > 0 && s.inFlight > 0 {
+		w.log.Info().Int("running", s.inFlight).Float64(fieldGraceSeconds, w.cfg.Grace.Seconds()).
 			Msg("worker stopping: claiming no more; waiting for the runs in flight")
 		graceOver = w.clock.After(w.cfg.Grace)
-	} else if inFlight > 0 {
+	} else if s.inFlight > 0 {
 		cancelTasks(errors.New("worker stopped"))
 	}
-	for inFlight > 0 {
+	for s.inFlight > 0 {
 		select {
-		case <-done:
-			inFlight--
+		case <-s.done:
+			s.inFlight--
 		case <-graceOver:
 			graceOver = nil
-			w.log.Warn().Int("running", inFlight).Float64(fieldGraceSeconds, w.cfg.Grace.Seconds()).
+			w.log.Warn().Int("running", s.inFlight).Float64(fieldGraceSeconds, w.cfg.Grace.Seconds()).
 				Msg("grace period over; interrupting the runs in flight (resumable: they are due again for any worker)")
 			cancelTasks(fmt.Errorf("worker stopped; grace period of %s over", w.cfg.Grace))
 		}
 	}
-	wg.Wait()
-	w.log.Info().Msg("worker stopped")
-	return nil
 }
