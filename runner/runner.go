@@ -630,7 +630,7 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 		default:
 			return c, req.Now, err
 		}
-		if sleepOn(r.cfg.Clock, ctx, wait) != nil {
+		if sleep(ctx, r.cfg.Clock, wait) != nil {
 			return c, req.Now, fmt.Errorf("%w while waiting for %s: %w", ErrInterrupted, req.RunID, err)
 		}
 	}

@@ -14,17 +14,6 @@ import (
 	"github.com/stepwise-run/stepwise/steps"
 )
 
-// WaitClock is a Clock the scheduler can also sleep on. SystemClock is one;
-// tests run the scheduler under testing/synctest, or give it a fake.
-type WaitClock interface {
-	Clock
-	// After returns a channel that receives once d has passed.
-	After(d time.Duration) <-chan time.Time
-}
-
-// After returns time.After(d).
-func (SystemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
-
 // errNeverFires is wrapped when a spec has no fire time within the
 // hundred years Schedule.Fires and the Scheduler look ahead (say
 // 0 0 30 2 *, which never fires).
@@ -53,9 +42,9 @@ type SchedulerConfig struct {
 	// Runner.Store.
 	Store checkpoint.ScheduleStore
 	// Clock is what the scheduler reads and sleeps on; runs use it too
-	// unless Runner.Clock is set. Defaults to Runner.Clock if that is a
-	// WaitClock, else SystemClock.
-	Clock WaitClock
+	// unless Runner.Clock is set. Defaults to Runner.Clock, else
+	// SystemClock.
+	Clock Clock
 	// Lease is how long this scheduler's claim on a schedule lasts without
 	// renewal. It renews every third of it; a standby scheduler tries to
 	// claim every third of it and takes over once the lease expires (at
@@ -98,14 +87,10 @@ func (c *SchedulerConfig) validate() error {
 		c.Store = c.Runner.Store
 	}
 	if c.Clock == nil {
-		switch clk := c.Runner.Clock.(type) {
-		case WaitClock:
-			c.Clock = clk
-		case nil:
-			c.Clock = SystemClock{}
-		default:
-			return fmt.Errorf("runner: SchedulerConfig.Clock is nil and Runner.Clock (%T) cannot wait; give a WaitClock", clk)
-		}
+		c.Clock = c.Runner.Clock
+	}
+	if c.Clock == nil {
+		c.Clock = SystemClock{}
 	}
 	if c.Runner.Clock == nil {
 		c.Runner.Clock = c.Clock
@@ -148,7 +133,7 @@ type Scheduler struct {
 	cfg     SchedulerConfig
 	runner  *Runner
 	store   checkpoint.ScheduleStore
-	clock   WaitClock
+	clock   Clock
 	log     zerolog.Logger
 	m       *Metrics
 	owner   string
