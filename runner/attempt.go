@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
@@ -159,11 +160,7 @@ func (c *Claimed) execute(ctx context.Context) (Result, error) {
 	pastDeadline, jobErr := r.drive(runCtx, job, claim, dec, req, &res, jobLog)
 	stopBeat()
 
-	end := checkpoint.Ending{Status: checkpoint.RunSucceeded, At: r.cfg.Clock.Now()}
-	var (
-		outErr error
-		lost   *LeaseLostError
-	)
+	var lost *LeaseLostError
 	switch {
 	case jobErr == nil:
 	case errors.Is(context.Cause(runCtx), checkpoint.ErrFenced) || errors.Is(jobErr, checkpoint.ErrFenced):
@@ -172,29 +169,8 @@ func (c *Claimed) execute(ctx context.Context) (Result, error) {
 		return res, fmt.Errorf("run %s: %w", runID, checkpoint.ErrFenced)
 	case errors.As(context.Cause(runCtx), &lost):
 		return r.endSelfFenced(ctx, lease, lost, jobErr, res, log)
-	case ctx.Err() != nil:
-		end.Status, end.Error = checkpoint.RunInterrupted, "interrupted: "+context.Cause(ctx).Error()
-		outErr = fmt.Errorf("run %s: %w (resumable: run or resume it again)", runID, ErrInterrupted)
-	case pastDeadline:
-		// The job's own deadline passed (the caller's context is fine). A
-		// step's own timeout is not it: that is the step's error.
-		end.Status = checkpoint.RunFailed
-		end.Error = fmt.Sprintf("deadline of %s passed: %v", job.Settings().Deadline, jobErr)
-		outErr = fmt.Errorf("run %s failed: %s (rerun to resume)", runID, end.Error)
-	default:
-		end.Status, end.Error = checkpoint.RunFailed, jobErr.Error()
-		var p *PanicError
-		if errors.As(jobErr, &p) {
-			// The stack goes with the attempt, so `show` can print it.
-			end.Error = p.Record()
-		}
-		outErr = fmt.Errorf("run %s failed: %w", runID, jobErr)
-		if NeedsOperator(jobErr) {
-			// Recorded failed (resumable), but nothing broke: the run
-			// stopped where only an operator can decide.
-			outErr = fmt.Errorf("run %s stopped for an operator decision: %w", runID, jobErr)
-		}
 	}
+	end, outErr := r.ending(ctx, job, runID, pastDeadline, jobErr)
 	if end.Status == checkpoint.RunSucceeded {
 		steps.Crash("run:before-finish")
 	}
@@ -214,6 +190,43 @@ func (c *Claimed) execute(ctx context.Context) (Result, error) {
 	}
 	res.Status = end.Status
 	r.dispatch(ctx, log)
+	logEnd(ctx, log, end, jobErr, outErr, res.Stats)
+	return res, outErr
+}
+
+// ending is how an attempt whose lease held ends after its job returned
+// jobErr: the Ending to record, and the error Run returns with it.
+func (r *Runner) ending(ctx context.Context, job jobs.Job, runID string, pastDeadline bool, jobErr error) (checkpoint.Ending, error) {
+	end := checkpoint.Ending{Status: checkpoint.RunSucceeded, At: r.cfg.Clock.Now()}
+	switch {
+	case jobErr == nil:
+		return end, nil
+	case ctx.Err() != nil:
+		end.Status, end.Error = checkpoint.RunInterrupted, "interrupted: "+context.Cause(ctx).Error()
+		return end, fmt.Errorf("run %s: %w (resumable: run or resume it again)", runID, ErrInterrupted)
+	case pastDeadline:
+		// The job's own deadline passed (the caller's context is fine). A
+		// step's own timeout is not it: that is the step's error.
+		end.Status = checkpoint.RunFailed
+		end.Error = fmt.Sprintf("deadline of %s passed: %v", job.Settings().Deadline, jobErr)
+		return end, fmt.Errorf("run %s failed: %s (rerun to resume)", runID, end.Error)
+	}
+	end.Status, end.Error = checkpoint.RunFailed, jobErr.Error()
+	var p *PanicError
+	if errors.As(jobErr, &p) {
+		// The stack goes with the attempt, so `show` can print it.
+		end.Error = p.Record()
+	}
+	if NeedsOperator(jobErr) {
+		// Recorded failed (resumable), but nothing broke: the run
+		// stopped where only an operator can decide.
+		return end, fmt.Errorf("run %s stopped for an operator decision: %w", runID, jobErr)
+	}
+	return end, fmt.Errorf("run %s failed: %w", runID, jobErr)
+}
+
+// logEnd logs how a recorded attempt ended, at the level its end calls for.
+func logEnd(ctx context.Context, log zerolog.Logger, end checkpoint.Ending, jobErr, outErr error, stats steps.Stats) {
 	ev, msg := log.Info(), "run "+end.Status
 	var p *PanicError
 	switch {
@@ -229,8 +242,7 @@ func (c *Claimed) execute(ctx context.Context) (Result, error) {
 	case outErr != nil:
 		ev = log.Error().Err(jobErr)
 	}
-	ev.Str("status", end.Status).Int("executed", res.Stats.Executed).Int("skipped", res.Stats.Skipped).Msg(msg)
-	return res, outErr
+	ev.Str("status", end.Status).Int("executed", stats.Executed).Int("skipped", stats.Skipped).Msg(msg)
 }
 
 // endSelfFenced ends an attempt that fenced itself (see heartbeat). Until
