@@ -18,10 +18,11 @@ type Clock interface {
 	After(d time.Duration) <-chan time.Time
 }
 
-// WaitClock is the Clock by its former name.
+// WaitClock was the Clock the scheduler and workers could also wait on;
+// every Clock can wait now.
 //
-// Deprecated: use Clock; every Clock can wait.
-type WaitClock = Clock
+// Deprecated: use Clock.
+type WaitClock interface{ Clock }
 
 // SystemClock is the real clock.
 type SystemClock struct{}
