@@ -110,7 +110,7 @@ func (c *BackfillCmd) start(env *Env, st checkpoint.Backend, plans []ops.Backfil
 		if p.Force() {
 			audits = append(audits, c.audit(env, p.RunID, "backfill --reprocess "+c.Reprocess, "backfill "+c.From+".."+c.To, ""))
 		}
-		return runner.Request{Job: c.Job, Audits: audits}
+		return runner.Request{Audits: audits}
 	}
 	ops.RunBackfill(env.Ctx, r, plans, c.MaxParallel, request, func(i int, res runner.Result, err error) {
 		var told reported

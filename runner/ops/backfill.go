@@ -67,6 +67,7 @@ const (
 
 // BackfillPlan is what a backfill does with one date.
 type BackfillPlan struct {
+	Job    string            // the job's name
 	Date   string            // YYYY-MM-DD
 	RunID  string            // the date's run
 	Values map[string]string // the run's parameters
@@ -130,7 +131,7 @@ func PlanBackfill(ctx context.Context, st checkpoint.Backend, req BackfillReques
 		if err != nil {
 			return nil, err
 		}
-		p := BackfillPlan{Date: values[dateParam], RunID: jobs.RunID(req.Job.Name(), dec.RunKey), Values: values, Action: BackfillStart}
+		p := BackfillPlan{Job: req.Job.Name(), Date: values[dateParam], RunID: jobs.RunID(req.Job.Name(), dec.RunKey), Values: values, Action: BackfillStart}
 		info, err := st.Run(ctx, p.RunID)
 		switch {
 		case errors.Is(err, checkpoint.ErrNotFound):
@@ -169,8 +170,8 @@ func (p *BackfillPlan) decide(run checkpoint.Run, reprocess Reprocess, now time.
 
 // RunBackfill runs the plans that start a run with r, up to parallel at
 // once (r's job concurrency limits still hold), in date order; it starts
-// none once ctx ends. request gives each plan's runner.Request (its
-// parameters and Force come from the plan); done receives each outcome,
+// none once ctx ends. request gives what each plan's runner.Request adds
+// to the plan's job, parameters and Force (its audit records, say); done receives each outcome,
 // one call at a time, as it comes. It returns when every started run has
 // ended.
 func RunBackfill(ctx context.Context, r *runner.Runner, plans []BackfillPlan, parallel int,
@@ -191,7 +192,7 @@ func RunBackfill(ctx context.Context, r *runner.Runner, plans []BackfillPlan, pa
 		wg.Go(func() {
 			defer func() { <-slots }()
 			req := request(p)
-			req.Values, req.Force = p.Values, p.Force()
+			req.Job, req.Values, req.Force = p.Job, p.Values, p.Force()
 			res, err := r.Run(ctx, req)
 			mu.Lock()
 			defer mu.Unlock()

@@ -76,7 +76,7 @@ func TestBackfillPlansAndRuns(t *testing.T) {
 
 	ran = nil
 	var ends []string
-	ops.RunBackfill(ctx, r, plans, 2, func(ops.BackfillPlan) runner.Request { return runner.Request{Job: "daily"} },
+	ops.RunBackfill(ctx, r, plans, 2, func(ops.BackfillPlan) runner.Request { return runner.Request{} },
 		func(i int, res runner.Result, err error) {
 			if err != nil || res.Status != checkpoint.RunSucceeded {
 				t.Errorf("%s: %s, %v; want succeeded", plans[i].Date, res.Status, err)
