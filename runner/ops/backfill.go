@@ -171,9 +171,9 @@ func (p *BackfillPlan) decide(run checkpoint.Run, reprocess Reprocess, now time.
 // RunBackfill runs the plans that start a run with r, up to parallel at
 // once (r's job concurrency limits still hold), in date order; it starts
 // none once ctx ends. request gives what each plan's runner.Request adds
-// to the plan's job, parameters and Force (its audit records, say); done receives each outcome,
-// one call at a time, as it comes. It returns when every started run has
-// ended.
+// to the plan's job, parameters and Force (its audit records, say); done
+// receives each outcome, one call at a time, as it comes. It returns when
+// every started run has ended.
 func RunBackfill(ctx context.Context, r *runner.Runner, plans []BackfillPlan, parallel int,
 	request func(BackfillPlan) runner.Request, done func(i int, res runner.Result, err error)) {
 	var (
