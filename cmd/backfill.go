@@ -1,16 +1,15 @@
 package cmd
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
-	"maps"
-	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
 // BackfillCmd starts one run per business date.
@@ -28,37 +27,11 @@ type BackfillCmd struct {
 	JSON        bool              `name:"json" help:"Print the plan per date and each run's outcome as one JSON document on stdout, instead of a table and a line per run."`
 }
 
-type backfillPlan struct {
-	date, runID, existing, action string
-	values                        map[string]string
-	force                         bool
-}
-
 // Run implements the backfill command.
 func (c *BackfillCmd) Run(env *Env) error {
-	job, err := env.Registry.Lookup(c.Job)
+	req, err := c.request(env)
 	if err != nil {
 		return err
-	}
-	dateParam := ""
-	for _, p := range job.Params() {
-		if p.Key && p.Format == "date" {
-			if dateParam != "" {
-				return usageError{fmt.Errorf("job %s has two date key parameters (%s, %s); backfill needs exactly one", c.Job, dateParam, p.Name)}
-			}
-			dateParam = p.Name
-		}
-	}
-	if dateParam == "" {
-		return usageError{fmt.Errorf("job %s has no identifying date parameter (a key param with format:\"date\"); backfill needs one", c.Job)}
-	}
-	from, err1 := time.Parse("2006-01-02", c.From)
-	to, err2 := time.Parse("2006-01-02", c.To)
-	if err1 != nil || err2 != nil || to.Before(from) {
-		return usageError{fmt.Errorf("--from %q and --to %q must be YYYY-MM-DD dates with from <= to", c.From, c.To)}
-	}
-	if days := int(to.Sub(from).Hours()/24) + 1; days > 3660 {
-		return usageError{fmt.Errorf("--from %s --to %s spans %d days; backfill at most ten years at a time", c.From, c.To, days)}
 	}
 	env.lease = c.Lease
 	open := env.Store
@@ -69,28 +42,9 @@ func (c *BackfillCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	var plans []backfillPlan
-	for d := from; !d.After(to); d = d.AddDate(0, 0, 1) {
-		values := maps.Clone(c.Params)
-		if values == nil {
-			values = map[string]string{}
-		}
-		values[dateParam] = d.Format("2006-01-02")
-		dec, err := job.Decode(values, nil)
-		if err != nil {
-			return err
-		}
-		p := backfillPlan{date: values[dateParam], runID: jobs.RunID(c.Job, dec.RunKey), values: values, existing: "-", action: "start"}
-		info, err := st.Run(env.Ctx, p.runID)
-		switch {
-		case errors.Is(err, checkpoint.ErrNotFound):
-		case err != nil:
-			return err
-		default:
-			p.existing = info.Run.Status
-			p.action, p.force = backfillAction(info.Run, c.Reprocess, env.now())
-		}
-		plans = append(plans, p)
+	plans, err := ops.PlanBackfill(env.Ctx, st, req, env.now())
+	if err != nil {
+		return c.usage(err)
 	}
 	if c.JSON && c.DryRun {
 		return writeJSON(env.Stdout, viewBackfill(c, plans, nil))
@@ -99,7 +53,7 @@ func (c *BackfillCmd) Run(env *Env) error {
 		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "DATE\tRUN\tNOW\tACTION")
 		for _, p := range plans {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.date, p.runID, p.existing, p.action)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Date, p.RunID, cmp.Or(p.Existing, "-"), backfillActionText(p))
 		}
 		tw.Flush()
 	}
@@ -107,6 +61,40 @@ func (c *BackfillCmd) Run(env *Env) error {
 		fmt.Fprintln(env.Stdout, "dry run: nothing started")
 		return nil
 	}
+	return c.start(env, st, plans)
+}
+
+// request checks the command's job and dates and returns its backfill.
+func (c *BackfillCmd) request(env *Env) (ops.BackfillRequest, error) {
+	job, err := env.Registry.Lookup(c.Job)
+	if err != nil {
+		return ops.BackfillRequest{}, err
+	}
+	if _, err := ops.BackfillDateParam(job); err != nil {
+		return ops.BackfillRequest{}, c.usage(err)
+	}
+	from, err1 := time.Parse(time.DateOnly, c.From)
+	to, err2 := time.Parse(time.DateOnly, c.To)
+	if err1 != nil || err2 != nil || to.Before(from) {
+		return ops.BackfillRequest{}, usageError{fmt.Errorf("--from %q and --to %q must be YYYY-MM-DD dates with from <= to", c.From, c.To)}
+	}
+	if days := int(to.Sub(from).Hours()/24) + 1; days > ops.MaxBackfillDays {
+		return ops.BackfillRequest{}, usageError{fmt.Errorf("--from %s --to %s spans %d days; backfill at most ten years at a time", c.From, c.To, days)}
+	}
+	return ops.BackfillRequest{Job: job, From: from, To: to, Params: c.Params, Reprocess: ops.Reprocess(c.Reprocess)}, nil
+}
+
+// usage makes a refused backfill request a usage error (exit 2).
+func (c *BackfillCmd) usage(err error) error {
+	if errors.Is(err, ops.ErrBadBackfill) {
+		return usageError{err}
+	}
+	return err
+}
+
+// start runs the plans that start a run, --max-parallel at once, and
+// reports each outcome.
+func (c *BackfillCmd) start(env *Env, st checkpoint.Backend, plans []ops.BackfillPlan) error {
 	// Runs over their job's concurrency limit (one settlement per ledger)
 	// wait for room: --max-parallel never runs more at once than it allows.
 	targets, err := c.targets()
@@ -119,46 +107,32 @@ func (c *BackfillCmd) Run(env *Env) error {
 		return err
 	}
 	var (
-		mu    sync.Mutex
-		errs  []error
-		wg    sync.WaitGroup
-		slots = make(chan struct{}, c.MaxParallel)
+		errs []error
 		// results[i] is plans[i]'s outcome, for --json.
 		results = make([]*runResultView, len(plans))
 	)
-	for i, p := range plans {
-		if p.action != "start" && p.action != "resume" && p.action != "rerun (forced)" {
-			continue
+	request := func(p ops.BackfillPlan) runner.Request {
+		var audits []checkpoint.Audit // committed with the claim
+		if p.Force() {
+			audits = append(audits, c.audit(env, p.RunID, "backfill --reprocess "+c.Reprocess, "backfill "+c.From+".."+c.To, ""))
 		}
-		if env.Ctx.Err() != nil {
-			break
-		}
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			var audits []checkpoint.Audit // committed with the claim
-			if p.force {
-				audits = append(audits, c.audit(env, p.runID, "backfill --reprocess "+c.Reprocess, "backfill "+c.From+".."+c.To, ""))
-			}
-			res, err := r.Run(env.Ctx, runner.Request{Job: c.Job, Values: p.values, Force: p.force, Audits: audits})
-			mu.Lock()
-			defer mu.Unlock()
-			var told reported
-			if c.JSON {
-				v := viewResult(env, res, err)
-				results[i] = &v
-			} else {
-				err = report(env, res, err)
-			}
-			if errors.As(err, &told) {
-				errs = append(errs, told.error) // interrupted: the report said so
-			} else if err != nil && !errors.Is(err, checkpoint.ErrAlreadySucceeded) {
-				fmt.Fprintf(env.Stderr, "%s: %s: %v\n", env.Name, p.date, err)
-				errs = append(errs, err)
-			}
-		})
+		return runner.Request{Audits: audits}
 	}
-	wg.Wait()
+	ops.RunBackfill(env.Ctx, r, plans, c.MaxParallel, request, func(i int, res runner.Result, err error) {
+		var told reported
+		if c.JSON {
+			v := viewResult(env, res, err)
+			results[i] = &v
+		} else {
+			err = report(env, res, err)
+		}
+		if errors.As(err, &told) {
+			errs = append(errs, told.error) // interrupted: the report said so
+		} else if err != nil && !errors.Is(err, checkpoint.ErrAlreadySucceeded) {
+			fmt.Fprintf(env.Stderr, "%s: %s: %v\n", env.Name, plans[i].Date, err)
+			errs = append(errs, err)
+		}
+	})
 	if c.JSON {
 		if err := writeJSON(env.Stdout, viewBackfill(c, plans, results)); err != nil {
 			return err
@@ -170,22 +144,15 @@ func (c *BackfillCmd) Run(env *Env) error {
 	return nil
 }
 
-// backfillAction decides what backfill does with a date that has a run.
-func backfillAction(run checkpoint.Run, reprocess string, now time.Time) (action string, force bool) {
+// backfillActionText is a plan's action as the table and --json say it.
+func backfillActionText(p ops.BackfillPlan) string {
 	switch {
-	case !run.PrunedAt.IsZero():
-		return "skip (pruned)", false
-	case run.Status == checkpoint.RunRunning && !stale(run, now):
-		return "skip (running)", false
-	case run.Status == checkpoint.RunQueued:
-		return "skip (queued for a worker)", false
-	case run.Status == checkpoint.RunSucceeded || run.Status == checkpoint.RunAbandoned:
-		if reprocess == "all" {
-			return "rerun (forced)", true
-		}
-		return "skip (" + run.Status + ")", false
-	case reprocess == "none":
-		return "skip (" + run.Status + "; --reprocess failed resumes it)", false
+	case p.Action == ops.BackfillRerun:
+		return "rerun (forced)"
+	case p.ReprocessResumes:
+		return "skip (" + p.Why + "; --reprocess failed resumes it)"
+	case p.Action == ops.BackfillSkip:
+		return "skip (" + p.Why + ")"
 	}
-	return "resume", false
+	return string(p.Action)
 }

@@ -246,9 +246,9 @@ func (c *PruneCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	a := c.audit(env, "", "prune --older-than "+string(c.OlderThan), c.Reason, "")
-	cutoff := env.now().Add(-d)
-	res, err := st.Prune(env.Ctx, a, cutoff, c.DryRun)
+	now := env.now()
+	cutoff := now.Add(-d)
+	res, _, err := ops.Prune(env.Ctx, st, c.who(c.Reason), "prune --older-than "+string(c.OlderThan), cutoff, c.DryRun, now)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/runner/ops"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
@@ -177,14 +178,11 @@ type backfillDateView struct {
 	Result *runResultView `json:"result,omitempty"`
 }
 
-func viewBackfill(c *BackfillCmd, plans []backfillPlan, results []*runResultView) backfillView {
+func viewBackfill(c *BackfillCmd, plans []ops.BackfillPlan, results []*runResultView) backfillView {
 	v := backfillView{Job: c.Job, From: c.From, To: c.To, Reprocess: c.Reprocess, DryRun: c.DryRun, Dates: []backfillDateView{}}
 	for i, p := range plans {
-		action, reason, _ := strings.Cut(p.action, " (")
-		d := backfillDateView{Date: p.date, RunID: p.runID, Action: action, Reason: strings.TrimSuffix(reason, ")")}
-		if p.existing != "-" {
-			d.Existing = p.existing
-		}
+		action, reason, _ := strings.Cut(backfillActionText(p), " (")
+		d := backfillDateView{Date: p.Date, RunID: p.RunID, Action: action, Reason: strings.TrimSuffix(reason, ")"), Existing: p.Existing}
 		if i < len(results) {
 			d.Result = results[i]
 		}

@@ -8,13 +8,14 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/checkpoint/stores"
 )
 
-// This file is the one place that knows which backends exist: --db (and
-// $STEPWISE_DB) is parsed here, and the store it names is opened here.
-// Everything else in cmd holds a checkpoint.Backend.
+// This file is where cmd opens stores: --db (and $STEPWISE_DB) is parsed
+// here, and the store it names is opened here through checkpoint/stores,
+// which alone knows the backends; their failures are told apart by
+// checkpoint's backend-neutral kinds. Everything else in cmd holds a
+// checkpoint.Backend.
 
 // dbMapper decodes --db: a database URL is kept as it is, anything else is
 // a SQLite file path, made absolute as kong's "path" type does, so a
@@ -46,7 +47,7 @@ func openBackend(e *Env, mustExist bool) (checkpoint.Backend, error) {
 	switch {
 	case errors.Is(err, checkpoint.ErrNoDatabase) && mustExist:
 		return nil, usageError{fmt.Errorf("%w; check --db or $STEPWISE_DB (this command only reads a checkpoint database)", err)}
-	case errors.Is(err, postgres.ErrBadURL):
+	case errors.Is(err, checkpoint.ErrBadLocation):
 		return nil, usageError{fmt.Errorf("--db: %w", err)}
 	case serverError(err):
 		// The store could not be opened: nothing was done, and what to
@@ -72,8 +73,8 @@ func (e *Env) storeName() string {
 // statement timeout, too many connections. Opening the store, it is exit
 // 2 (nothing was written).
 func serverError(err error) bool {
-	for _, kind := range []error{postgres.ErrUnavailable, postgres.ErrAuth, postgres.ErrNoDatabase,
-		postgres.ErrPermission, postgres.ErrStatementTimeout, postgres.ErrTooManyConnections} {
+	for _, kind := range []error{checkpoint.ErrUnavailable, checkpoint.ErrAuth, checkpoint.ErrNoDatabase,
+		checkpoint.ErrPermission, checkpoint.ErrStatementTimeout, checkpoint.ErrTooManyConnections} {
 		if errors.Is(err, kind) {
 			return true
 		}

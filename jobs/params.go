@@ -258,33 +258,63 @@ func validParamName(s string) bool {
 func decodeParams(job string, t reflect.Type, ps []Param, values map[string]string, file []byte) (reflect.Value, error) {
 	v := reflect.New(t).Elem()
 	given := map[string]bool{}
-	if len(bytes.TrimSpace(file)) > 0 {
-		var raw map[string]json.RawMessage
-		if err := json.Unmarshal(file, &raw); err != nil {
-			return v, badParam("", fmt.Errorf("%w: params file for job %s is not a JSON object: %v", ErrBadParams, job, err))
-		}
-		for name, msg := range raw {
-			if string(bytes.TrimSpace(msg)) == "null" {
-				continue // null means not given
-			}
-			p, ok := findParam(ps, name)
-			if !ok {
-				return v, badParam(name, fmt.Errorf("%w: params file sets unknown parameter %q for job %s (known: %s)",
-					ErrBadParams, name, job, paramNames(ps)))
-			}
-			if err := json.Unmarshal(msg, v.Field(p.field).Addr().Interface()); err != nil {
-				var s string
-				if p.Type == "duration" && json.Unmarshal(msg, &s) == nil {
-					if err := setString(v.Field(p.field), p, s); err != nil {
-						return v, badParam(name, fmt.Errorf("%w: params file: %s: %v", ErrBadParams, name, err))
-					}
-				} else {
-					return v, badParam(name, fmt.Errorf("%w: params file: parameter %q of job %s wants a %s: %v", ErrBadParams, name, job, p.Type, err))
-				}
-			}
-			given[name] = true
+	if err := fillFromFile(job, v, ps, file, given); err != nil {
+		return v, err
+	}
+	if err := fillFromValues(job, v, ps, values, given); err != nil {
+		return v, err
+	}
+	if err := fillDefaults(job, v, ps, given); err != nil {
+		return v, err
+	}
+	if err := checkParams(job, v, ps); err != nil {
+		return v, err
+	}
+	if val, ok := v.Addr().Interface().(interface{ Validate() error }); ok {
+		if err := val.Validate(); err != nil {
+			return v, badParam("", fmt.Errorf("%w: job %s: %w", ErrBadParams, job, err))
 		}
 	}
+	return v, nil
+}
+
+// fillFromFile sets the parameters a JSON params file gives (a null is
+// not given), marking them in given.
+func fillFromFile(job string, v reflect.Value, ps []Param, file []byte, given map[string]bool) error {
+	if len(bytes.TrimSpace(file)) == 0 {
+		return nil
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(file, &raw); err != nil {
+		return badParam("", fmt.Errorf("%w: params file for job %s is not a JSON object: %v", ErrBadParams, job, err))
+	}
+	for name, msg := range raw {
+		if string(bytes.TrimSpace(msg)) == "null" {
+			continue // null means not given
+		}
+		p, ok := findParam(ps, name)
+		if !ok {
+			return badParam(name, fmt.Errorf("%w: params file sets unknown parameter %q for job %s (known: %s)",
+				ErrBadParams, name, job, paramNames(ps)))
+		}
+		if err := json.Unmarshal(msg, v.Field(p.field).Addr().Interface()); err != nil {
+			var s string
+			if p.Type == "duration" && json.Unmarshal(msg, &s) == nil {
+				if err := setString(v.Field(p.field), p, s); err != nil {
+					return badParam(name, fmt.Errorf("%w: params file: %s: %v", ErrBadParams, name, err))
+				}
+			} else {
+				return badParam(name, fmt.Errorf("%w: params file: parameter %q of job %s wants a %s: %v", ErrBadParams, name, job, p.Type, err))
+			}
+		}
+		given[name] = true
+	}
+	return nil
+}
+
+// fillFromValues sets the parameters name=value pairs give, in name
+// order, marking them in given.
+func fillFromValues(job string, v reflect.Value, ps []Param, values map[string]string, given map[string]bool) error {
 	names := make([]string, 0, len(values))
 	for name := range values {
 		names = append(names, name)
@@ -293,42 +323,55 @@ func decodeParams(job string, t reflect.Type, ps []Param, values map[string]stri
 	for _, name := range names {
 		p, ok := findParam(ps, name)
 		if !ok {
-			return v, badParam(name, fmt.Errorf("%w: unknown parameter %q for job %s (known: %s)", ErrBadParams, name, job, paramNames(ps)))
+			return badParam(name, fmt.Errorf("%w: unknown parameter %q for job %s (known: %s)", ErrBadParams, name, job, paramNames(ps)))
 		}
 		if err := setString(v.Field(p.field), p, values[name]); err != nil {
-			return v, badParam(name, fmt.Errorf("%w: -p %s=%s: %v", ErrBadParams, name, values[name], err))
+			return badParam(name, fmt.Errorf("%w: -p %s=%s: %v", ErrBadParams, name, values[name], err))
 		}
 		given[name] = true
 	}
+	return nil
+}
+
+// fillDefaults sets the defaults of the parameters not given, and refuses
+// a required one not given.
+func fillDefaults(job string, v reflect.Value, ps []Param, given map[string]bool) error {
 	for _, p := range ps {
 		if given[p.Name] {
 			continue
 		}
 		if p.Default != "" {
 			if err := setString(v.Field(p.field), p, p.Default); err != nil {
-				return v, badParam(p.Name, fmt.Errorf("%w: default of %s: %v", ErrBadParams, p.Name, err))
+				return badParam(p.Name, fmt.Errorf("%w: default of %s: %v", ErrBadParams, p.Name, err))
 			}
 			continue
 		}
 		if p.Required {
-			return v, badParam(p.Name, fmt.Errorf("%w: job %s needs parameter %q (%s); give it with -p %s=VALUE",
+			return badParam(p.Name, fmt.Errorf("%w: job %s needs parameter %q (%s); give it with -p %s=VALUE",
 				ErrBadParams, job, p.Name, p.Help, p.Name))
 		}
 	}
+	return nil
+}
+
+// checkParams checks the filled parameters by their formats (a required
+// string not empty, dates, paths and databases, which it makes absolute,
+// and key parameters fit for a run ID).
+func checkParams(job string, v reflect.Value, ps []Param) error {
 	for _, p := range ps {
 		f := v.Field(p.field)
 		if p.Required && p.Type == "string" && f.String() == "" {
-			return v, badParam(p.Name, fmt.Errorf("%w: job %s needs parameter %q (%s); it was given empty", ErrBadParams, job, p.Name, p.Help))
+			return badParam(p.Name, fmt.Errorf("%w: job %s needs parameter %q (%s); it was given empty", ErrBadParams, job, p.Name, p.Help))
 		}
 		if p.Format == "date" && f.String() != "" {
 			if _, err := time.Parse(dateLayout, f.String()); err != nil {
-				return v, badParam(p.Name, fmt.Errorf("%w: parameter %q is %q; want a date as YYYY-MM-DD", ErrBadParams, p.Name, f.String()))
+				return badParam(p.Name, fmt.Errorf("%w: parameter %q is %q; want a date as YYYY-MM-DD", ErrBadParams, p.Name, f.String()))
 			}
 		}
 		if name, ok := targetRef(f.String()); ok && IsResourceFormat(p.Format) {
 			// A target's name, resolved when the job is executed.
 			if !ValidTargetName(name) {
-				return v, badParam(p.Name, fmt.Errorf("%w: parameter %q is %q, which is not a target name (lower-case letters, digits, - or _)",
+				return badParam(p.Name, fmt.Errorf("%w: parameter %q is %q, which is not a target name (lower-case letters, digits, - or _)",
 					ErrBadParams, p.Name, f.String()))
 			}
 			continue
@@ -336,31 +379,26 @@ func decodeParams(job string, t reflect.Type, ps []Param, values map[string]stri
 		if (p.Format == FormatPath || p.Format == FormatExistingFile) && f.String() != "" {
 			abs, err := absPath(p, f.String())
 			if err != nil {
-				return v, badParam(p.Name, fmt.Errorf("%w: %w", ErrBadParams, err))
+				return badParam(p.Name, fmt.Errorf("%w: %w", ErrBadParams, err))
 			}
 			f.SetString(abs)
 		}
 		if p.Format == FormatDatabase && f.String() != "" {
 			loc, err := databaseParam(p, f.String())
 			if err != nil {
-				return v, badParam(p.Name, fmt.Errorf("%w: %w", ErrBadParams, err))
+				return badParam(p.Name, fmt.Errorf("%w: %w", ErrBadParams, err))
 			}
 			f.SetString(loc)
 		}
 		if p.Key {
 			s := fmt.Sprint(f.Interface())
 			if s == "" || strings.ContainsAny(s, "/ \t\n") || len(s) > 100 {
-				return v, badParam(p.Name, fmt.Errorf("%w: key parameter %q is %q; it must be non-empty, at most 100 bytes, without / or spaces",
+				return badParam(p.Name, fmt.Errorf("%w: key parameter %q is %q; it must be non-empty, at most 100 bytes, without / or spaces",
 					ErrBadParams, p.Name, s))
 			}
 		}
 	}
-	if val, ok := v.Addr().Interface().(interface{ Validate() error }); ok {
-		if err := val.Validate(); err != nil {
-			return v, badParam("", fmt.Errorf("%w: job %s: %w", ErrBadParams, job, err))
-		}
-	}
-	return v, nil
+	return nil
 }
 
 func setString(f reflect.Value, p Param, s string) error {

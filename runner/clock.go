@@ -3,15 +3,26 @@ package runner
 import (
 	"context"
 	"time"
-
-	"github.com/stepwise-run/stepwise/steps"
 )
 
-// Clock tells the time. The runner reads time only through it, so tests can
-// control it.
+// Clock is the one source of time of the runner, its scheduler, workers,
+// dispatchers and heartbeats: every reading of the time and every wait
+// (retry backoff, lock polling, heartbeats, the scheduler's and workers'
+// wake-ups) goes through it, so a test's fake clock, or testing/synctest,
+// controls all of them.
 type Clock interface {
+	// Now returns the current time.
 	Now() time.Time
+	// After returns a channel that receives once d has passed, as
+	// time.After does.
+	After(d time.Duration) <-chan time.Time
 }
+
+// WaitClock was the Clock the scheduler and workers could also wait on;
+// every Clock can wait now.
+//
+// Deprecated: use Clock.
+type WaitClock interface{ Clock }
 
 // SystemClock is the real clock.
 type SystemClock struct{}
@@ -19,20 +30,18 @@ type SystemClock struct{}
 // Now returns time.Now().
 func (SystemClock) Now() time.Time { return time.Now() }
 
-// Sleeper is a Clock that can also wait; retries wait through it, so a
-// test's fake clock controls backoff delays too. A Clock that is not a
-// Sleeper waits with real timers.
-type Sleeper interface {
-	Sleep(ctx context.Context, d time.Duration) error
-}
+// After returns time.After(d).
+func (SystemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
-// Sleep waits d with a real timer, or until ctx is done.
-func (SystemClock) Sleep(ctx context.Context, d time.Duration) error { return steps.Sleep(ctx, d) }
-
-// sleepOn waits d through clock if it is a Sleeper, else with a real timer.
-func sleepOn(clock Clock, ctx context.Context, d time.Duration) error {
-	if s, ok := clock.(Sleeper); ok {
-		return s.Sleep(ctx, d)
+// sleep waits d on clock, or until ctx ends (then it returns ctx's cause).
+func sleep(ctx context.Context, clock Clock, d time.Duration) error {
+	if d <= 0 {
+		return context.Cause(ctx)
 	}
-	return steps.Sleep(ctx, d)
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-clock.After(d):
+		return nil
+	}
 }

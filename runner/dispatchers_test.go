@@ -19,8 +19,11 @@ import (
 )
 
 // tickingClock advances a millisecond at every reading,
-// shared by every dispatcher: time moves without sleeps.
-type tickingClock struct{ ns atomic.Int64 }
+// shared by every dispatcher: time moves without sleeps (waits are real).
+type tickingClock struct {
+	runner.SystemClock
+	ns atomic.Int64
+}
 
 func (c *tickingClock) Now() time.Time { return time.Unix(0, c.ns.Add(int64(time.Millisecond))).UTC() }
 

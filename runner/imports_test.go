@@ -23,8 +23,9 @@ const modulePath = "github.com/stepwise-run/stepwise"
 // it. cmd imports them all, so the CLI, the API and the dashboard share one
 // implementation of every view and operation. The checkpoint contract
 // imports no other layer; a backend (checkpoint/sqlite, and any store beside
-// it) implements the contract, and only cmd, which opens the store --db
-// names, may import one outside tests.
+// it) implements the contract, and outside tests only checkpoint/stores,
+// the one store picker (cmd opens the store --db names through it), and
+// bench's raw baselines may import one.
 var layerAllows = map[string][]string{
 	"checkpoint":     {},
 	"backend":        {"checkpoint"},
@@ -59,6 +60,17 @@ var testAllows = map[string][]string{
 var forbidden = map[string][]string{
 	"checkpoint": {"database/sql", "modernc.org/", "github.com/jackc/"},
 }
+
+// storePicker is the one backend package the layers above checkpoint may
+// import outside tests: checkpoint/stores opens a store (or a tool's
+// database) by its location, whatever its backend, and the backends'
+// failures have backend-neutral kinds in checkpoint. backendImporters are
+// the layers that may import a backend itself: the backends and the
+// stores' test helpers, and bench, whose raw baselines measure each
+// backend's own SQL.
+const storePicker = modulePath + "/checkpoint/stores"
+
+var backendImporters = []string{"backend", "checkpointtest", "bench"}
 
 // subLayers are the packages below a top-level directory that are layers of
 // their own, by path below the module (a package below one belongs to it).
@@ -126,6 +138,9 @@ func importViolations(pkgs map[string]pkgImports) []string {
 			continue
 		}
 		for _, dep := range deps.Imports {
+			if to, _ := layerOf(dep); to == "backend" && dep != storePicker && slices.Contains(allowed, "backend") && !slices.Contains(backendImporters, from) {
+				bad = append(bad, pkg+" imports "+dep+" (outside tests, only checkpoint/stores picks a backend; "+from+" opens stores through it)")
+			}
 			for _, f := range forbidden[from] {
 				if dep == f || strings.HasSuffix(f, "/") && strings.HasPrefix(dep, f) {
 					bad = append(bad, pkg+" imports "+dep+" (the "+from+" layer imports no database driver)")
@@ -160,7 +175,8 @@ func TestImportViolationsCatchesWrongArrows(t *testing.T) {
 		p("jobs"):                      {Imports: []string{p("steps"), p("runner")}},
 		p("runner"):                    {Imports: []string{p("jobs"), p("cmd")}, TestImports: []string{p("checkpoint/checkpointtest")}},
 		p("examples/report"):           {Imports: []string{p("jobs"), p("steps"), p("checkpoint")}},
-		p("cmd"):                       {Imports: []string{p("checkpoint/sqlite")}},
+		p("cmd"):                       {Imports: []string{p("checkpoint/sqlite"), p("checkpoint/stores")}, TestImports: []string{p("checkpoint/postgres")}},
+		p("cmd/internal/bench"):        {Imports: []string{p("checkpoint/postgres")}},
 		p("cmd/stepwise"):              {Imports: []string{p("cmd"), p("examples/report")}},
 		p("internal/x"):                {},
 		p("httpapi"):                   {},
@@ -172,6 +188,7 @@ func TestImportViolationsCatchesWrongArrows(t *testing.T) {
 		p("checkpoint") + " imports database/sql",
 		p("checkpoint") + " imports " + p("checkpoint/checkpointtest"),
 		p("checkpoint/sqlite") + " imports " + p("steps"),
+		p("cmd") + " imports " + p("checkpoint/sqlite") + " (outside tests, only checkpoint/stores",
 		p("cmd/internal/web") + " imports " + p("cmd"),
 		p("examples/report") + " imports " + p("checkpoint"),
 		p("httpapi") + " is outside",

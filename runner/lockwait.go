@@ -34,7 +34,7 @@ func (r *Runner) write(ctx context.Context, log zerolog.Logger, what string, wri
 		if tries == 0 {
 			log.Warn().Err(err).Str("write", what).Msg("database locked by another process; waiting for it")
 		}
-		if serr := sleepOn(r.cfg.Clock, ctx, r.cfg.WaitPoll); serr != nil {
+		if serr := sleep(ctx, r.cfg.Clock, r.cfg.WaitPoll); serr != nil {
 			return fmt.Errorf("%w while waiting for the database lock to %s: %w", ErrInterrupted, what, err)
 		}
 	}

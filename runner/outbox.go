@@ -199,86 +199,111 @@ type PassResult struct {
 // the outcomes.
 func (d *Dispatcher) Pass(ctx context.Context) (PassResult, error) {
 	var res PassResult
-	if d.Store == nil || d.To == nil {
-		return res, errors.New("runner: Dispatcher needs a Store and a Delivery")
+	p, err := d.pass()
+	if err != nil {
+		return res, err
 	}
-	if d.VisibleFor < 0 || d.MaxTries < 0 || d.Batch < 0 {
-		return res, fmt.Errorf("runner: Dispatcher VisibleFor (%s), MaxTries (%d) and Batch (%d) cannot be negative", d.VisibleFor, d.MaxTries, d.Batch)
-	}
-	clock := d.Clock
-	if clock == nil {
-		clock = SystemClock{}
-	}
-	backoff := d.Backoff
-	if backoff.Initial == 0 {
-		backoff.Initial = time.Second
-	}
-	if backoff.Max == 0 {
-		backoff.Max = 10 * time.Minute
-	}
-	window := cmp.Or(d.VisibleFor, DefaultVisibility)
-	margin := window / 10
-	maxTries, batch := cmp.Or(d.MaxTries, DefaultMaxTries), cmp.Or(d.Batch, DefaultBatch)
 	for {
-		claimedAt := clock.Now()
-		due, err := d.Store.ClaimMessages(ctx, claimedAt, batch, window)
+		claimedAt := p.clock.Now()
+		due, err := d.Store.ClaimMessages(ctx, claimedAt, p.batch, p.window)
 		if err != nil || len(due) == 0 {
 			return res, err
 		}
-		stopAt := claimedAt.Add(window - margin) // on this dispatcher's clock
+		stopAt := claimedAt.Add(p.window - p.window/10) // on this dispatcher's clock
 		progressed := false
 		for _, m := range due {
 			if err := ctx.Err(); err != nil {
 				return res, err
 			}
-			left := stopAt.Sub(clock.Now())
-			if left <= 0 {
-				res.Left++
-				d.Logger.Warn().Str("key", m.Key).Dur("window", window).Msg("claim's window ran out before delivery; the message is claimable again when it ends")
-				continue
-			}
-			dctx, cancel := context.WithTimeout(ctx, left)
-			derr := d.To.Deliver(dctx, m)
-			cut := derr != nil && errors.Is(dctx.Err(), context.DeadlineExceeded)
-			cancel()
-			now := clock.Now()
-			if derr == nil {
-				if err := d.Store.MarkSent(ctx, m.Key, now); err != nil {
-					return res, err
-				}
-				res.Sent++
-				progressed = true
-				d.Logger.Info().Str("key", m.Key).Str("topic", m.Topic).Int("tries", m.Tries+1).Msg("message delivered")
-				continue
-			}
-			if err := ctx.Err(); err != nil {
-				return res, err // stopped, not a failed delivery
-			}
-			if cut {
-				// Our own window ran out, not the receiver's answer: no
-				// try is counted (it could make the message dead), and it
-				// is claimable again when the window ends.
-				res.Left++
-				d.Logger.Warn().Str("key", m.Key).Dur("window", window).Err(derr).
-					Msg("delivery stopped when the claim's window ran out; not counted as a try, claimable again when the window ends")
-				continue
-			}
-			delay := backoff.Backoff(m.Tries+1, rand.Float64())
-			dead, err := d.Store.MarkFailed(ctx, checkpoint.DeliveryFailure{Key: m.Key, Error: derr.Error(), RetryAt: now.Add(delay), RetryIn: delay, MaxTries: maxTries})
+			sent, err := d.deliver(ctx, p, m, stopAt, &res)
 			if err != nil {
 				return res, err
 			}
-			if dead {
-				res.Dead++
-				d.Logger.Error().Str("key", m.Key).Str(steps.FieldRunID, m.RunID).Str("topic", m.Topic).Int("tries", m.Tries+1).Int("max_tries", maxTries).Err(derr).
-					Msg("delivery failed for the last time; the message is dead and is not retried")
-				continue
-			}
-			res.Failed++
-			d.Logger.Warn().Str("key", m.Key).Err(derr).Float64(steps.FieldRetryInSeconds, delay.Seconds()).Msg("delivery failed; will retry")
+			progressed = progressed || sent
 		}
 		if !progressed || res.Left > 0 {
 			return res, nil
 		}
 	}
+}
+
+// passSettings is a Dispatcher's settings with their defaults filled in.
+type passSettings struct {
+	clock           Clock
+	backoff         steps.RetryPolicy
+	window          time.Duration
+	maxTries, batch int
+}
+
+// pass checks the Dispatcher's settings and fills in their defaults.
+func (d *Dispatcher) pass() (passSettings, error) {
+	if d.Store == nil || d.To == nil {
+		return passSettings{}, errors.New("runner: Dispatcher needs a Store and a Delivery")
+	}
+	if d.VisibleFor < 0 || d.MaxTries < 0 || d.Batch < 0 {
+		return passSettings{}, fmt.Errorf("runner: Dispatcher VisibleFor (%s), MaxTries (%d) and Batch (%d) cannot be negative", d.VisibleFor, d.MaxTries, d.Batch)
+	}
+	p := passSettings{clock: d.Clock, backoff: d.Backoff, window: cmp.Or(d.VisibleFor, DefaultVisibility),
+		maxTries: cmp.Or(d.MaxTries, DefaultMaxTries), batch: cmp.Or(d.Batch, DefaultBatch)}
+	if p.clock == nil {
+		p.clock = SystemClock{}
+	}
+	if p.backoff.Initial == 0 {
+		p.backoff.Initial = time.Second
+	}
+	if p.backoff.Max == 0 {
+		p.backoff.Max = 10 * time.Minute
+	}
+	return p, nil
+}
+
+// deliver delivers one claimed message within its claim's window (up to
+// stopAt) and records the outcome in the store and in res; sent is true
+// if it was delivered. An error is the store's, or ctx's.
+func (d *Dispatcher) deliver(ctx context.Context, p passSettings, m checkpoint.Message, stopAt time.Time, res *PassResult) (sent bool, err error) {
+	left := stopAt.Sub(p.clock.Now())
+	if left <= 0 {
+		res.Left++
+		d.Logger.Warn().Str("key", m.Key).Dur("window", p.window).Msg("claim's window ran out before delivery; the message is claimable again when it ends")
+		return false, nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, left)
+	derr := d.To.Deliver(dctx, m)
+	cut := derr != nil && errors.Is(dctx.Err(), context.DeadlineExceeded)
+	cancel()
+	now := p.clock.Now()
+	if derr == nil {
+		if err := d.Store.MarkSent(ctx, m.Key, now); err != nil {
+			return false, err
+		}
+		res.Sent++
+		d.Logger.Info().Str("key", m.Key).Str("topic", m.Topic).Int("tries", m.Tries+1).Msg("message delivered")
+		return true, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err // stopped, not a failed delivery
+	}
+	if cut {
+		// Our own window ran out, not the receiver's answer: no
+		// try is counted (it could make the message dead), and it
+		// is claimable again when the window ends.
+		res.Left++
+		d.Logger.Warn().Str("key", m.Key).Dur("window", p.window).Err(derr).
+			Msg("delivery stopped when the claim's window ran out; not counted as a try, claimable again when the window ends")
+		return false, nil
+	}
+	delay := p.backoff.Backoff(m.Tries+1, rand.Float64())
+	dead, err := d.Store.MarkFailed(ctx, checkpoint.DeliveryFailure{Key: m.Key, Error: derr.Error(), RetryAt: now.Add(delay), RetryIn: delay, MaxTries: p.maxTries})
+	if err != nil {
+		return false, err
+	}
+	if dead {
+		res.Dead++
+		d.Logger.Error().Str("key", m.Key).Str(steps.FieldRunID, m.RunID).Str("topic", m.Topic).Int("tries", m.Tries+1).Int("max_tries", p.maxTries).Err(derr).
+			Msg("delivery failed for the last time; the message is dead and is not retried")
+		return false, nil
+	}
+	res.Failed++
+	d.Logger.Warn().Str("key", m.Key).Err(derr).Float64(steps.FieldRetryInSeconds, delay.Seconds()).Msg("delivery failed; will retry")
+	return false, nil
 }

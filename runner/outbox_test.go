@@ -76,8 +76,11 @@ type losingStore struct{ checkpoint.Backend }
 
 func (losingStore) MarkSent(context.Context, string, time.Time) error { return errors.New("killed") }
 
-// outboxClock is a controllable clock.
-type outboxClock struct{ now time.Time }
+// outboxClock is a controllable clock (waits are real).
+type outboxClock struct {
+	runner.SystemClock
+	now time.Time
+}
 
 func (c *outboxClock) Now() time.Time { return c.now }
 

@@ -366,7 +366,9 @@ func TestHeldLeaseRefusedOrWaitedFor(t *testing.T) {
 	}
 }
 
+// fakeClock is a controllable clock (waits are real).
 type fakeClock struct {
+	runner.SystemClock
 	mu  sync.Mutex
 	now time.Time
 }

@@ -83,7 +83,7 @@ func (r *Runner) heartbeat(ctx context.Context, l checkpoint.Lease, claimedAt ti
 			fenceAt := expiry.Add(-margin)
 			now := clock.Now()
 			if wake := minTime(next, fenceAt); now.Before(wake) {
-				if sleepOn(clock, beatCtx, wake.Sub(now)) != nil {
+				if sleep(beatCtx, clock, wake.Sub(now)) != nil {
 					return
 				}
 				now = clock.Now()

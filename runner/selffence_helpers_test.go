@@ -1,7 +1,6 @@
 package runner_test
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/url"
@@ -11,9 +10,9 @@ import (
 	"time"
 )
 
-// sleepClock is a fake clock that is also a runner.Sleeper: Sleep waits
-// until the test moves the clock past its wake-up time (wakeNext), so the
-// heartbeat runs on the test's time with no real sleeps.
+// sleepClock is a fake runner.Clock whose After fires only when the test
+// moves the clock past its wake-up time (wakeNext), so the heartbeat runs
+// on the test's time with no real sleeps.
 type sleepClock struct {
 	mu       sync.Mutex
 	now      time.Time
@@ -25,7 +24,7 @@ type sleepClock struct {
 type sleeper struct {
 	seq  int
 	at   time.Time
-	wake chan struct{}
+	wake chan time.Time // buffered: the wake-up never blocks
 }
 
 func newSleepClock(start time.Time) *sleepClock { return &sleepClock{now: start} }
@@ -37,26 +36,15 @@ func (c *sleepClock) Now() time.Time {
 	return c.now
 }
 
-// Sleep waits until the clock reaches now+d, or ctx ends.
-func (c *sleepClock) Sleep(ctx context.Context, d time.Duration) error {
+// After returns a channel that receives once the clock reaches now+d.
+func (c *sleepClock) After(d time.Duration) <-chan time.Time {
 	c.mu.Lock()
-	if d <= 0 {
-		c.mu.Unlock()
-		return ctx.Err()
-	}
+	defer c.mu.Unlock()
 	c.seq++
-	s := &sleeper{seq: c.seq, at: c.now.Add(d), wake: make(chan struct{})}
+	s := &sleeper{seq: c.seq, at: c.now.Add(d), wake: make(chan time.Time, 1)}
 	c.sleepers = append(c.sleepers, s)
-	c.mu.Unlock()
-	select {
-	case <-s.wake:
-		return nil
-	case <-ctx.Done():
-		c.mu.Lock()
-		c.sleepers = slices.DeleteFunc(c.sleepers, func(o *sleeper) bool { return o == s })
-		c.mu.Unlock()
-		return ctx.Err()
-	}
+	c.setLocked(c.now) // wakes it at once if d <= 0
+	return s.wake
 }
 
 // Advance moves the clock by d, waking the sleepers due by then.
@@ -75,7 +63,7 @@ func (c *sleepClock) setLocked(now time.Time) {
 			return false
 		}
 		c.woken = max(c.woken, s.seq)
-		close(s.wake)
+		s.wake <- c.now
 		return true
 	})
 }

@@ -1,6 +1,9 @@
 package runner
 
 import (
+	"context"
+	"time"
+
 	"github.com/rs/zerolog"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
@@ -28,8 +31,6 @@ func (r *Runner) stepsConfig(job jobs.Job, lease checkpoint.Lease, log zerolog.L
 		Write: r.writeHook(log), Retry: job.Settings().Retry, LeaseFor: r.cfg.Lease, SelfFenceMargin: r.cfg.SelfFenceMargin,
 		OnStepEnd: r.cfg.Metrics.stepHook(job.Name()), OnProgress: r.progressHook(lease, log),
 		OwnerGone: OwnerGone, PartitionSlots: r.cfg.PartitionSlots}
-	if s, ok := r.cfg.Clock.(Sleeper); ok {
-		cfg.Sleep = s.Sleep
-	}
+	cfg.Sleep = func(ctx context.Context, d time.Duration) error { return sleep(ctx, r.cfg.Clock, d) }
 	return cfg
 }

@@ -78,7 +78,7 @@ func (r *Runner) driveRetrying(ctx context.Context, job jobs.Job, claim checkpoi
 		r.cfg.Metrics.storeFault(job.Name())
 		log.Warn().Err(err).Int("try", try).Int("max_tries", policy.MaxTries).Float64(steps.FieldRetryInSeconds, delay.Seconds()).
 			Msg("store fault; the attempt goes on from its checkpoints after a pause")
-		if sleepOn(r.cfg.Clock, ctx, delay) != nil {
+		if sleep(ctx, r.cfg.Clock, delay) != nil {
 			return pastDeadline, err
 		}
 	}

@@ -13,27 +13,31 @@ import (
 )
 
 // Sentinel errors of a PostgreSQL store, for failures that have no
-// SQLite counterpart in checkpoint. Match them with errors.Is. Every error
-// names the server and the database, never the password.
+// SQLite counterpart in checkpoint. Match them with errors.Is; each also
+// matches checkpoint's backend-neutral kind of the same name
+// (checkpoint.ErrUnavailable, ...; ErrBadURL matches
+// checkpoint.ErrBadLocation), so callers need not import this package to
+// tell them apart. Every error names the server and the database, never the
+// password.
 var (
 	// ErrUnavailable: the server cannot be reached (down, refusing
 	// connections, starting up or shutting down) or the connection was
 	// lost. Nothing of the failed operation was kept, except that a lost
 	// commit may have committed: a rerun finds out from the checkpoints.
-	ErrUnavailable = errors.New("postgres: server unavailable")
+	ErrUnavailable error = &kind{"postgres: server unavailable", checkpoint.ErrUnavailable}
 	// ErrAuth: the server refused the credentials.
-	ErrAuth = errors.New("postgres: authentication failed")
+	ErrAuth error = &kind{"postgres: authentication failed", checkpoint.ErrAuth}
 	// ErrNoDatabase: the server has no database of the URL's name.
-	ErrNoDatabase = errors.New("postgres: database does not exist")
+	ErrNoDatabase error = &kind{"postgres: database does not exist", checkpoint.ErrNoDatabase}
 	// ErrPermission: the role lacks a privilege the store needs (to
 	// connect, to create the schema's tables, or to read or write them).
-	ErrPermission = errors.New("postgres: permission denied")
+	ErrPermission error = &kind{"postgres: permission denied", checkpoint.ErrPermission}
 	// ErrStatementTimeout: a statement ran longer than the configured
 	// statement timeout and was cancelled; its transaction was rolled back.
-	ErrStatementTimeout = errors.New("postgres: statement timeout")
+	ErrStatementTimeout error = &kind{"postgres: statement timeout", checkpoint.ErrStatementTimeout}
 	// ErrTooManyConnections: the server (or the role, or the database)
 	// has reached its connection limit.
-	ErrTooManyConnections = errors.New("postgres: too many connections")
+	ErrTooManyConnections error = &kind{"postgres: too many connections", checkpoint.ErrTooManyConnections}
 	// ErrConnectionClosed: the server ended the session (an
 	// administrator's pg_terminate_backend, a shutdown, a crash) or the
 	// connection broke under a statement. It also matches ErrUnavailable
@@ -45,8 +49,20 @@ var (
 	ErrAborted = errors.New("postgres: transaction aborted (deadlock or serialization failure)")
 	// ErrBadURL: the database URL does not parse, or names settings pgx
 	// refuses (an unknown sslmode, say). Nothing was connected to.
-	ErrBadURL = errors.New("postgres: bad database URL")
+	ErrBadURL error = &kind{"postgres: bad database URL", checkpoint.ErrBadLocation}
 )
+
+// kind is a sentinel of this package that also matches checkpoint's
+// backend-neutral kind of the same failure.
+type kind struct {
+	msg     string
+	neutral error
+}
+
+func (k *kind) Error() string { return k.msg }
+
+// Unwrap returns checkpoint's kind, so errors.Is matches it too.
+func (k *kind) Unwrap() error { return k.neutral }
 
 // SQLSTATE codes the store maps.
 const (
@@ -87,14 +103,12 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%v: %s (%s): %s; %s", e.Kind, e.Where, e.Op, e.Detail, e.Hint)
 }
 
-// Unwrap returns the kind and the driver's error. An ErrNoDatabase also
-// matches checkpoint.ErrNoDatabase, as a missing SQLite file does, so
-// callers can tell "that database does not exist" without knowing the
-// backend.
+// Unwrap returns the kind and the driver's error. A kind of this package
+// also matches checkpoint's (an ErrNoDatabase matches
+// checkpoint.ErrNoDatabase, as a missing SQLite file does), so callers can
+// tell what failed without knowing the backend.
 func (e *Error) Unwrap() []error {
 	switch e.Kind {
-	case ErrNoDatabase:
-		return []error{e.Kind, checkpoint.ErrNoDatabase, e.Err}
 	case ErrConnectionClosed:
 		return []error{e.Kind, ErrUnavailable, checkpoint.ErrTransient, e.Err}
 	case ErrUnavailable, ErrAborted, checkpoint.ErrLocked:

@@ -12,6 +12,7 @@ package stores
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"time"
@@ -88,6 +89,26 @@ func Open(ctx context.Context, location string, s Settings) (checkpoint.Backend,
 		return nil, err
 	}
 	return st, nil
+}
+
+// OpenDB opens the database at location (a postgres:// or postgresql://
+// URL, which must exist, or a SQLite file path) as a *sql.DB for tools that
+// write tables of their own, such as the example ledger's seed: not the
+// checkpoint store, whose schema is not touched. A SQLite file is created
+// unless s.MustExist (then a missing one wraps checkpoint.ErrNoDatabase);
+// a PostgreSQL database is connected to once, its failures of
+// checkpoint's backend-neutral kinds (checkpoint.ErrUnavailable, ...).
+func OpenDB(ctx context.Context, location string, s Settings) (*sql.DB, error) {
+	if IsURL(location) {
+		return postgres.OpenDB(ctx, postgres.Config{URL: location, MaxConns: s.MaxConns, ConnectTimeout: s.ConnectTimeout,
+			ApplicationName: s.ApplicationName})
+	}
+	if _, ok := otherScheme(location); ok {
+		return nil, fmt.Errorf("stores: %s: no backend opens this kind of URL; use a postgres:// URL or a SQLite file path", Redact(location))
+	}
+	cfg := s.sqlite(location)
+	cfg.MustExist = s.MustExist
+	return sqlite.OpenTarget(ctx, cfg)
 }
 
 // postgres is s for a PostgreSQL store or target at url.

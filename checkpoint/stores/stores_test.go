@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -322,5 +323,36 @@ func TestIsURLAndRedact(t *testing.T) {
 	}
 	if got := stores.Redact("/tmp/a b/stepwise.db"); got != "/tmp/a b/stepwise.db" {
 		t.Errorf("Redact of a path = %q; want it unchanged", got)
+	}
+}
+
+// A backend's failures of its database server match checkpoint's
+// backend-neutral kinds, so cmd tells them apart without importing the
+// backend: a server that refuses connections is checkpoint.ErrUnavailable,
+// a URL that does not parse checkpoint.ErrBadLocation, and every
+// PostgreSQL kind matches its neutral one.
+func TestOpenErrorsHaveNeutralKinds(t *testing.T) {
+	ctx := context.Background()
+	_, err := stores.Open(ctx, "postgres://postgres@127.0.0.1:1/none?connect_timeout=2", stores.Settings{})
+	if !errors.Is(err, checkpoint.ErrUnavailable) || !errors.Is(err, postgres.ErrUnavailable) {
+		t.Errorf("open on a closed port: %v; want checkpoint.ErrUnavailable and postgres.ErrUnavailable", err)
+	}
+	_, err = stores.Open(ctx, "postgres://postgres@127.0.0.1:5432/x?sslmode=sometimes", stores.Settings{})
+	if !errors.Is(err, checkpoint.ErrBadLocation) || !errors.Is(err, postgres.ErrBadURL) {
+		t.Errorf("open with a bad sslmode: %v; want checkpoint.ErrBadLocation and postgres.ErrBadURL", err)
+	}
+	for kind, neutral := range map[error]error{
+		postgres.ErrUnavailable: checkpoint.ErrUnavailable, postgres.ErrAuth: checkpoint.ErrAuth,
+		postgres.ErrNoDatabase: checkpoint.ErrNoDatabase, postgres.ErrPermission: checkpoint.ErrPermission,
+		postgres.ErrStatementTimeout: checkpoint.ErrStatementTimeout, postgres.ErrTooManyConnections: checkpoint.ErrTooManyConnections,
+		postgres.ErrBadURL: checkpoint.ErrBadLocation,
+	} {
+		err := fmt.Errorf("step post: %w", &postgres.Error{Kind: kind, Where: "server db:5432, database x", Op: "connect", Detail: "no"})
+		if !errors.Is(err, neutral) || !errors.Is(err, kind) {
+			t.Errorf("%v: errors.Is(%v) = false; want it to match its kind and %v", err, kind, neutral)
+		}
+		if got := err.Error(); !strings.HasPrefix(got, "step post: "+kind.Error()+": ") {
+			t.Errorf("message %q; want it to name the backend's kind first", got)
+		}
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"fmt"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
-	"github.com/stepwise-run/stepwise/checkpoint/postgres"
-	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
 	"github.com/stepwise-run/stepwise/checkpoint/stores"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
@@ -34,11 +32,11 @@ func openLedger(ctx context.Context, env *cmd.Env, loc string, mustExist bool) (
 		loc, flag = env.Globals.DB, "--db"
 	}
 	if stores.IsURL(loc) {
-		db, err := postgres.OpenDB(ctx, postgres.Config{URL: loc})
+		db, err := stores.OpenDB(ctx, loc, stores.Settings{})
 		return db, stores.Redact(loc), err
 	}
 	path := loc
-	db, err := sqlite.OpenTarget(ctx, sqlite.Config{Path: path, BusyTimeout: env.Globals.BusyTimeout, MustExist: mustExist})
+	db, err := stores.OpenDB(ctx, path, stores.Settings{BusyTimeout: env.Globals.BusyTimeout, MustExist: mustExist})
 	if errors.Is(err, checkpoint.ErrNoDatabase) {
 		err = cmd.UsageError(fmt.Errorf("ledger: %w; check %s, or create a ledger with `%s ledger seed`", err, flag, env.Name))
 	}

@@ -4,7 +4,7 @@
 // steps, batches, effect plans, the outbox, the audit trail and the
 // schedules, and the manual operations (recover, abandon, reset a step,
 // rerun, resume, accept changed items, resolve an outside call, requeue
-// dead outbox messages), each recorded in the run's audit trail with who
+// dead outbox messages, prune old runs; a backfill's plan and pool), each recorded in the run's audit trail with who
 // did it and why.
 //
 // Import rule: ops imports runner, jobs, steps and checkpoint (the

@@ -312,65 +312,21 @@ func idempotencyScope(r *http.Request) string {
 }
 
 func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
-	var b StartBody
-	if err := s.decode(r, &b); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if b.Job == "" {
-		s.fail(w, r, badRequest("job", `the body needs "job": the name of a registered job`))
-		return
-	}
-	job, err := s.cfg.Jobs.Lookup(b.Job)
-	if err != nil {
-		var names []string
-		for _, j := range s.cfg.Jobs.Jobs() {
-			names = append(names, j.Name())
-		}
-		s.fail(w, r, &apiError{Status: http.StatusNotFound, Code: "not_found", Field: "job",
-			Message: fmt.Sprintf("no job %q: this server runs %s", b.Job, strings.Join(names, ", "))})
-		return
-	}
-	values, file, err := splitParams(b.Params)
-	if err == nil {
-		// Files and databases only by the names the operator configured.
-		values, err = jobs.RequestValues(job, values, s.cfg.Targets)
-	}
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	dec, err := job.Decode(values, file)
+	job, values, file, dec, err := s.startBody(r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	runID := jobs.RunID(job.Name(), dec.RunKey)
 	key := r.Header.Get(IdempotencyHeader)
-	var hold checkpoint.IdempotencyKey // this request's hold on key, once begun
 	// From the key's begin to its finish or drop, and the start between,
 	// the work is not cut short by a client that hangs up: a run claimed
 	// is recorded as such, and a key begun is settled (else it would stay
 	// accepting, every retry 409, for AcceptTimeout).
 	ctx := context.WithoutCancel(r.Context())
-	now := s.cfg.Now()
-	if key != "" {
-		if len(key) > 255 || strings.ContainsFunc(key, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
-			s.fail(w, r, badRequest(IdempotencyHeader, "%s must be 1 to 255 printable ASCII characters without spaces", IdempotencyHeader))
-			return
-		}
-		sum := sha256.Sum256([]byte(job.Name() + "\n" + dec.Hash))
-		rec, begun, err := s.cfg.Store.BeginIdempotency(ctx, checkpoint.IdempotencyKey{Scope: idempotencyScope(r), Key: key,
-			RequestHash: hex.EncodeToString(sum[:]), Job: job.Name(), Params: dec.JSON, RunID: runID, CreatedAt: now}, now.Add(-s.cfg.AcceptTimeout))
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		if !begun {
-			s.replay(w, r, key, rec, hex.EncodeToString(sum[:]), job.Name(), dec.JSON)
-			return
-		}
-		hold = rec
+	hold, answered := s.holdKey(ctx, w, r, key, job, dec, runID)
+	if answered {
+		return
 	}
 	started, err := s.cfg.Starter.Start(ctx, runner.Request{Job: job.Name(), Values: values, ParamsFile: file, CreateOnly: true})
 	var exists *checkpoint.RunExistsError
@@ -383,33 +339,13 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 		if key != "" {
 			// Only this request's hold is dropped: a retry that took the
 			// key over (this one was slow) keeps it.
-			if derr := s.cfg.Store.DropIdempotency(ctx, hold); derr != nil {
-				s.cfg.Logger.Error().Err(derr).Str("request_id", RequestID(r)).Msg("could not drop an idempotency key")
-			}
+			s.dropKey(ctx, r, hold)
 		}
 		s.fail(w, r, err)
 		return
 	}
-	switch {
-	case key != "" && pruned:
-		// The prune of the run deleted its keys, and its tombstone
-		// answers every start of its run key, with a key or without:
-		// recording this key would only keep it forever.
-		if derr := s.cfg.Store.DropIdempotency(ctx, hold); derr != nil {
-			s.cfg.Logger.Error().Err(derr).Str("request_id", RequestID(r)).Msg("could not drop an idempotency key")
-		}
-	case key != "":
-		err := s.cfg.Store.FinishIdempotency(ctx, hold, s.cfg.Now())
-		var lost *checkpoint.IdempotencyLostError
-		if errors.As(err, &lost) {
-			// Another request took the key over while this one was slow:
-			// the key answers for that one; a retry gets its answer.
-			w.Header().Set("Retry-After", "1")
-			err = &apiError{Status: http.StatusConflict, Code: "conflict", Field: IdempotencyHeader,
-				Message: fmt.Sprintf("this request with %s %q took longer than %s to be accepted, and another request with the key took it over: "+
-					"retry to get the key's answer (run %s)", IdempotencyHeader, key, s.cfg.AcceptTimeout, runID)}
-		}
-		if err != nil {
+	if key != "" {
+		if err := s.settleKey(ctx, w, r, key, hold, pruned, runID); err != nil {
 			s.fail(w, r, err)
 			return
 		}
@@ -422,6 +358,96 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) {
 		s.cfg.Logger.Info().Str("request_id", RequestID(r)).Str("token", who.Name).Str("run_id", started.RunID).Msg("api started a run")
 	}
 	writeJSON(w, code, StartView{ID: started.RunID, Status: started.Status, Link: RunLink(started.RunID), Created: started.Created})
+}
+
+// startBody reads a start request's body: its job, and the job's
+// parameters decoded.
+func (s *Server) startBody(r *http.Request) (job jobs.Job, values map[string]string, file []byte, dec jobs.Decoded, err error) {
+	var b StartBody
+	if err := s.decode(r, &b); err != nil {
+		return nil, nil, nil, dec, err
+	}
+	if b.Job == "" {
+		return nil, nil, nil, dec, badRequest("job", `the body needs "job": the name of a registered job`)
+	}
+	job, err = s.cfg.Jobs.Lookup(b.Job)
+	if err != nil {
+		var names []string
+		for _, j := range s.cfg.Jobs.Jobs() {
+			names = append(names, j.Name())
+		}
+		return nil, nil, nil, dec, &apiError{Status: http.StatusNotFound, Code: "not_found", Field: "job",
+			Message: fmt.Sprintf("no job %q: this server runs %s", b.Job, strings.Join(names, ", "))}
+	}
+	values, file, err = splitParams(b.Params)
+	if err == nil {
+		// Files and databases only by the names the operator configured.
+		values, err = jobs.RequestValues(job, values, s.cfg.Targets)
+	}
+	if err != nil {
+		return nil, nil, nil, dec, err
+	}
+	dec, err = job.Decode(values, file)
+	if err != nil {
+		return nil, nil, nil, dec, err
+	}
+	return job, values, file, dec, nil
+}
+
+// holdKey begins the request's Idempotency-Key, if it has one: hold is
+// this request's hold on it. answered is true when the request was
+// answered instead (a bad key, a key already recorded: its replay, or a
+// store error).
+func (s *Server) holdKey(ctx context.Context, w http.ResponseWriter, r *http.Request, key string, job jobs.Job, dec jobs.Decoded, runID string) (hold checkpoint.IdempotencyKey, answered bool) {
+	if key == "" {
+		return hold, false
+	}
+	now := s.cfg.Now()
+	if len(key) > 255 || strings.ContainsFunc(key, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
+		s.fail(w, r, badRequest(IdempotencyHeader, "%s must be 1 to 255 printable ASCII characters without spaces", IdempotencyHeader))
+		return hold, true
+	}
+	sum := sha256.Sum256([]byte(job.Name() + "\n" + dec.Hash))
+	rec, begun, err := s.cfg.Store.BeginIdempotency(ctx, checkpoint.IdempotencyKey{Scope: idempotencyScope(r), Key: key,
+		RequestHash: hex.EncodeToString(sum[:]), Job: job.Name(), Params: dec.JSON, RunID: runID, CreatedAt: now}, now.Add(-s.cfg.AcceptTimeout))
+	if err != nil {
+		s.fail(w, r, err)
+		return hold, true
+	}
+	if !begun {
+		s.replay(w, r, key, rec, hex.EncodeToString(sum[:]), job.Name(), dec.JSON)
+		return hold, true
+	}
+	return rec, false
+}
+
+// settleKey records the request's key as answered by its run, or drops it
+// when the run was pruned (its tombstone answers every start of its run
+// key: recording this key would only keep it forever).
+func (s *Server) settleKey(ctx context.Context, w http.ResponseWriter, r *http.Request, key string, hold checkpoint.IdempotencyKey, pruned bool, runID string) error {
+	if pruned {
+		// The prune of the run deleted its keys.
+		s.dropKey(ctx, r, hold)
+		return nil
+	}
+	err := s.cfg.Store.FinishIdempotency(ctx, hold, s.cfg.Now())
+	var lost *checkpoint.IdempotencyLostError
+	if errors.As(err, &lost) {
+		// Another request took the key over while this one was slow:
+		// the key answers for that one; a retry gets its answer.
+		w.Header().Set("Retry-After", "1")
+		err = &apiError{Status: http.StatusConflict, Code: "conflict", Field: IdempotencyHeader,
+			Message: fmt.Sprintf("this request with %s %q took longer than %s to be accepted, and another request with the key took it over: "+
+				"retry to get the key's answer (run %s)", IdempotencyHeader, key, s.cfg.AcceptTimeout, runID)}
+	}
+	return err
+}
+
+// dropKey drops this request's hold on its key, logging a failure.
+func (s *Server) dropKey(ctx context.Context, r *http.Request, hold checkpoint.IdempotencyKey) {
+	if derr := s.cfg.Store.DropIdempotency(ctx, hold); derr != nil {
+		s.cfg.Logger.Error().Err(derr).Str("request_id", RequestID(r)).Msg("could not drop an idempotency key")
+	}
 }
 
 // replay answers a request whose Idempotency-Key is recorded.
