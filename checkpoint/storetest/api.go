@@ -42,7 +42,7 @@ func testAPI(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("RunFilters", func(t *testing.T) {
+	callerClock(t, h, "RunFilters", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		for i, id := range []string{"f/a-1", "f/a-2", "f/b-1", "g/a-3", "f/a-4"} {

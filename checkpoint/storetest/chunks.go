@@ -94,7 +94,7 @@ func testChunkPlans(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("Supersede", func(t *testing.T) {
+	callerClock(t, h, "Supersede", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		c := e.claim(st, "chunks/3", ownerA, t0)

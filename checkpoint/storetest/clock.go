@@ -18,7 +18,7 @@ var (
 )
 
 func testErrorsAndClock(t *testing.T, h Harness) {
-	t.Run("TimesComeFromTheRequest", func(t *testing.T) {
+	callerClock(t, h, "TimesComeFromTheRequest", func(t *testing.T, h Harness) {
 		for name, now := range map[string]time.Time{"far past": farPast, "far future": farFuture} {
 			t.Run(strings.ReplaceAll(name, " ", "-"), func(t *testing.T) {
 				e := newEnv(t, h)
@@ -89,7 +89,7 @@ func testErrorsAndClock(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("LeasesAreJudgedByTheRequestTime", func(t *testing.T) {
+	callerClock(t, h, "LeasesAreJudgedByTheRequestTime", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
 		// Long past by the wall clock, live by the request's.
@@ -114,7 +114,7 @@ func testErrorsAndClock(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("PruneCutoffFromTheRequest", func(t *testing.T) {
+	callerClock(t, h, "PruneCutoffFromTheRequest", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		op := capability[operator](t, st, "operator actions")
@@ -132,7 +132,7 @@ func testErrorsAndClock(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("TimeZonesAndPrecision", func(t *testing.T) {
+	callerClock(t, h, "TimeZonesAndPrecision", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		zone := time.FixedZone("UTC-3:30", -(3*3600 + 1800))
@@ -148,7 +148,7 @@ func testErrorsAndClock(t *testing.T, h Harness) {
 		e.claim(st, "clock/zone", ownerB, t0.Add(lease+time.Microsecond))
 	})
 
-	t.Run("ErrorsNameWhatIsWrong", func(t *testing.T) {
+	callerClock(t, h, "ErrorsNameWhatIsWrong", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
 		c := e.claim(a, "errors/1", ownerA, t0)

@@ -144,7 +144,7 @@ func testItems(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("FinishedNeverOverwritten", func(t *testing.T) {
+	callerClock(t, h, "FinishedNeverOverwritten", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		c := e.claim(st, "items/2", ownerA, t0)

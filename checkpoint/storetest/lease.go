@@ -10,7 +10,7 @@ import (
 )
 
 func testClaimAndLease(t *testing.T, h Harness) {
-	t.Run("CreateRecordsRunAndAttempt", func(t *testing.T) {
+	callerClock(t, h, "CreateRecordsRunAndAttempt", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		c := e.claim(st, "settle/2031-03-14", ownerA, t0)
@@ -41,7 +41,7 @@ func testClaimAndLease(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("RequestIsValidated", func(t *testing.T) {
+	callerClock(t, h, "RequestIsValidated", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		for name, mod := range map[string]func(*checkpoint.ClaimRequest){
@@ -62,7 +62,7 @@ func testClaimAndLease(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("LiveLeaseIsHeld", func(t *testing.T) {
+	callerClock(t, h, "LiveLeaseIsHeld", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
 		c := e.claim(a, "held/1", ownerA, t0)
@@ -87,7 +87,7 @@ func testClaimAndLease(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("ExpiredLeaseIsTakenOver", func(t *testing.T) {
+	callerClock(t, h, "ExpiredLeaseIsTakenOver", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
 		e.claim(a, "expire/1", ownerA, t0)
@@ -117,7 +117,7 @@ func testClaimAndLease(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("OwnerGoneIsTakenOverAtOnce", func(t *testing.T) {
+	callerClock(t, h, "OwnerGoneIsTakenOverAtOnce", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
 		e.claim(a, "gone/1", ownerA, t0)
@@ -222,7 +222,7 @@ func testClaimAndLease(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("FencesGrow", func(t *testing.T) {
+	callerClock(t, h, "FencesGrow", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		hosts := []checkpoint.Store{e.open(), e.open(), e.open()}
 		var last int64
@@ -247,7 +247,7 @@ func testClaimAndLease(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("Heartbeat", func(t *testing.T) {
+	callerClock(t, h, "Heartbeat", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
 		c := e.claim(a, "beat/1", ownerA, t0)
@@ -271,7 +271,7 @@ func testClaimAndLease(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("ExpiredLeaseRenewedPastLimit", func(t *testing.T) {
+	callerClock(t, h, "ExpiredLeaseRenewedPastLimit", func(t *testing.T, h Harness) {
 		// Limit 1. A's lease expires (A paused); B starts under the limit;
 		// A wakes and renews: two runs now hold live leases under limit 1.
 		e := newEnv(t, h)
@@ -321,7 +321,7 @@ func testClaimAndLease(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("Finish", func(t *testing.T) {
+	callerClock(t, h, "Finish", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
 		for _, tc := range []struct {
@@ -415,7 +415,7 @@ func testClaimAndLease(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("StaleIsSeenFromTheLease", func(t *testing.T) {
+	callerClock(t, h, "StaleIsSeenFromTheLease", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		e.claim(st, "stale/1", ownerA, t0)

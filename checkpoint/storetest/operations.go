@@ -39,14 +39,14 @@ func (e *env) checkFencedOut(st checkpoint.Store, l checkpoint.Lease, after stri
 }
 
 func testOperations(t *testing.T, h Harness) {
-	hosts := func(t *testing.T) (*env, checkpoint.Store, operator) {
+	hosts := func(t *testing.T, h Harness) (*env, checkpoint.Store, operator) {
 		e := newEnv(t, h)
 		st := e.open()
 		return e, st, capability[operator](t, e.open(), "operator actions")
 	}
 
-	t.Run("RecoverStaleRun", func(t *testing.T) {
-		e, st, op := hosts(t)
+	callerClock(t, h, "RecoverStaleRun", func(t *testing.T, h Harness) {
+		e, st, op := hosts(t, h)
 		c := e.claim(st, "ops/1", ownerA, t0)
 		now := t0.Add(lease)
 		if err := op.Recover(e.ctx, audit("ops/1", "recover", now), now, false); err != nil {
@@ -69,7 +69,7 @@ func testOperations(t *testing.T, h Harness) {
 	})
 
 	t.Run("RecoverRefusals", func(t *testing.T) {
-		e, st, op := hosts(t)
+		e, st, op := hosts(t, h)
 		c := e.claim(st, "ops/2", ownerA, t0)
 		now := t0.Add(time.Second) // the lease is live
 		err := op.Recover(e.ctx, audit("ops/2", "recover", now), now, false)
@@ -97,8 +97,8 @@ func testOperations(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("Abandon", func(t *testing.T) {
-		e, st, op := hosts(t)
+	callerClock(t, h, "Abandon", func(t *testing.T, h Harness) {
+		e, st, op := hosts(t, h)
 		c := e.claim(st, "ops/4", ownerA, t0)
 		now := t0.Add(time.Second)
 		var held *checkpoint.LeaseHeldError
@@ -125,7 +125,7 @@ func testOperations(t *testing.T, h Harness) {
 	})
 
 	t.Run("ResetSteps", func(t *testing.T) {
-		e, st, op := hosts(t)
+		e, st, op := hosts(t, h)
 		c := e.claim(st, "ops/5", ownerA, t0)
 		e.inTx(st, c.Lease, func(tx checkpoint.Tx) error {
 			for _, s := range []string{"load", "post", "report"} {
@@ -180,8 +180,8 @@ func testOperations(t *testing.T, h Harness) {
 		e.checkFencedOut(st, c6.Lease, "reset")
 	})
 
-	t.Run("ResolveStep", func(t *testing.T) {
-		e, st, op := hosts(t)
+	callerClock(t, h, "ResolveStep", func(t *testing.T, h Harness) {
+		e, st, op := hosts(t, h)
 		c := e.claim(st, "ops/7", ownerA, t0)
 		e.inTx(st, c.Lease, func(tx checkpoint.Tx) error {
 			for _, id := range []string{"pay/1", "pay/2"} {
@@ -225,8 +225,8 @@ func testOperations(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("PruneKeepsTombstones", func(t *testing.T) {
-		e, st, op := hosts(t)
+	callerClock(t, h, "PruneKeepsTombstones", func(t *testing.T, h Harness) {
+		e, st, op := hosts(t, h)
 		finish := func(id, status string, at time.Time) {
 			c := e.claim(st, id, ownerA, at.Add(-time.Hour))
 			e.inTx(st, c.Lease, func(tx checkpoint.Tx) error {
@@ -296,8 +296,8 @@ func testOperations(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("PruneDeletesIdempotencyKeys", func(t *testing.T) {
-		e, st, op := hosts(t)
+	callerClock(t, h, "PruneDeletesIdempotencyKeys", func(t *testing.T, h Harness) {
+		e, st, op := hosts(t, h)
 		ik := capability[checkpoint.IdempotencyStore](t, st, "idempotency keys")
 		finish := func(id, status string, at time.Time) {
 			c := e.claim(st, id, ownerA, at.Add(-time.Hour))
@@ -402,7 +402,7 @@ func testOperations(t *testing.T, h Harness) {
 	t.Run("ClaimAudits", func(t *testing.T) { testClaimAudits(t, h) })
 
 	t.Run("AuditKeepsOrder", func(t *testing.T) {
-		e, st, op := hosts(t)
+		e, st, op := hosts(t, h)
 		e.claim(st, "ops/8", ownerA, t0)
 		// Recorded times go back and forth: the log keeps the order of recording.
 		for i, at := range []time.Time{t0.Add(time.Hour), t0, t0.Add(2 * time.Hour)} {

@@ -61,7 +61,7 @@ func testOutbox(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("SameKeyKeepsTheFirst", func(t *testing.T) {
+	callerClock(t, h, "SameKeyKeepsTheFirst", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		ob := capability[outbox](t, st, "outbox")
@@ -81,7 +81,7 @@ func testOutbox(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("Claim", func(t *testing.T) {
+	callerClock(t, h, "Claim", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		ob := capability[outbox](t, st, "outbox")
@@ -158,7 +158,7 @@ func testOutbox(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("DeadLetter", func(t *testing.T) {
+	callerClock(t, h, "DeadLetter", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		ob := capability[outbox](t, st, "outbox")
@@ -243,7 +243,7 @@ func testOutbox(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("ConcurrentClaimsAreDisjoint", func(t *testing.T) {
+	callerClock(t, h, "ConcurrentClaimsAreDisjoint", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
 		c := e.claim(a, "outbox/5", ownerA, t0)

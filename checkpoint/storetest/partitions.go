@@ -51,7 +51,7 @@ func partitionItem(l checkpoint.PartitionLease, key string) checkpoint.Item {
 }
 
 func testPartitions(t *testing.T, h Harness) {
-	t.Run("RecordedOnceNeverSplitAgain", func(t *testing.T) {
+	callerClock(t, h, "RecordedOnceNeverSplitAgain", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
 		e.partitioned(a, "part/1", 3)
@@ -70,7 +70,7 @@ func testPartitions(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("ClaimFenceAndProgress", func(t *testing.T) {
+	callerClock(t, h, "ClaimFenceAndProgress", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
 		e.partitioned(a, "part/2", 2)
@@ -143,7 +143,7 @@ func testPartitions(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("FailedReopenedByTheNextAttempt", func(t *testing.T) {
+	callerClock(t, h, "FailedReopenedByTheNextAttempt", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		e.partitioned(st, "part/3", 1)
@@ -179,7 +179,7 @@ func testPartitions(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("ReleasedAfterTheRunEnded", func(t *testing.T) {
+	callerClock(t, h, "ReleasedAfterTheRunEnded", func(t *testing.T, h Harness) {
 		// A worker stopping as the run's owner is interrupted hands its
 		// partition back even though the run is no longer running; a
 		// stale holder's release is fenced.
@@ -405,7 +405,7 @@ func testPartitionsAcrossReset(t *testing.T, h Harness) {
 // chunk of it in flight are serialised: the chunk's items do not outlive
 // the reset.
 func testResetRacesChunk(t *testing.T, h Harness) {
-	t.Run("ResetRacesChunk", func(t *testing.T) {
+	callerClock(t, h, "ResetRacesChunk", func(t *testing.T, h Harness) {
 		// The run's owner is gone (run lease expired) while a partition
 		// holder is mid-chunk; an operator resets the batch step. After
 		// the reset nothing of the step may remain.

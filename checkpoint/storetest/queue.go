@@ -60,7 +60,7 @@ func (e *env) nextIDs(q queue, owner string, now time.Time, queues ...string) []
 }
 
 func testQueue(t *testing.T, h Harness) {
-	t.Run("EnqueueDedupes", func(t *testing.T) {
+	callerClock(t, h, "EnqueueDedupes", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		q := capability[queue](t, st, "run queue")
@@ -100,7 +100,7 @@ func testQueue(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("PriorityAgeNotBefore", func(t *testing.T) {
+	callerClock(t, h, "PriorityAgeNotBefore", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		q := capability[queue](t, st, "run queue")
@@ -132,7 +132,7 @@ func testQueue(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("ExpiredLeaseReclaimedAndFenced", func(t *testing.T) {
+	callerClock(t, h, "ExpiredLeaseReclaimedAndFenced", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		a, b := e.open(), e.open()
 		qa, qb := capability[queue](t, a, "run queue"), capability[queue](t, b, "run queue")
@@ -234,7 +234,7 @@ func testQueue(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("Limits", func(t *testing.T) {
+	callerClock(t, h, "Limits", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		q := capability[queue](t, st, "run queue")

@@ -49,7 +49,7 @@ func (e *env) byKey(ob outbox, runID string) map[string]checkpoint.Message {
 }
 
 func testRequeue(t *testing.T, h Harness) {
-	t.Run("ByKey", func(t *testing.T) {
+	callerClock(t, h, "ByKey", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		ob := capability[outbox](t, st, "outbox")

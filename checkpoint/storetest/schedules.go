@@ -31,7 +31,7 @@ func (e *env) schedule(s schedules, name string) checkpoint.ScheduleState {
 }
 
 func testSchedules(t *testing.T, h Harness) {
-	hosts := func(t *testing.T) (*env, schedules, schedules) {
+	hosts := func(t *testing.T, h Harness) (*env, schedules, schedules) {
 		e := newEnv(t, h)
 		return e, capability[schedules](t, e.open(), "schedule store"), capability[schedules](t, e.open(), "schedule store")
 	}
@@ -44,8 +44,8 @@ func testSchedules(t *testing.T, h Harness) {
 		return c
 	}
 
-	t.Run("CreatedWithSettleMarkNow", func(t *testing.T) {
-		e, a, b := hosts(t)
+	callerClock(t, h, "CreatedWithSettleMarkNow", func(t *testing.T, h Harness) {
+		e, a, b := hosts(t, h)
 		c := claim(t, e, a, schedReq("nightly", ownerA, t0))
 		if !c.Created || c.Lease != (checkpoint.ScheduleLease{Name: "nightly", Owner: ownerA, Fence: 1}) || c.TookOverFrom != "" {
 			t.Errorf("first claim = %+v; want created, fence 1, owner %s", c, ownerA)
@@ -62,8 +62,8 @@ func testSchedules(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("LiveLeaseIsHeld", func(t *testing.T) {
-		e, a, b := hosts(t)
+	callerClock(t, h, "LiveLeaseIsHeld", func(t *testing.T, h Harness) {
+		e, a, b := hosts(t, h)
 		claim(t, e, a, schedReq("nightly", ownerA, t0))
 		_, err := b.ClaimSchedule(e.ctx, schedReq("nightly", ownerB, t0.Add(lease-time.Microsecond)))
 		var held *checkpoint.ScheduleHeldError
@@ -80,8 +80,8 @@ func testSchedules(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("TakeOver", func(t *testing.T) {
-		e, a, b := hosts(t)
+	callerClock(t, h, "TakeOver", func(t *testing.T, h Harness) {
+		e, a, b := hosts(t, h)
 		ca := claim(t, e, a, schedReq("nightly", ownerA, t0))
 		fire := t0.Add(24 * time.Hour)
 		if err := a.SettleSchedule(e.ctx, ca.Lease, fire, t0.Add(time.Second)); err != nil {
@@ -99,8 +99,8 @@ func testSchedules(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("WritesAreFenced", func(t *testing.T) {
-		e, a, b := hosts(t)
+	callerClock(t, h, "WritesAreFenced", func(t *testing.T, h Harness) {
+		e, a, b := hosts(t, h)
 		ca := claim(t, e, a, schedReq("nightly", ownerA, t0))
 		cb := claim(t, e, b, schedReq("nightly", ownerB, t0.Add(lease)))
 		if err := a.RenewSchedule(e.ctx, ca.Lease, t0.Add(lease), t0.Add(10*lease)); !errors.Is(err, checkpoint.ErrFenced) {
@@ -125,7 +125,7 @@ func testSchedules(t *testing.T, h Harness) {
 	})
 
 	t.Run("SettleMarkNeverMovesBack", func(t *testing.T) {
-		e, a, _ := hosts(t)
+		e, a, _ := hosts(t, h)
 		c := claim(t, e, a, schedReq("nightly", ownerA, t0))
 		later, earlier := t0.Add(48*time.Hour), t0.Add(24*time.Hour)
 		for _, fire := range []time.Time{later, earlier} {
@@ -142,7 +142,7 @@ func testSchedules(t *testing.T, h Harness) {
 	})
 
 	t.Run("ReleasedIsClaimedAtOnce", func(t *testing.T) {
-		e, a, b := hosts(t)
+		e, a, b := hosts(t, h)
 		ca := claim(t, e, a, schedReq("nightly", ownerA, t0))
 		if err := a.ReleaseSchedule(e.ctx, ca.Lease, t0.Add(time.Second)); err != nil {
 			t.Fatal(err)
@@ -157,7 +157,7 @@ func testSchedules(t *testing.T, h Harness) {
 	})
 
 	t.Run("RequestIsValidated", func(t *testing.T) {
-		e, a, _ := hosts(t)
+		e, a, _ := hosts(t, h)
 		for name, req := range map[string]checkpoint.ScheduleClaimRequest{
 			"no name":  {Owner: ownerA, Now: t0, LeaseFor: lease},
 			"no owner": {Name: "n", Now: t0, LeaseFor: lease},

@@ -26,7 +26,7 @@ func testSteps(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("IdenticalContentAccepted", func(t *testing.T) {
+	callerClock(t, h, "IdenticalContentAccepted", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		c := e.claim(st, "steps/2", ownerA, t0)
@@ -89,7 +89,7 @@ func testSteps(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("UnfinishedIsReplaced", func(t *testing.T) {
+	callerClock(t, h, "UnfinishedIsReplaced", func(t *testing.T, h Harness) {
 		e := newEnv(t, h)
 		st := e.open()
 		c := e.claim(st, "steps/4", ownerA, t0)
