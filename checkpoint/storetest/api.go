@@ -174,7 +174,12 @@ func apiIdempotencyKeys(t *testing.T, h Harness) {
 	if err != nil || begun || rec.State != checkpoint.IdempotencyDone || rec.RunID != "settle/1" || rec.Scope != "token:a" {
 		t.Fatalf("BeginIdempotency of a done key: %+v, %v, %v; want the done record", rec, begun, err)
 	}
-	// An accepting key dropped is begun anew.
+	idemDroppedIsBegunAnew(t, e, ik)
+	idemOneBeginsAtOnce(t, e, ik)
+}
+
+// idemDroppedIsBegunAnew: an accepting key dropped is begun anew.
+func idemDroppedIsBegunAnew(t *testing.T, e *env, ik checkpoint.IdempotencyStore) {
 	k4 := checkpoint.IdempotencyKey{Scope: "token:a", Key: "k-2", RequestHash: "h", Job: "settle", Params: []byte(params), RunID: "settle/2", CreatedAt: t0}
 	rec4, begun, err := ik.BeginIdempotency(e.ctx, k4, t0)
 	if err != nil || !begun {
@@ -186,7 +191,11 @@ func apiIdempotencyKeys(t *testing.T, h Harness) {
 	if _, begun, err := ik.BeginIdempotency(e.ctx, k4, t0); err != nil || !begun {
 		t.Errorf("BeginIdempotency after a drop: begun %v, %v; want begun", begun, err)
 	}
-	// Many at once, in two scopes: exactly one begins in each.
+}
+
+// idemOneBeginsAtOnce: of many begins of one key at once, in two scopes,
+// exactly one begins in each.
+func idemOneBeginsAtOnce(t *testing.T, e *env, ik checkpoint.IdempotencyStore) {
 	results := make(chan string, 16)
 	for i := range 16 {
 		go func() {

@@ -315,6 +315,8 @@ func opPruneKeepsTombstones(t *testing.T, h Harness) {
 }
 
 // opPruneDeletesIdempotencyKeys is the Operations test PruneDeletesIdempotencyKeys.
+//
+// Longer than 80 lines: one prune scenario on one database, each check reading what the last left.
 func opPruneDeletesIdempotencyKeys(t *testing.T, h Harness) {
 	e, st, op := opHosts(t, h)
 	ik := capability[checkpoint.IdempotencyStore](t, st, "idempotency keys")

@@ -169,6 +169,8 @@ func outboxClaim(t *testing.T, h Harness) {
 }
 
 // outboxDeadLetter is the Outbox test DeadLetter.
+//
+// Longer than 80 lines: one message retried to the dead letter in order, each step on what the last left.
 func outboxDeadLetter(t *testing.T, h Harness) {
 	e := newEnv(t, h)
 	st := e.open()

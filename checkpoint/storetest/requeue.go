@@ -57,6 +57,8 @@ func testRequeue(t *testing.T, h Harness) {
 }
 
 // requeueByKey is the Requeue test ByKey.
+//
+// Longer than 80 lines: one message requeued through its states in order, each step on what the last left.
 func requeueByKey(t *testing.T, h Harness) {
 	e := newEnv(t, h)
 	st := e.open()
