@@ -24,6 +24,30 @@ func testErrorsAndClock(t *testing.T, h Harness) {
 	callerClock(t, h, "TimeZonesAndPrecision", clockTimeZonesAndPrecision)
 	callerClock(t, h, "ErrorsNameWhatIsWrong", clockErrorsNameWhatIsWrong)
 	t.Run("CanceledContextWritesNothing", func(t *testing.T) { clockCanceledContextWritesNothing(t, h) })
+	if h.ServerClock {
+		t.Run("ServerClockIgnoresRequestTimes", func(t *testing.T) { clockServerClockIgnoresRequestTimes(t, h) })
+	}
+}
+
+// clockServerClockIgnoresRequestTimes holds the harness to its word: with
+// ServerClock set, Open's handles judge leases by the database's clock,
+// so a claim made "in" the far future holds its lease until the database's
+// now plus the lease, not the request's, and another host claiming at the
+// far future's end of that lease finds it still held. (Otherwise the suite
+// would certify the production mode on handles that are not in it.)
+func clockServerClockIgnoresRequestTimes(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	a, b := e.open(), e.open()
+	c := e.claim(a, "server-clock/1", ownerA, farFuture)
+	if sameTime(c.Run.LeaseUntil, farFuture.Add(lease)) || c.Run.LeaseUntil.After(farFuture) {
+		t.Fatalf("a claim at %s on a ServerClock handle holds its lease until %s: the request's time, not the database's",
+			farFuture, c.Run.LeaseUntil)
+	}
+	_, err := b.Claim(e.ctx, claimReq("server-clock/1", ownerB, farFuture.Add(2*lease)))
+	var held *checkpoint.LeaseHeldError
+	if !errors.As(err, &held) || held.Owner != ownerA {
+		t.Fatalf("a claim long after the far-future lease, on a ServerClock handle: %v; want *LeaseHeldError of %s (the database's clock says the lease is live)", err, ownerA)
+	}
 }
 
 // clockTimesComeFromTheRequest is the ErrorsAndClock test TimesComeFromTheRequest.
