@@ -14,7 +14,8 @@ type Harness struct {
 	// NewDatabase creates a fresh, empty database that only t uses (a file
 	// in t.TempDir(), a schema or database of its own) and returns what
 	// Open takes to reach it. It removes the database at t's cleanup if
-	// that is needed. Required.
+	// that is needed. The suite's tests run in parallel, so it is called
+	// from several at once. Required.
 	NewDatabase func(t *testing.T) string
 	// Open opens one more handle on the database db, migrating it first if
 	// needed. Each handle stands for one host: it shares nothing with the
