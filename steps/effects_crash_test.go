@@ -220,15 +220,15 @@ func (l *fxLedger) runChild(t *testing.T, crashAt string) []string {
 type fxSeen struct {
 	steps    map[string]checkpoint.Step
 	plans    map[string]steps.PlanRecord
-	balances map[string][2]int64 // value, version
-	applied  map[string]string   // effect ID -> step ID, from the target's stepwise_applied
+	balances map[string]checkpoint.State // every row of the accounts table
+	applied  map[string]string           // effect ID -> step ID, from the target's stepwise_applied
 }
 
 func (l *fxLedger) read(t *testing.T) fxSeen {
 	t.Helper()
 	ctx := context.Background()
 	s := fxSeen{steps: map[string]checkpoint.Step{}, plans: map[string]steps.PlanRecord{},
-		balances: map[string][2]int64{}, applied: map[string]string{}}
+		applied: map[string]string{}}
 	err := l.store.Steps(ctx, fxRunID, func(st checkpoint.Step) error {
 		s.steps[st.ID] = st
 		if len(st.Plan) > 0 {
@@ -243,10 +243,7 @@ func (l *fxLedger) read(t *testing.T) fxSeen {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for acct := range l.opening {
-		v, ver := balance(t, l.targetLoc, acct)
-		s.balances[acct] = [2]int64{v, ver}
-	}
+	s.balances = checkpointtest.Balances(t, l.targetLoc, accountsTable)
 	// Applied-effect records are kept in a separate target only (a
 	// same-store effect commits with its checkpoint, which is the proof).
 	if l.ledgerPath != "" && fxHasTable(t, l.targetLoc, l.target, "stepwise_applied") {
@@ -314,31 +311,14 @@ func (l *fxLedger) appliedSteps(t *testing.T, s fxSeen) map[string]bool {
 // (separate store) one applied-effect row per applied step.
 func (l *fxLedger) checkInvariants(t *testing.T, s fxSeen, applied map[string]bool) {
 	t.Helper()
-	var openSum, sum int64
-	want := map[string]int64{}
-	wantVer := map[string]int64{}
-	for acct, v := range l.opening {
-		openSum += v
-		sum += s.balances[acct][0]
-		want[acct] = v
-	}
-	if sum != openSum {
-		t.Errorf("money not conserved: balances sum to %d, opening sum %d", sum, openSum)
-	}
+	var moved []checkpointtest.Transfer
 	for _, tr := range l.transfers {
-		if !applied[tr.stepID()] {
-			continue
+		if applied[tr.stepID()] {
+			moved = append(moved, checkpointtest.Transfer(tr))
 		}
-		want[tr.From] -= tr.Amount
-		want[tr.To] += tr.Amount
-		wantVer[tr.From]++
-		wantVer[tr.To]++
 	}
-	for acct := range l.opening {
-		if got := s.balances[acct]; got[0] != want[acct] || got[1] != wantVer[acct] {
-			t.Errorf("account %s = %d version %d; want %d version %d (applied steps %v)",
-				acct, got[0], got[1], want[acct], wantVer[acct], fxKeys(applied))
-		}
+	for _, p := range (checkpointtest.LedgerCheck{Opening: l.opening, Applied: moved}).Problems(s.balances) {
+		t.Errorf("%s (applied steps %v)", p, fxKeys(applied))
 	}
 	if l.ledgerPath == "" {
 		if len(s.applied) != 0 {
@@ -513,7 +493,7 @@ func TestFxCrashAtEveryEffectBoundary(t *testing.T) {
 			}
 			l.checkInvariants(t, s, applied)
 			for acct, want := range finalBalances {
-				if got := s.balances[acct][0]; got != want {
+				if got := s.balances[acct].Value; got != want {
 					t.Errorf("account %s = %d; an uninterrupted run gives %d", acct, got, want)
 				}
 			}

@@ -12,13 +12,20 @@ import (
 )
 
 // TestConformance runs the whole store conformance suite against
-// PostgreSQL, a schema per test on the server STEPWISE_TEST_PG names.
+// PostgreSQL, a schema per test on the server STEPWISE_TEST_PG names, in
+// the production clock mode (leases and run times from the server's
+// now()), but for the tests that steer time past a lease or read back the
+// times they gave, which run on the caller's clock (Config.CallerClock).
 func TestConformance(t *testing.T) {
 	pgtest.URL(t) // without a server, says the PostgreSQL pass was not run
 	storetest.Run(t, storetest.Harness{
 		NewDatabase:       func(t *testing.T) string { return pgtest.Schema(t) },
 		NewTargetDatabase: func(t *testing.T) storetest.TargetDatabase { return pgtest.TargetDatabase(t) },
 		Open: func(ctx context.Context, db string) (checkpoint.Store, error) {
+			return postgres.Open(ctx, postgres.Config{URL: db})
+		},
+		ServerClock: true,
+		OpenCallerClock: func(ctx context.Context, db string) (checkpoint.Store, error) {
 			// The suite passes every time; leases use it instead of now().
 			return postgres.Open(ctx, postgres.Config{URL: db, CallerClock: true})
 		},

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/internal/idem"
 )
 
 const (
@@ -34,36 +34,27 @@ var _ checkpoint.IdempotencyStore = (*Store)(nil)
 // BeginIdempotency implements checkpoint.IdempotencyStore.
 func (s *Store) BeginIdempotency(ctx context.Context, k checkpoint.IdempotencyKey, staleBefore time.Time) (checkpoint.IdempotencyKey, bool, error) {
 	op := fmt.Sprintf("begin idempotency key %q of scope %q", k.Key, k.Scope)
-	// The holder token of this begin: only it finishes or drops the key.
-	holder := rand.Text()
-	// A key dropped between the insert that found it and the read is
-	// tried again.
-	for range 3 {
+	insert := func(holder string) (time.Time, bool, error) {
 		var created pgtype.Timestamptz
 		err := s.pool.QueryRow(ctx, sqlBeginIdempotency, k.Scope, k.Key, k.RequestHash, k.Job, string(k.Params), k.RunID,
 			ts(k.CreatedAt), ts(staleBefore), holder).Scan(&created)
-		switch {
-		case err == nil:
-			k.State, k.UpdatedAt, k.Holder = checkpoint.IdempotencyAccepting, k.CreatedAt, holder
-			k.CreatedAt = tm(created)
-			return k, true, nil
-		case !errors.Is(err, pgx.ErrNoRows):
-			return checkpoint.IdempotencyKey{}, false, s.wrap(op, err)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return time.Time{}, false, nil // a live record holds the key
 		}
+		return tm(created), err == nil, s.wrap(op, err)
+	}
+	read := func() (checkpoint.IdempotencyKey, bool, error) {
 		rec := checkpoint.IdempotencyKey{Scope: k.Scope, Key: k.Key} // its holder stays the store's
 		var params string
 		var at, up pgtype.Timestamptz
-		err = s.pool.QueryRow(ctx, sqlSelectIdempotency, k.Scope, k.Key).Scan(&rec.RequestHash, &rec.Job, &params, &rec.RunID, &rec.State, &at, &up)
+		err := s.pool.QueryRow(ctx, sqlSelectIdempotency, k.Scope, k.Key).Scan(&rec.RequestHash, &rec.Job, &params, &rec.RunID, &rec.State, &at, &up)
 		if errors.Is(err, pgx.ErrNoRows) {
-			continue
-		}
-		if err != nil {
-			return checkpoint.IdempotencyKey{}, false, s.wrap(op, err)
+			return rec, false, nil // dropped meanwhile
 		}
 		rec.Params, rec.CreatedAt, rec.UpdatedAt = []byte(params), tm(at), tm(up)
-		return rec, false, nil
+		return rec, err == nil, s.wrap(op, err)
 	}
-	return checkpoint.IdempotencyKey{}, false, fmt.Errorf("checkpoint: %s: the key was recorded and dropped three times meanwhile", op)
+	return idem.Begin(op, k, insert, read)
 }
 
 // FinishIdempotency implements checkpoint.IdempotencyStore.

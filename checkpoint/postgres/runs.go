@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/internal/rowscan"
 )
 
 const (
@@ -78,15 +79,8 @@ func (s *Store) Runs(ctx context.Context, f checkpoint.RunFilter) ([]checkpoint.
 		return nil, s.wrap("list runs", err)
 	}
 	defer rows.Close()
-	var runs []checkpoint.Run
-	for rows.Next() {
-		r, err := scanRun(rows)
-		if err != nil {
-			return nil, s.wrap("list runs", err)
-		}
-		runs = append(runs, r)
-	}
-	return runs, s.wrap("list runs", rows.Err())
+	runs, err := rowscan.Collect(rows, func(r rowscan.Rows) (checkpoint.Run, error) { return scanRun(r) })
+	return runs, s.wrap("list runs", err)
 }
 
 // Run implements checkpoint.Store.
@@ -104,17 +98,17 @@ func (s *Store) Run(ctx context.Context, runID string) (checkpoint.RunInfo, erro
 		return checkpoint.RunInfo{}, s.wrap("read attempts of "+runID, err)
 	}
 	defer rows.Close()
-	for rows.Next() {
+	info.Attempts, err = rowscan.Collect(rows, func(r rowscan.Rows) (checkpoint.Attempt, error) {
 		a := checkpoint.Attempt{RunID: runID}
 		var started, finished pgtype.Timestamptz
-		if err := rows.Scan(&a.Number, &a.Fence, &a.Owner, &a.Status, &a.Error, &started, &finished); err != nil {
-			return checkpoint.RunInfo{}, s.wrap("read attempts of "+runID, err)
-		}
-		a.StartedAt = tm(started)
-		a.FinishedAt = tm(finished)
-		info.Attempts = append(info.Attempts, a)
+		err := r.Scan(&a.Number, &a.Fence, &a.Owner, &a.Status, &a.Error, &started, &finished)
+		a.StartedAt, a.FinishedAt = tm(started), tm(finished)
+		return a, err
+	})
+	if err != nil {
+		return checkpoint.RunInfo{}, s.wrap("read attempts of "+runID, err)
 	}
-	return info, s.wrap("read attempts of "+runID, rows.Err())
+	return info, nil
 }
 
 // Fence implements checkpoint.Store.

@@ -35,6 +35,14 @@
 // with that schema first on the search path, so every handle of one test
 // sees one database and no other test's rows.
 //
+// A store that reads its own clock in production (PostgreSQL's now())
+// sets [Harness.ServerClock] and gives [Harness.OpenCallerClock]: the
+// suite then runs on the production handles every test that holds on any
+// clock, and on caller-clock handles only the tests that move time past a
+// lease or read back the times they gave (and the fence race). The
+// concepts run in parallel, each test on a database of its own; the fence
+// race runs alone.
+//
 // The heart of the suite is the fence race: A holds a transaction open
 // under its lease with a fenced write made, B takes the run over from
 // another handle, then A commits. Exactly one of two outcomes is allowed:

@@ -110,6 +110,8 @@ type bResult struct {
 // (by expiry on even rounds, by a dead owner on odd ones); then A commits.
 // Either A's commit is fenced and nothing of it is visible, or B's claim
 // waited for it and sees all of it. It reports whether B waited.
+//
+// Longer than 80 lines: one round of the race, its interleaving and both judgements kept in one place to be read as one.
 func (e *env) raceRound(a, b checkpoint.Store, w fencedWrite, round int) (waited bool) {
 	t := e.t
 	runID := fmt.Sprintf("race/%04d", round)

@@ -14,13 +14,28 @@ type Harness struct {
 	// NewDatabase creates a fresh, empty database that only t uses (a file
 	// in t.TempDir(), a schema or database of its own) and returns what
 	// Open takes to reach it. It removes the database at t's cleanup if
-	// that is needed. Required.
+	// that is needed. The suite's tests run in parallel, so it is called
+	// from several at once. Required.
 	NewDatabase func(t *testing.T) string
 	// Open opens one more handle on the database db, migrating it first if
 	// needed. Each handle stands for one host: it shares nothing with the
 	// other handles but the database. The suite closes every handle it
 	// opens. Required.
 	Open func(ctx context.Context, db string) (checkpoint.Store, error)
+	// ServerClock says Open's handles judge leases and stamp run times by
+	// the database's own clock, ignoring the times in requests, as a
+	// store does in production (PostgreSQL's now()). The tests whose
+	// outcome depends on times the suite chooses (a lease taken over by
+	// moving the clock past it, a time read back as given) then run on
+	// handles from OpenCallerClock; every other test runs on Open's, so
+	// the production mode is certified by all the suite can check in it.
+	// False (SQLite, which only ever uses request times) runs every test
+	// on Open's handles.
+	ServerClock bool
+	// OpenCallerClock opens a handle on db as Open does, but one that
+	// takes every time from the requests. Required when ServerClock is
+	// set; unused otherwise.
+	OpenCallerClock func(ctx context.Context, db string) (checkpoint.Store, error)
 	// NewTargetDatabase creates a fresh database of the backend's own kind
 	// that is not the checkpoint database (another file, another
 	// database on the server), for the separate-store effect target
@@ -67,6 +82,9 @@ func (h *Harness) validate(t *testing.T) {
 	if h.NewTargetDatabase == nil {
 		missing = append(missing, "NewTargetDatabase")
 	}
+	if h.ServerClock && h.OpenCallerClock == nil {
+		missing = append(missing, "OpenCallerClock (ServerClock is set)")
+	}
 	if h.SchemaVersion <= 0 {
 		missing = append(missing, "SchemaVersion")
 	}
@@ -85,7 +103,9 @@ func (h *Harness) validate(t *testing.T) {
 }
 
 // Run runs the whole suite against the backend h reaches, one subtest per
-// concept, each test on a database of its own.
+// concept, each test on a database of its own. The concepts run in
+// parallel (t.Parallel), but for the fence race, whose rounds shape an
+// interleaving by sleeping and so run alone.
 func Run(t *testing.T, h Harness) {
 	RunConcepts(t, h, Concepts()...)
 }
@@ -135,12 +155,39 @@ func RunConcepts(t *testing.T, h Harness, cs ...Concept) {
 		if !ok {
 			t.Fatalf("storetest: no concept %q", c)
 		}
-		t.Run(string(c), func(t *testing.T) { fn(t, h) })
+		if c == FenceRace {
+			// Every round takes A's run over at a later time: the caller's
+			// clock. It runs first and alone (the parallel concepts wait).
+			t.Run(string(c), func(t *testing.T) { fn(t, h.callerClock()) })
+			continue
+		}
+		t.Run(string(c), func(t *testing.T) {
+			t.Parallel()
+			fn(t, h)
+		})
 	}
 }
 
-// t0 is the suite's "now". The stores never read the clock, so every time
-// they record comes from a request; it is far from the wall clock and has
+// callerClock returns the harness whose handles take every time from the
+// requests: h itself unless h.ServerClock.
+func (h Harness) callerClock() Harness {
+	if !h.ServerClock {
+		return h
+	}
+	h.Open, h.ServerClock = h.OpenCallerClock, false
+	return h
+}
+
+// callerClock runs fn as the subtest name on handles that take every time
+// from the requests (see Harness.ServerClock): for a test that moves time
+// past a lease or reads back the times it gave.
+func callerClock(t *testing.T, h Harness, name string, fn func(t *testing.T, h Harness)) {
+	t.Helper()
+	t.Run(name, func(t *testing.T) { fn(t, h.callerClock()) })
+}
+
+// t0 is the suite's "now". On the caller's clock the stores never read
+// the clock, so every time they record comes from a request; it is far from the wall clock and has
 // microsecond precision, the precision every store keeps.
 var t0 = time.Date(2031, 3, 14, 15, 9, 26, 535897000, time.UTC)
 

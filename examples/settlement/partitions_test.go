@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -33,20 +34,18 @@ func partitionInvariants(t *testing.T, s store, date string) []string {
 	db := openLedger(t, s.ledgerLoc())
 	defer db.Close()
 	ctx := context.Background()
-	want := map[string]int64{}
+	opening := map[string]int64{}
 	rows, err := db.QueryContext(ctx, `SELECT account_id, balance FROM opening_balances WHERE business_date = $1`, date)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var opening int64
 	for rows.Next() {
 		var id string
 		var b int64
 		if err := rows.Scan(&id, &b); err != nil {
 			t.Fatal(err)
 		}
-		want[id] = b
-		opening += b
+		opening[id] = b
 	}
 	rows.Close()
 	items := s.items(t, date)
@@ -55,6 +54,7 @@ func partitionInvariants(t *testing.T, s store, date string) []string {
 		t.Fatal(err)
 	}
 	n := 0
+	var posted []checkpointtest.Transfer
 	for rows.Next() {
 		var tr settlement.Transfer
 		if err := rows.Scan(&tr.ID, &tr.From, &tr.To, &tr.Amount); err != nil {
@@ -63,8 +63,7 @@ func partitionInvariants(t *testing.T, s store, date string) []string {
 		n++
 		switch st := items[tr.ID]; {
 		case st == checkpoint.StepCompleted && tr.Amount > 0:
-			want[tr.From] -= tr.Amount
-			want[tr.To] += tr.Amount
+			posted = append(posted, checkpointtest.Transfer{ID: tr.ID, From: tr.From, To: tr.To, Amount: tr.Amount})
 		case st == checkpoint.StepRejected:
 		default:
 			bad = append(bad, fmt.Sprintf("transfer %s (amount %d) is %q, want one finished item", tr.ID, tr.Amount, st))
@@ -75,19 +74,16 @@ func partitionInvariants(t *testing.T, s store, date string) []string {
 	for k, st := range items {
 		bad = append(bad, fmt.Sprintf("item %s (%s) is no transfer of %s", k, st, date))
 	}
-	var total int64
+	got := map[string]checkpoint.State{}
 	for id, a := range readAccounts(t, s.ledgerLoc()) {
-		total += a[0]
+		got[id] = checkpoint.State{Value: a[0], Version: a[1], Exists: true}
 		if a[0] < 0 {
 			bad = append(bad, fmt.Sprintf("account %s is below zero: %d", id, a[0]))
 		}
-		if a[0] != want[id] {
-			bad = append(bad, fmt.Sprintf("account %s is %d, want opening plus its posted transfers' effects %d", id, a[0], want[id]))
-		}
 	}
-	if total != opening {
-		bad = append(bad, fmt.Sprintf("money not conserved: total %d, opening %d", total, opening))
-	}
+	// Chunks merge transfers into one write per account, in whatever
+	// order partitions commit: versions follow no count the test keeps.
+	bad = append(bad, checkpointtest.LedgerCheck{Opening: opening, Applied: posted, SkipVersions: true}.Problems(got)...)
 	if n == 0 {
 		bad = append(bad, "no transfers")
 	}

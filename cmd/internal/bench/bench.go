@@ -280,7 +280,7 @@ type backend interface {
 type store struct {
 	checkpoint.Backend
 	// db writes and reads the store's database for the benchmark's own
-	// set-up and checks (seeding keys, sums, the rerun's unmarking).
+	// set-up and checks (seeding keys, sums); never the backend's own tables.
 	db *sql.DB
 	// read is the store's read handle, as job code gets it.
 	read *sql.DB

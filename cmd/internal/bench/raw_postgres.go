@@ -357,9 +357,8 @@ func (p *postgresBackend) settleSides(ctx context.Context, name string, seed see
 type pgSettler struct {
 	pool  *pgxpool.Pool
 	runID string
-	after string
-	xs    []rawTransfer
-	bal   map[string]*pgAccount
+	rawPage
+	bal map[string]*pgAccount
 	// The chunk's arrays, reused.
 	ids, keys, statuses, errs []string
 	outputs                   [][]byte
@@ -384,17 +383,9 @@ func (rs *pgSettler) chunk(ctx context.Context) (bool, error) {
 		if err != nil {
 			return err
 		}
-		rs.xs = rs.xs[:0]
-		for rows.Next() {
-			var x rawTransfer
-			if err := rows.Scan(&x.id, &x.from, &x.to, &x.amount); err != nil {
-				rows.Close()
-				return err
-			}
-			rs.xs = append(rs.xs, x)
-		}
+		err = rs.fill(rows)
 		rows.Close()
-		return rows.Err()
+		return err
 	}, func(conn *pgx.Conn) error {
 		if len(rs.xs) == 0 {
 			return nil
@@ -472,10 +463,7 @@ func (rs *pgSettler) chunk(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if len(rs.xs) > 0 {
-		rs.after = rs.xs[len(rs.xs)-1].id
-	}
-	return len(rs.xs) < Chunk, nil
+	return rs.advance(), nil
 }
 
 func (rs *pgSettler) loadKeys(ctx context.Context, runID string, n int) (int, error) {
@@ -484,15 +472,7 @@ func (rs *pgSettler) loadKeys(ctx context.Context, runID string, n int) (int, er
 		return 0, err
 	}
 	defer rows.Close()
-	keys := make(map[string]string, n)
-	for rows.Next() {
-		var k, s string
-		if err := rows.Scan(&k, &s); err != nil {
-			return 0, err
-		}
-		keys[k] = s
-	}
-	return len(keys), rows.Err()
+	return keyStatuses(rows, n)
 }
 
 func (rs *pgSettler) rejected(ctx context.Context) (int, error) {

@@ -324,14 +324,8 @@ type sqliteSettler struct {
 	db                    *sql.DB
 	page, read, cas, item *sql.Stmt
 	runID                 string
-	after                 string
 	out                   []byte
-	xs                    []rawTransfer
-}
-
-type rawTransfer struct {
-	id, from, to string
-	amount       int64
+	rawPage
 }
 
 // chunk settles the next Chunk transfers in one transaction: per
@@ -344,16 +338,7 @@ func (rs *sqliteSettler) chunk(ctx context.Context) (bool, error) {
 		if err != nil {
 			return err
 		}
-		rs.xs = rs.xs[:0]
-		for rows.Next() {
-			var x rawTransfer
-			if err := rows.Scan(&x.id, &x.from, &x.to, &x.amount); err != nil {
-				rows.Close()
-				return err
-			}
-			rs.xs = append(rs.xs, x)
-		}
-		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		if err := errors.Join(rs.fill(rows), rows.Close()); err != nil {
 			return err
 		}
 		read, cas, item := tx.StmtContext(ctx, rs.read), tx.StmtContext(ctx, rs.cas), tx.StmtContext(ctx, rs.item)
@@ -383,10 +368,7 @@ func (rs *sqliteSettler) chunk(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if len(rs.xs) > 0 {
-		rs.after = rs.xs[len(rs.xs)-1].id
-	}
-	return len(rs.xs) < Chunk, nil
+	return rs.advance(), nil
 }
 
 // loadKeys is the raw rerun baseline: the run's item keys and statuses
@@ -397,15 +379,7 @@ func (rs *sqliteSettler) loadKeys(ctx context.Context, runID string, n int) (int
 		return 0, err
 	}
 	defer rows.Close()
-	keys := make(map[string]string, n)
-	for rows.Next() {
-		var k, s string
-		if err := rows.Scan(&k, &s); err != nil {
-			return 0, err
-		}
-		keys[k] = s
-	}
-	return len(keys), rows.Err()
+	return keyStatuses(rows, n)
 }
 
 func (rs *sqliteSettler) rejected(ctx context.Context) (int, error) {
