@@ -121,19 +121,6 @@ func (e *ItemChangedError) describe(b *strings.Builder) {
 	}
 }
 
-// ItemInput declares what of each item of a ForEach its fingerprint
-// covers, as Input does for a step: fn's result is hashed (its bytes for a
-// []byte or string, else its JSON encoding) and recorded with the item's
-// checkpoint, and a rerun that finds a finished item whose fingerprint
-// differs fails with an *ItemChangedError instead of settling it silently
-// wrong. By default the whole item's JSON encoding is fingerprinted; declare
-// less (an ID and a version column, say) to ignore fields that may change
-// harmlessly or to save encoding a large item. The type parameter must be
-// the ForEach's item type.
-func ItemInput[I any](fn func(item I) any) Option {
-	return func(o *doOptions) { o.itemInput = fn }
-}
-
 // Acceptance is an operator's decision to let batch steps go on past the
 // changed items the most recent refusal named (Config.AcceptChanged): a
 // finished item whose content changed keeps its outcome and effects and
@@ -160,19 +147,10 @@ type fingerprinter[I any] struct {
 	enc   *json.Encoder
 }
 
-func newFingerprinter[I any](step string, input any) (*fingerprinter[I], error) {
-	f := &fingerprinter[I]{step: step}
-	if input != nil {
-		fn, ok := input.(func(I) any)
-		if !ok {
-			var zero I
-			return nil, fmt.Errorf("steps: batch step %s: ItemInput is given a %T, but the items are %T; pass a func(%T) any",
-				step, input, zero, zero)
-		}
-		f.input = fn
-	}
+func newFingerprinter[I any](step string, input func(I) any) *fingerprinter[I] {
+	f := &fingerprinter[I]{step: step, input: input}
 	f.enc = json.NewEncoder(&f.buf)
-	return f, nil
+	return f
 }
 
 // of returns the fingerprint of one item.
@@ -191,7 +169,7 @@ func (f *fingerprinter[I]) of(key string, item I) ([FingerprintSize]byte, error)
 	default:
 		f.buf.Reset()
 		if err := f.enc.Encode(v); err != nil {
-			return fp, fmt.Errorf("steps: item %s/%s: encode it as JSON for its fingerprint: %w (declare what identifies it with steps.ItemInput)",
+			return fp, fmt.Errorf("steps: item %s/%s: encode it as JSON for its fingerprint: %w (declare what identifies it with the source's ItemInput)",
 				f.step, key, err)
 		}
 		data = bytes.TrimSuffix(f.buf.Bytes(), []byte{'\n'}) // what json.Marshal gives

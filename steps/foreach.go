@@ -70,7 +70,7 @@ type Progress struct {
 // source may change between attempts without harm: items are matched by key,
 // never by position. A key yielded twice in one attempt is an error.
 //
-// Each item's content is fingerprinted (its JSON, or what ItemInput
+// Each item's content is fingerprinted (its JSON, or what Source.ItemInput
 // declares) and recorded with its checkpoint. A rerun holds the source to
 // what the earlier attempts saw and stops with an *ItemChangedError before
 // processing the chunk where it finds a finished item whose fingerprint
@@ -110,10 +110,7 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 	if o.chunkSize > MaxChunkSize {
 		return sum, fmt.Errorf("steps: batch step %s: ChunkSize(%d) is over the limit of %d", name, o.chunkSize, MaxChunkSize)
 	}
-	fps, err := newFingerprinter[I](name, o.itemInput)
-	if err != nil {
-		return sum, err
-	}
+	fps := newFingerprinter(name, src.input)
 	// A step is fresh when no item of it is recorded yet: then a source with
 	// ascending keys needs no read-back at all. Decided from the items
 	// themselves, not from the step's own checkpoint, which a reopened or

@@ -48,7 +48,7 @@ func (e *StepNotRecordedError) Error() string {
 //
 // The run's owner splits the step once, when it first reaches it: by key
 // ranges holding equal item counts (the source is read once to find
-// them), or with PartitionBy by a hash of the job's value. The split is
+// them), or with Source.PartitionBy by a hash of the job's value. The split is
 // recorded with the step and never recomputed: a rerun or a takeover reads
 // it. Each partition has a fence of its own and a lease: a runner that
 // dies leaves its partition to be claimed once the lease passes (at once
@@ -67,7 +67,7 @@ func (e *StepNotRecordedError) Error() string {
 // effects in commit order, not in the source's order, so which transfer an
 // overdraft guard rejects can differ from a one-partition run (and from
 // run to run); every item is still processed exactly once, its effects
-// applied exactly once, its outcome pinned. PartitionBy (by debit account,
+// applied exactly once, its outcome pinned. Source.PartitionBy (by debit account,
 // say) keeps every item that debits one account in one partition, in
 // source order, so such guards decide as in one partition. A rerun of a
 // partitioned step holds finished items to their fingerprints, but does
@@ -75,15 +75,6 @@ func (e *StepNotRecordedError) Error() string {
 // yielding more than its declared total. RetrySkipped does not reopen a
 // finished partitioned step. Partitions are ignored by a dry run.
 func Partitions(n int) Option { return func(o *doOptions) { o.partitions = n } }
-
-// PartitionBy assigns a partitioned ForEach's items to partitions by a
-// hash of key(item) (checkpoint.PartitionHashOf) in place of key ranges:
-// items with the same value share a partition, e.g. transfers by debit
-// account. I must be the ForEach's item type. Without Partitions(n > 1)
-// it changes nothing.
-func PartitionBy[I any](key func(I) string) Option {
-	return func(o *doOptions) { o.partitionBy = key }
-}
 
 // ErrPartitionLeaseLost is matched (errors.Is) by a
 // *PartitionLeaseLostError.
@@ -229,13 +220,7 @@ func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src 
 	o doOptions, cp checkpoint.Step, done bool) (BatchSummary, error) {
 	var sum BatchSummary
 	var ps checkpoint.PartitionStore = r.store
-	var by func(I) string
-	if o.partitionBy != nil {
-		var ok bool
-		if by, ok = o.partitionBy.(func(I) string); !ok {
-			return sum, fmt.Errorf("steps: batch step %s: PartitionBy takes a %T, the items are %T", name, o.partitionBy, *new(I))
-		}
-	}
+	by := src.by
 	if o.chunkSize <= 0 {
 		o.chunkSize = DefaultChunkSize
 	}
@@ -579,12 +564,9 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 		}
 		return err
 	}
-	fps, err := newFingerprinter[I](name, o.itemInput)
-	if err != nil {
-		return early(err)
-	}
+	fps := newFingerprinter(name, src.input)
 	maxKey := ""
-	err = r.store.Items(ctx, checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, KeysOnly: true, Limit: 1, Last: true},
+	err := r.store.Items(ctx, checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, KeysOnly: true, Limit: 1, Last: true},
 		func(it checkpoint.Item) error { maxKey = it.Key; return nil })
 	if err != nil {
 		return early(err)

@@ -155,7 +155,8 @@ WHERE business_date = $1 AND id > $2 ORDER BY id LIMIT $3`, p.Date, after, limit
 	if p.Partitions > 1 {
 		// By debit account: one account's debits stay in one partition,
 		// in ID order, so its overdraft guard decides as in one partition.
-		opts = append(opts, steps.Partitions(p.Partitions), steps.PartitionBy(func(t Transfer) string { return t.From }))
+		opts = append(opts, steps.Partitions(p.Partitions))
+		src = src.PartitionBy(func(t Transfer) string { return t.From })
 	}
 	if _, err := steps.ForEach(ctx, r, "post", src, post, opts...); err != nil {
 		return err
