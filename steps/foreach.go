@@ -124,7 +124,7 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 	}
 	b := &batch[I, O]{r: r, name: name, fn: fn, opts: o, fresh: fresh, lastKey: "", ordered: true,
 		resumed: map[string]bool{}, prog: Progress{Step: name, Total: src.total, StartedAt: r.now()},
-		fp: fps, ascending: src.ascending, declared: src.total, maxKey: maxKey}
+		sourceCheck: sourceCheck[I]{r: r, name: name, fp: fps, ascending: src.ascending, declared: src.total, maxKey: maxKey}}
 	if done {
 		cp = checkpoint.Step{ID: name, InputHash: cp.InputHash, Tries: cp.Tries + 1, StartedAt: r.now()}
 	}
@@ -170,22 +170,7 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 			return sum, fmt.Errorf("steps: start batch step %s: %w", name, err)
 		}
 	}
-	b.reserve()
-	var loopErr error
-	srcErr := src.all(ctx, func(key string, item I) bool {
-		b.yielded++
-		b.keys = append(b.keys, key)
-		b.items = append(b.items, item)
-		if len(b.keys) < o.chunkSize {
-			return true
-		}
-		loopErr = b.flush(ctx)
-		return loopErr == nil
-	})
-	if loopErr == nil && srcErr == nil && len(b.keys) > 0 {
-		loopErr = b.flush(ctx)
-	}
-	if err := errors.Join(loopErr, srcErr); err != nil {
+	if err := b.fill(ctx, src, nil); err != nil {
 		return b.sum, b.stopped(ctx, head, err)
 	}
 	if err := b.checkGone(ctx, src); err != nil {
@@ -248,33 +233,12 @@ type batch[I, O any] struct {
 	ordered bool   // keys so far strictly ascending
 	lastKey string // last key seen, while ordered
 	resumed map[string]bool
+	chunk   int
+	replans int   // stale plans of earlier attempts made again
+	skips   int64 // items skipped under SkipFailures, this attempt or before
 
-	// Holding the source to what earlier attempts saw (fingerprint.go).
-	fp        *fingerprinter[I]
-	ascending bool   // the source guarantees ascending keys
-	declared  int64  // the source's declared total, -1 if none
-	maxKey    string // greatest key recorded before this attempt
-	before    int64  // items recorded before this attempt
-	seenOld   int64  // of those, how many the source yielded again
-	goneOK    int64  // of those not yielded, how many an operator accepted
-	yielded   int64  // items the source yielded
-	tileFrom  string // an ascending source's read-backs tile the key space from here
-	changes   changeSet
-	decided   map[string]checkpoint.ItemChange // refused and accepted changes, by item key (loadDecisions)
-	extraOK   int64                            // items accepted beyond the declared total (inserted or extra)
-	chunk     int
-	replans   int   // stale plans of earlier attempts made again
-	skips     int64 // items skipped under SkipFailures, this attempt or before
-
-	// per-chunk buffers, reused
-	keys   []string
-	items  []I
-	recs   []checkpoint.Item
-	groups [][]Op
-	owners []int // index into recs of each group
-	seen   map[string]bool
-	done   map[string]doneItem
-	fps    [][FingerprintSize]byte // of the chunk's items
+	sourceCheck[I] // fingerprint.go
+	chunkBuf[I]
 
 	sum  BatchSummary
 	prog Progress
@@ -285,15 +249,58 @@ type batch[I, O any] struct {
 	hwm  string
 }
 
-func (b *batch[I, O]) reserve() {
-	n := b.opts.chunkSize
-	b.keys = make([]string, 0, n)
-	b.items = make([]I, 0, n)
-	b.recs = make([]checkpoint.Item, 0, n)
-	b.groups = make([][]Op, 0, n)
-	b.owners = make([]int, 0, n)
-	b.seen = make(map[string]bool, n)
-	b.fps = make([][FingerprintSize]byte, 0, n)
+// chunkBuf is the chunk a batch step is working on: its items as the
+// source yielded them, then their checkpoints and effects. Its slices are
+// reused from chunk to chunk.
+type chunkBuf[I any] struct {
+	keys   []string
+	items  []I
+	recs   []checkpoint.Item
+	groups [][]Op
+	owners []int // index into recs of each group
+	seen   map[string]bool
+	done   map[string]doneItem
+	fps    [][FingerprintSize]byte // of the chunk's items
+}
+
+func (c *chunkBuf[I]) reserve(n int) {
+	c.keys = make([]string, 0, n)
+	c.items = make([]I, 0, n)
+	c.recs = make([]checkpoint.Item, 0, n)
+	c.groups = make([][]Op, 0, n)
+	c.owners = make([]int, 0, n)
+	c.seen = make(map[string]bool, n)
+	c.fps = make([][FingerprintSize]byte, 0, n)
+}
+
+// resetEffects empties the chunk's checkpoints and effects.
+func (c *chunkBuf[I]) resetEffects() {
+	c.recs, c.groups, c.owners = c.recs[:0], c.groups[:0], c.owners[:0]
+}
+
+// fill reads src to its end, a chunk of the items holds keeps (all
+// with a nil holds) at a time, each chunk processed and committed (flush)
+// as it fills.
+func (b *batch[I, O]) fill(ctx context.Context, src Source[I], holds func(key string, item I) bool) error {
+	b.reserve(b.opts.chunkSize)
+	var loopErr error
+	srcErr := src.all(ctx, func(key string, item I) bool {
+		if holds != nil && !holds(key, item) {
+			return true
+		}
+		b.yielded++
+		b.keys = append(b.keys, key)
+		b.items = append(b.items, item)
+		if len(b.keys) < b.opts.chunkSize {
+			return true
+		}
+		loopErr = b.flush(ctx)
+		return loopErr == nil
+	})
+	if loopErr == nil && srcErr == nil && len(b.keys) > 0 {
+		loopErr = b.flush(ctx)
+	}
+	return errors.Join(loopErr, srcErr)
 }
 
 // doneItem is a chunk's item recorded before this attempt: its status
@@ -308,7 +315,7 @@ type doneItem struct {
 func (b *batch[I, O]) flushChunk(ctx context.Context) error {
 	defer func() {
 		b.keys, b.items = b.keys[:0], b.items[:0]
-		b.recs, b.groups, b.owners = b.recs[:0], b.groups[:0], b.owners[:0]
+		b.resetEffects()
 		clear(b.seen)
 		b.chunk++
 	}()
@@ -701,7 +708,7 @@ func (b *batch[I, O]) resumePlanned(ctx context.Context) error {
 		b.r.log.Info().Str(FieldStepID, b.name).Str("effect_id", p.EffectID).Msg("finishing a recorded chunk plan")
 		err = b.r.resumeRecorded(ctx, b.target, b.unit(b.name+"#resume", ""), pr.EffectID, pr.Writes,
 			func() (effectUnit, error) { return b.replanRecorded(ctx, pr) })
-		b.recs, b.groups, b.owners = b.recs[:0], b.groups[:0], b.owners[:0]
+		b.resetEffects()
 		if err != nil {
 			return err
 		}
@@ -728,7 +735,7 @@ func (b *batch[I, O]) replanRecorded(ctx context.Context, old checkpoint.ChunkPl
 	if err != nil {
 		return nil, err
 	}
-	b.recs, b.groups, b.owners = b.recs[:0], b.groups[:0], b.owners[:0]
+	b.resetEffects()
 	for _, it := range old.Items {
 		rec, ok := outputs[it.Key]
 		if !ok || rec.Status != checkpoint.StepPlanned {

@@ -153,21 +153,6 @@ func (h *partHold) expiry() time.Time {
 	return h.renewed.Add(h.leaseFor)
 }
 
-// inTx runs fn in one write transaction: fenced by the run's lease, or in
-// a partition's view by the partition (recording its progress with it,
-// and extending its lease).
-func (r *Run) inTx(ctx context.Context, fn func(checkpoint.Tx) error) error {
-	if h := r.part; h != nil {
-		now := r.now()
-		err := h.ps.InPartitionTx(ctx, h.write(now), fn)
-		if err == nil {
-			h.renewedAt(now)
-		}
-		return err
-	}
-	return r.runTx(ctx, fn)
-}
-
 func (h *partHold) write(now time.Time) checkpoint.PartitionWrite {
 	return checkpoint.PartitionWrite{Lease: h.lease, Now: now, LeaseFor: h.leaseFor, Progress: h.progress}
 }
@@ -175,11 +160,9 @@ func (h *partHold) write(now time.Time) checkpoint.PartitionWrite {
 // partitionView is a view of r that works one partition: its writes are
 // fenced by the partition, its counts go to r.
 func (r *Run) partitionView(h *partHold) *Run {
-	return &Run{store: r.store, lease: checkpoint.Lease{RunID: r.lease.RunID, Fence: r.lease.Fence, Attempt: h.lease.Attempt, Owner: h.lease.Owner},
-		log: r.log.With().Int("partition", h.lease.Index).Logger(), now: r.now, recorded: r.recorded, seen: map[string]struct{}{},
-		retrySkipped: r.retrySkipped, accept: r.accept, retry: r.retry, sleepFn: r.sleepFn,
-		leaseFor: r.leaseFor, callMargin: r.callMargin, fenceAhead: r.fenceAhead, prevUntil: r.prevUntil, part: h, parent: r,
-		tracer: r.tracer, onStepEnd: r.onStepEnd, writeHook: r.writeHook, progress: r.workerProgress()}
+	return &Run{runSettings: r.runSettings, lease: checkpoint.Lease{RunID: r.lease.RunID, Fence: r.lease.Fence, Attempt: h.lease.Attempt, Owner: h.lease.Owner},
+		log: r.log.With().Int("partition", h.lease.Index).Logger(), seen: map[string]struct{}{}, part: h, parent: r,
+		progress: r.workerProgress()}
 }
 
 // workerProgress is the progress hook of a partition's view: the run's
@@ -573,7 +556,7 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 	}
 	b := &batch[I, O]{r: pr, name: name, fn: fn, opts: o, target: ot, fresh: pl.Fence == 1, ordered: true,
 		resumed: map[string]bool{}, prog: Progress{Step: name, Total: spec.p.Total, StartedAt: r.now()},
-		fp: fps, declared: -1, maxKey: maxKey, part: &spec.p, hwm: spec.p.HighWater}
+		sourceCheck: sourceCheck[I]{r: pr, name: name, fp: fps, declared: -1, maxKey: maxKey}, part: &spec.p, hwm: spec.p.HighWater}
 	if ot != nil {
 		b.sum.Target = ot.name
 	}
@@ -655,25 +638,7 @@ func (b *batch[I, O]) workPartition(ctx context.Context, src Source[I], spec par
 			return err
 		}
 	}
-	b.reserve()
-	var loopErr error
-	srcErr := src.all(ctx, func(key string, item I) bool {
-		if !spec.holds(key, item) {
-			return true
-		}
-		b.yielded++
-		b.keys = append(b.keys, key)
-		b.items = append(b.items, item)
-		if len(b.keys) < b.opts.chunkSize {
-			return true
-		}
-		loopErr = b.flush(ctx)
-		return loopErr == nil
-	})
-	if loopErr == nil && srcErr == nil && len(b.keys) > 0 {
-		loopErr = b.flush(ctx)
-	}
-	return errors.Join(loopErr, srcErr)
+	return b.fill(ctx, src, spec.holds)
 }
 
 // partitionProgress is what the partition's chunk transaction records:
