@@ -1,4 +1,9 @@
-package steps
+// Package plan is the planner behind steps' effects: it folds groups of
+// relative operations (steps.Effects) over the current state of their keys
+// into absolute compare-and-set writes, a pure function the exactly-once
+// protocol applies. Its types are steps' own (steps.Op, steps.Guard,
+// steps.GuardError, ...), aliased there, so job code never imports it.
+package plan
 
 import (
 	"fmt"
@@ -7,9 +12,70 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
-// PlanResult is the planner's output: the compare-and-set writes, in the
+// OpKind is the kind of a relative operation.
+type OpKind string
+
+// Operation kinds.
+const (
+	OpAdd OpKind = "add" // add Amount to the key's value
+	OpSet OpKind = "set" // set the key's value to Amount
+)
+
+// Guard is a condition on a key's value after an operation, checked when
+// the runner plans the step's effects against the current values.
+type Guard struct {
+	Kind  string `json:"kind"` // "not_below" or "not_above"
+	Limit int64  `json:"limit"`
+}
+
+// NotBelow guards a value from going under limit: NotBelow(0) is "no
+// overdraft".
+func NotBelow(limit int64) Guard { return Guard{Kind: "not_below", Limit: limit} }
+
+// NotAbove guards a value from going over limit.
+func NotAbove(limit int64) Guard { return Guard{Kind: "not_above", Limit: limit} }
+
+func (g Guard) holds(v int64) bool {
+	switch g.Kind {
+	case "not_below":
+		return v >= g.Limit
+	case "not_above":
+		return v <= g.Limit
+	}
+	return false
+}
+
+func (g Guard) String() string {
+	if g.Kind == "not_below" {
+		return fmt.Sprintf("not below %d", g.Limit)
+	}
+	return fmt.Sprintf("not above %d", g.Limit)
+}
+
+// Op is one relative operation on one key, with the guards its result must
+// satisfy.
+type Op struct {
+	Key    string  `json:"key"`
+	Kind   OpKind  `json:"kind"`
+	Amount int64   `json:"amount"`
+	Guards []Guard `json:"guards,omitempty"`
+}
+
+// GuardError is the planner's verdict that an operation would break a
+// guard. Inside a step it becomes a pinned rejection.
+type GuardError struct {
+	Key   string
+	Guard Guard
+	Value int64 // the value the operation would have produced
+}
+
+func (e *GuardError) Error() string {
+	return fmt.Sprintf("%s would be %d, breaking its guard (%s)", e.Key, e.Value, e.Guard)
+}
+
+// Result is the planner's output: the compare-and-set writes, in the
 // order keys were first touched, and which groups were rejected.
-type PlanResult struct {
+type Result struct {
 	Writes []checkpoint.Write
 	// Rejected maps the index of each rejected group to why.
 	Rejected map[int]*GuardError
@@ -57,7 +123,7 @@ func AddInt64(a, b int64) (int64, bool) {
 // is never evaluated). Keys missing from current are an error. Every written
 // key's expected version is its current version; unchanged keys produce no
 // write.
-func Plan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, error) {
+func Plan(current map[string]checkpoint.State, groups ...[]Op) (Result, error) {
 	// Each key read is an entry of accs, found by idx; a group's values
 	// are pending until it ends, in first-touch order. A chunk plans
 	// thousands of small groups, so nothing is allocated per group or per
@@ -78,7 +144,7 @@ func Plan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, erro
 	var order []int
 	var pending []pend
 	var pendingAt map[int]int // acc index -> pending index, in a large group
-	res := PlanResult{}
+	res := Result{}
 	for gi, ops := range groups {
 		pending = pending[:0]
 		large := len(ops) > smallGroup
@@ -94,7 +160,7 @@ func Plan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, erro
 			if !ok {
 				c, ok := current[op.Key]
 				if !ok {
-					return PlanResult{}, fmt.Errorf("steps: plan: no current state for key %q", op.Key)
+					return Result{}, fmt.Errorf("steps: plan: no current state for key %q", op.Key)
 				}
 				at = len(accs)
 				accs = append(accs, acc{key: op.Key, value: c.Value})
@@ -122,12 +188,12 @@ func Plan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, erro
 			case OpAdd:
 				var ok bool
 				if next, ok = AddInt64(cur, op.Amount); !ok {
-					return PlanResult{}, &OverflowError{Key: op.Key, Value: cur, Delta: op.Amount, Group: gi}
+					return Result{}, &OverflowError{Key: op.Key, Value: cur, Delta: op.Amount, Group: gi}
 				}
 			case OpSet:
 				next = op.Amount
 			default:
-				return PlanResult{}, fmt.Errorf("steps: plan: unknown operation %q on key %q", op.Kind, op.Key)
+				return Result{}, fmt.Errorf("steps: plan: unknown operation %q on key %q", op.Kind, op.Key)
 			}
 			for _, g := range op.Guards {
 				if !g.holds(next) {
@@ -176,8 +242,8 @@ func Plan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, erro
 	return res, nil
 }
 
-// keysOf lists the distinct keys of ops in first-touch order.
-func keysOf(groups ...[]Op) []string {
+// Keys lists the distinct keys of ops in first-touch order.
+func Keys(groups ...[]Op) []string {
 	n := 0
 	for _, ops := range groups {
 		n += len(ops)
