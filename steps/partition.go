@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/steps/internal/partition"
 )
 
 // ErrPartitionWorked is returned by the partitioned ForEach a partition
@@ -122,46 +123,11 @@ func (e *PartitionLeaseLostError) Is(target error) bool { return target == ErrPa
 // Unwrap returns the last failed heartbeat's error.
 func (e *PartitionLeaseLostError) Unwrap() error { return e.LastErr }
 
-// partHold is what a view of the run working one partition writes with.
-type partHold struct {
-	ps       checkpoint.PartitionStore
-	lease    checkpoint.PartitionLease
-	leaseFor time.Duration
-	// progress says what the partition's next write records.
-	progress func() checkpoint.PartitionProgress
-
-	mu sync.Mutex
-	// renewed is the send time of the latest write that extended the
-	// lease (a chunk's commit, a heartbeat): the lease lasts at least
-	// until renewed plus leaseFor.
-	renewed time.Time
-}
-
-// renewedAt notes a write sent at t that extended the lease.
-func (h *partHold) renewedAt(t time.Time) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if t.After(h.renewed) {
-		h.renewed = t
-	}
-}
-
-// expiry is when the lease expires as last renewed.
-func (h *partHold) expiry() time.Time {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.renewed.Add(h.leaseFor)
-}
-
-func (h *partHold) write(now time.Time) checkpoint.PartitionWrite {
-	return checkpoint.PartitionWrite{Lease: h.lease, Now: now, LeaseFor: h.leaseFor, Progress: h.progress}
-}
-
 // partitionView is a view of r that works one partition: its writes are
 // fenced by the partition, its counts go to r.
-func (r *Run) partitionView(h *partHold) *Run {
-	return &Run{runSettings: r.runSettings, lease: checkpoint.Lease{RunID: r.lease.RunID, Fence: r.lease.Fence, Attempt: h.lease.Attempt, Owner: h.lease.Owner},
-		log: r.log.With().Int("partition", h.lease.Index).Logger(), seen: map[string]struct{}{}, part: h, parent: r,
+func (r *Run) partitionView(h *partition.Hold) *Run {
+	return &Run{runSettings: r.runSettings, lease: checkpoint.Lease{RunID: r.lease.RunID, Fence: r.lease.Fence, Attempt: h.Lease.Attempt, Owner: h.Lease.Owner},
+		log: r.log.With().Int("partition", h.Lease.Index).Logger(), seen: map[string]struct{}{}, part: h, parent: r,
 		progress: r.workerProgress()}
 }
 
@@ -182,19 +148,6 @@ func (r *Run) partitionLease() time.Duration {
 		return r.leaseFor
 	}
 	return 30 * time.Second
-}
-
-// partitionSpec decides which items one partition holds.
-type partitionSpec[I any] struct {
-	p  checkpoint.Partition
-	by func(I) string
-}
-
-func (s partitionSpec[I]) holds(key string, item I) bool {
-	if s.p.Rule == checkpoint.PartitionHash {
-		return int(checkpoint.PartitionHashOf(s.by(item))%uint64(s.p.Count)) == s.p.Index
-	}
-	return s.p.Holds(key)
 }
 
 // forEachPartitioned is ForEach with Partitions(n > 1): the coordinator
@@ -234,7 +187,7 @@ func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src 
 		if i < 0 {
 			return sum, fmt.Errorf("%w: partition %d of %s of run %s is not recorded", checkpoint.ErrFenced, w.Index, name, r.lease.RunID)
 		}
-		if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: parts[i], by: by}, *w, r.workerClaimedAt); err != nil {
+		if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partition.Spec[I]{P: parts[i], By: by}, *w, r.workerClaimedAt); err != nil {
 			return sum, err
 		}
 		return sum, ErrPartitionWorked
@@ -254,9 +207,9 @@ func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src 
 		r.log.Info().Str(FieldStepID, name).Int("recorded", parts[0].Count).Int("asked", o.partitions).
 			Msg("the step's recorded split stands; it is never recomputed")
 	}
-	specs := map[int]partitionSpec[I]{}
+	specs := map[int]partition.Spec[I]{}
 	for _, p := range parts {
-		specs[p.Index] = partitionSpec[I]{p: p, by: by}
+		specs[p.Index] = partition.Spec[I]{P: p, By: by}
 	}
 	r.log.Info().Str(FieldStepID, name).Int("partitions", len(parts)).Msg("batch step partitioned; working its partitions")
 	if err := coordinate(ctx, r, ps, name, src, fn, o, ot, specs); err != nil {
@@ -310,36 +263,9 @@ func recordedOrSplit[I any](ctx context.Context, r *Run, ps checkpoint.Partition
 		return nil, fmt.Errorf("steps: split batch step %s: %w", name, err)
 	}
 	if by != nil {
-		out := make([]checkpoint.Partition, n)
-		for i := range out {
-			out[i] = checkpoint.Partition{Index: i, Count: n, Rule: checkpoint.PartitionHash, Total: counts[i]}
-		}
-		return out, nil
+		return partition.ByHash(counts), nil
 	}
-	slices.Sort(keys) // bytewise, as stores compare keys
-	keys = slices.Compact(keys)
-	bounds := []string{""}
-	for i := 1; i < n; i++ {
-		b := keys[i*len(keys)/n]
-		if len(keys) > 0 && b > bounds[len(bounds)-1] {
-			bounds = append(bounds, b)
-		}
-	}
-	out := make([]checkpoint.Partition, len(bounds))
-	for i, from := range bounds {
-		p := checkpoint.Partition{Index: i, Count: len(bounds), Rule: checkpoint.PartitionRange, From: from}
-		if i+1 < len(bounds) {
-			p.To = bounds[i+1]
-		}
-		lo, _ := slices.BinarySearch(keys, p.From)
-		hi := len(keys)
-		if p.To != "" {
-			hi, _ = slices.BinarySearch(keys, p.To)
-		}
-		p.Total = int64(hi - lo)
-		out[i] = p
-	}
-	return out, nil
+	return partition.ByRange(keys, n), nil
 }
 
 // coordinate works the step's partitions on goroutines until every one is
@@ -347,7 +273,7 @@ func recordedOrSplit[I any](ctx context.Context, r *Run, ps checkpoint.Partition
 // known gone, waiting while others hold live leases. A failed partition
 // fails the step once the goroutines stopped.
 func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionStore, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
-	o doOptions, ot *openTarget, specs map[int]partitionSpec[I]) error {
+	o doOptions, ot *openTarget, specs map[int]partition.Spec[I]) error {
 	// How often the coordinator looks at partitions others hold: its
 	// join waits at most this long past the last one done.
 	poll := min(r.partitionLease()/10, 200*time.Millisecond)
@@ -383,7 +309,7 @@ func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionSt
 						return
 					}
 					if err == nil {
-						err = workPartition(gctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: p, by: specs[p.Index].by}, pl, claim.Now)
+						err = workPartition(gctx, r, ps, name, src, fn, o, ot, partition.Spec[I]{P: p, By: specs[p.Index].By}, pl, claim.Now)
 					}
 					if errors.Is(err, checkpoint.ErrFenced) && ctx.Err() == nil {
 						r.log.Warn().Str(FieldStepID, name).Int("partition", pl.Index).Err(err).Msg("partition taken over by another runner")
@@ -439,7 +365,7 @@ func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionSt
 					if ok {
 						r.log.Warn().Str(FieldStepID, name).Int("partition", p.Index).Str("previous_owner", checkpoint.OwnerName(p.Owner)).
 							Msg("took over a partition whose runner is gone")
-						if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: np, by: specs[np.Index].by}, pl, c.Now); err != nil &&
+						if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partition.Spec[I]{P: np, By: specs[np.Index].By}, pl, c.Now); err != nil &&
 							!errors.Is(err, checkpoint.ErrFenced) && !errors.Is(err, ErrPartitionLeaseLost) {
 							return err
 						}
@@ -531,18 +457,18 @@ func (r *Run) watchPartitions(ctx context.Context, ps checkpoint.PartitionStore,
 // and the work stops by itself if no renewal succeeds in time. claimedAt
 // is the time read just before the partition's claim was sent.
 func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionStore, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
-	o doOptions, ot *openTarget, spec partitionSpec[I], pl checkpoint.PartitionLease, claimedAt time.Time) error {
-	h := &partHold{ps: ps, lease: pl, leaseFor: r.partitionLease(), renewed: claimedAt}
+	o doOptions, ot *openTarget, spec partition.Spec[I], pl checkpoint.PartitionLease, claimedAt time.Time) error {
+	h := partition.NewHold(ps, pl, r.partitionLease(), claimedAt)
 	pr := r.partitionView(h)
 	// early hands the partition back, as claimed, when its work could
 	// not start (an interruption while reading what it needs).
 	early := func(err error) error {
-		p := spec.p
+		p := spec.P
 		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
 		defer done()
 		rel := checkpoint.PartitionProgress{State: checkpoint.PartitionPending, HighWater: p.HighWater,
 			Done: p.Done, Rejected: p.Rejected, Skipped: p.Skipped, Executed: p.Executed}
-		if eerr := ps.EndPartition(rctx, h.write(r.now()), rel); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
+		if eerr := ps.EndPartition(rctx, h.Write(r.now()), rel); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
 			pr.log.Warn().Err(eerr).Msg("could not release the partition; it is claimable once its lease passes")
 		}
 		return err
@@ -555,24 +481,24 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 		return early(err)
 	}
 	b := &batch[I, O]{r: pr, name: name, fn: fn, opts: o, target: ot, fresh: pl.Fence == 1, ordered: true,
-		resumed: map[string]bool{}, prog: Progress{Step: name, Total: spec.p.Total, StartedAt: r.now()},
-		sourceCheck: sourceCheck[I]{r: pr, name: name, fp: fps, declared: -1, maxKey: maxKey}, part: &spec.p, hwm: spec.p.HighWater}
+		resumed: map[string]bool{}, prog: Progress{Step: name, Total: spec.P.Total, StartedAt: r.now()},
+		sourceCheck: sourceCheck[I]{r: pr, name: name, fp: fps, declared: -1, maxKey: maxKey}, part: &spec.P, hwm: spec.P.HighWater}
 	if ot != nil {
 		b.sum.Target = ot.name
 	}
-	h.progress = b.partitionProgress
+	h.Progress = b.partitionProgress
 	pctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	beat := make(chan struct{})
 	go func() {
 		defer close(beat)
-		heartbeatPartition(pctx, pr, h, stop)
+		partition.Heartbeat(pctx, h, pr.beat(h), stop)
 	}()
 	err = b.workPartition(pctx, src, spec)
 	stop(nil)
 	<-beat
 	end := func(p checkpoint.PartitionProgress) error {
-		return ps.EndPartition(context.WithoutCancel(ctx), h.write(r.now()), p)
+		return ps.EndPartition(context.WithoutCancel(ctx), h.Write(r.now()), p)
 	}
 	prog := b.partitionProgressAt(b.sum)
 	switch {
@@ -599,7 +525,7 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 		// it held until its lease passes).
 		prog.State = checkpoint.PartitionPending
 		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
-		if eerr := ps.EndPartition(rctx, h.write(r.now()), prog); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
+		if eerr := ps.EndPartition(rctx, h.Write(r.now()), prog); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
 			pr.log.Warn().Err(eerr).Msg("could not release the fenced partition; it is claimable once its lease passes")
 		}
 		done()
@@ -610,7 +536,7 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 		// need not wait out its lease.
 		prog.State = checkpoint.PartitionPending
 		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
-		eerr := ps.EndPartition(rctx, h.write(r.now()), prog)
+		eerr := ps.EndPartition(rctx, h.Write(r.now()), prog)
 		done()
 		if eerr != nil {
 			pr.log.Warn().Err(eerr).Msg("could not release the self-fenced partition; it is claimable once its lease passes")
@@ -632,13 +558,13 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 }
 
 // workPartition reads the source and processes the items spec holds.
-func (b *batch[I, O]) workPartition(ctx context.Context, src Source[I], spec partitionSpec[I]) error {
+func (b *batch[I, O]) workPartition(ctx context.Context, src Source[I], spec partition.Spec[I]) error {
 	if b.target != nil && !b.target.same && !b.fresh {
 		if err := b.resumePlanned(context.WithoutCancel(ctx)); err != nil {
 			return err
 		}
 	}
-	return b.fill(ctx, src, spec.holds)
+	return b.fill(ctx, src, spec.Holds)
 }
 
 // partitionProgress is what the partition's chunk transaction records:
@@ -671,84 +597,14 @@ func (b *batch[I, O]) partitionProgressAt(s BatchSummary) checkpoint.PartitionPr
 // the run's fence: the partition and its fence.
 func (b *batch[I, O]) partitionEffectTag() string {
 	h := b.r.part
-	return fmt.Sprintf("p%d.%d", h.lease.Index, h.lease.Fence)
+	return fmt.Sprintf("p%d.%d", h.Lease.Index, h.Lease.Fence)
 }
 
-// heartbeatPartition renews the partition's lease every third of its
-// length, through the run's clock, until ctx ends. A renewal refused with
-// checkpoint.ErrFenced (another runner claimed the partition) stops the
-// work at once with that error. Any other failure is retried, an eighth of
-// the interval later, doubling; if no renewal (a heartbeat or a chunk's
-// commit) succeeded by the lease's known expiry less the self-fence
-// margin, the work is stopped with a *PartitionLeaseLostError. Each
-// heartbeat's call is bounded by the self-fence time too, so a hung
-// connection cannot hold the check up.
-func heartbeatPartition(ctx context.Context, pr *Run, h *partHold, stop context.CancelCauseFunc) {
-	interval, margin := h.leaseFor/3, pr.fenceAhead
-	next := h.expiry().Add(-h.leaseFor).Add(interval)
-	var (
-		failures int
-		lastErr  error
-	)
-	for {
-		expiry := h.expiry()
-		if r := expiry.Add(interval - h.leaseFor); r.After(next) {
-			next = r // a chunk's commit renewed the lease: no heartbeat needed before then
-		}
-		fenceAt := expiry.Add(-margin)
-		now := pr.now()
-		if wake := minTime(next, fenceAt); now.Before(wake) {
-			if pr.sleep(ctx, wake.Sub(now)) != nil {
-				return
-			}
-			now = pr.now()
-			if e := h.expiry(); e.After(expiry) {
-				continue // a chunk's commit renewed it meanwhile
-			}
-		}
-		if !now.Before(fenceAt) {
-			pr.log.Error().AnErr("heartbeat_error", lastErr).Int("failures", failures).Time("lease_expires", expiry).
-				Msg("the partition's lease could not be renewed in time: its holder stops working it (self-fenced) " +
-					"and calls no outside system; any runner may claim it once the lease passes")
-			stop(&PartitionLeaseLostError{RunID: h.lease.RunID, Step: h.lease.Step, Index: h.lease.Index, Fence: h.lease.Fence,
-				Expiry: expiry, Margin: margin, Failures: failures, LastErr: lastErr})
-			return
-		}
-		if now.Before(next) {
-			continue
-		}
-		callCtx, done := context.WithTimeout(ctx, min(interval, fenceAt.Sub(now)))
-		err := h.ps.HeartbeatPartition(callCtx, h.lease, now, h.leaseFor)
-		done()
-		if ctx.Err() != nil {
-			return
-		}
-		switch {
-		case err == nil:
-			if failures > 0 {
-				pr.log.Info().Int("failures", failures).Msg("the partition's heartbeat renewed its lease again")
-			}
-			h.renewedAt(now)
-			next, failures, lastErr = now.Add(interval), 0, nil
-		case errors.Is(err, checkpoint.ErrFenced):
-			stop(err)
-			return
-		default:
-			failures, lastErr = failures+1, err
-			d := interval / 8
-			for i := 1; i < failures && d < interval; i++ {
-				d *= 2
-			}
-			next = now.Add(min(d, interval))
-			pr.log.Warn().Err(err).Int("failures", failures).Time("self_fence_at", fenceAt).
-				Msg("the partition's heartbeat failed; retrying until its lease is nearly out")
-		}
-	}
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
+// beat is what the heartbeat of the partition h pr works needs of pr.
+func (pr *Run) beat(h *partition.Hold) partition.Beat {
+	return partition.Beat{Now: pr.now, Sleep: pr.sleep, Log: &pr.log, Margin: pr.fenceAhead,
+		Lost: func(expiry time.Time, failures int, lastErr error) error {
+			return &PartitionLeaseLostError{RunID: h.Lease.RunID, Step: h.Lease.Step, Index: h.Lease.Index, Fence: h.Lease.Fence,
+				Expiry: expiry, Margin: pr.fenceAhead, Failures: failures, LastErr: lastErr}
+		}}
 }

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/steps/internal/partition"
 )
 
 // Config says which run an attempt works on. The runner fills it in after
@@ -148,7 +149,7 @@ type Run struct {
 	// part, in a view of the run that works one partition (the
 	// coordinator's goroutines and workers), fences its writes by the
 	// partition; parent is the attempt's own Run, which counts.
-	part   *partHold
+	part   *partition.Hold
 	parent *Run
 }
 
@@ -352,12 +353,7 @@ func (r *Run) count(f func(*Stats)) {
 // and extending its lease).
 func (r *Run) inTx(ctx context.Context, fn func(checkpoint.Tx) error) error {
 	if h := r.part; h != nil {
-		now := r.now()
-		err := h.ps.InPartitionTx(ctx, h.write(now), fn)
-		if err == nil {
-			h.renewedAt(now)
-		}
-		return err
+		return h.InTx(ctx, r.now(), fn)
 	}
 	return r.runTx(ctx, fn)
 }
