@@ -39,9 +39,8 @@ func ByRange(keys []string, n int) []checkpoint.Partition {
 	slices.Sort(keys) // bytewise, as stores compare keys
 	keys = slices.Compact(keys)
 	bounds := []string{""}
-	for i := 1; i < n; i++ {
-		b := keys[i*len(keys)/n]
-		if len(keys) > 0 && b > bounds[len(bounds)-1] {
+	for i := 1; i < n && len(keys) > 0; i++ {
+		if b := keys[i*len(keys)/n]; b > bounds[len(bounds)-1] {
 			bounds = append(bounds, b)
 		}
 	}

@@ -29,6 +29,10 @@ func TestByRangeOfFewKeysMakesFewerPartitions(t *testing.T) {
 	if got := ByRange([]string{"a", "a"}, 4); len(got) != 2 || got[0].Total != 0 || got[1].Total != 1 || got[1].From != "a" {
 		t.Errorf("one distinct key in 4: %+v, want [\"\", a) empty and [a, ...) of 1 item", got)
 	}
+	// An empty source still gets its one (empty) partition.
+	if got := ByRange(nil, 4); len(got) != 1 || got[0].Total != 0 {
+		t.Errorf("no keys in 4: %+v, want one empty partition", got)
+	}
 }
 
 func TestByHashAndSpecAgree(t *testing.T) {
