@@ -103,71 +103,22 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 	if done && !(r.retrySkipped && sum.Skipped > 0) {
 		return sum, nil
 	}
-	if o.chunkSize <= 0 {
-		o.chunkSize = DefaultChunkSize
+	if err := o.checkChunkSize(name); err != nil {
+		return sum, err
 	}
-	if o.chunkSize > MaxChunkSize {
-		return sum, fmt.Errorf("steps: batch step %s: ChunkSize(%d) is over the limit of %d", name, o.chunkSize, MaxChunkSize)
-	}
-	fps := newFingerprinter(name, src.input)
-	// A step is fresh when no item of it is recorded yet: then a source with
-	// ascending keys needs no read-back at all. Decided from the items
-	// themselves, not from the step's own checkpoint, which a reopened or
-	// interrupted step may lack. The same query finds the greatest
-	// recorded key.
-	fresh, maxKey := true, ""
-	err = r.store.Items(ctx, checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, KeysOnly: true, Limit: 1, Last: true},
-		func(it checkpoint.Item) error { fresh, maxKey = false, it.Key; return nil })
+	b, err := newBatch(ctx, r, name, src, fn, o)
 	if err != nil {
 		return sum, err
 	}
-	b := &batch[I, O]{r: r, name: name, fn: fn, opts: o, fresh: fresh, lastKey: "", ordered: true,
-		resumed: map[string]bool{}, prog: Progress{Step: name, Total: src.total, StartedAt: r.now()},
-		sourceCheck: sourceCheck[I]{r: r, name: name, fp: fps, ascending: src.ascending, declared: src.total, maxKey: maxKey}}
 	if done {
 		cp = checkpoint.Step{ID: name, InputHash: cp.InputHash, Tries: cp.Tries + 1, StartedAt: r.now()}
 	}
-	if o.target != nil {
-		if b.target, err = r.target(ctx, *o.target); err != nil {
-			return sum, err
-		}
-		b.sum.Target = b.target.name
+	if err := b.prepare(ctx); err != nil {
+		return sum, err
 	}
-	if !r.dryRun && !b.fresh && b.target != nil && !b.target.same {
-		if err := b.resumePlanned(context.WithoutCancel(ctx)); err != nil {
-			return sum, err
-		}
-	}
-	if !b.fresh {
-		// How many items earlier attempts recorded: the source must yield
-		// each of them again, and at most its declared total in all.
-		counts, err := r.store.ItemCounts(ctx, r.lease.RunID)
-		if err != nil {
-			return sum, err
-		}
-		for _, c := range counts {
-			if c.Step == name {
-				b.before += c.Count
-			}
-		}
-	}
-	head := cp
-	if !r.dryRun {
-		head.Status, head.FinishedAt = checkpoint.StepRunning, r.now()
-		head.Output, _ = json.Marshal(BatchSummary{Total: src.total, Target: b.sum.Target})
-		// A step reopened to retry its skipped items swaps its finished
-		// checkpoint for the running one in one transaction.
-		err := r.inTx(ctx, func(tx checkpoint.Tx) error {
-			if done {
-				if err := tx.ResetStep(name); err != nil {
-					return err
-				}
-			}
-			return tx.PutStep(head)
-		})
-		if err != nil {
-			return sum, fmt.Errorf("steps: start batch step %s: %w", name, err)
-		}
+	head, err := b.begin(ctx, cp, done, src.total)
+	if err != nil {
+		return sum, err
 	}
 	if err := b.fill(ctx, src, nil); err != nil {
 		return b.sum, b.stopped(ctx, head, err)
@@ -177,22 +128,118 @@ func ForEach[I, O any](ctx context.Context, r *Run, name string, src Source[I], 
 	}
 	b.prog.Final = true // the source is exhausted: this is the last report
 	b.report()
-	ctx = context.WithoutCancel(ctx)
+	err = b.finish(context.WithoutCancel(ctx), cp)
+	return b.sum, err
+}
+
+// checkChunkSize defaults the chunk size and refuses one over the limit.
+func (o *doOptions) checkChunkSize(name string) error {
+	if o.chunkSize <= 0 {
+		o.chunkSize = DefaultChunkSize
+	}
+	if o.chunkSize > MaxChunkSize {
+		return fmt.Errorf("steps: batch step %s: ChunkSize(%d) is over the limit of %d", name, o.chunkSize, MaxChunkSize)
+	}
+	return nil
+}
+
+// newBatch is the state of one (unpartitioned) ForEach, knowing whether
+// earlier attempts recorded items of the step and its greatest key.
+func newBatch[I, O any](ctx context.Context, r *Run, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error), o doOptions) (*batch[I, O], error) {
+	// A step is fresh when no item of it is recorded yet: then a source with
+	// ascending keys needs no read-back at all. Decided from the items
+	// themselves, not from the step's own checkpoint, which a reopened or
+	// interrupted step may lack. The same query finds the greatest
+	// recorded key.
+	fresh, maxKey := true, ""
+	err := r.store.Items(ctx, checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, KeysOnly: true, Limit: 1, Last: true},
+		func(it checkpoint.Item) error { fresh, maxKey = false, it.Key; return nil })
+	if err != nil {
+		return nil, err
+	}
+	b := &batch[I, O]{r: r, name: name, fn: fn, opts: o, fresh: fresh, lastKey: "", ordered: true,
+		resumed: map[string]bool{}, prog: Progress{Step: name, Total: src.total, StartedAt: r.now()},
+		sourceCheck: sourceCheck[I]{r: r, name: name, fp: newFingerprinter(name, src.input), ascending: src.ascending,
+			declared: src.total, maxKey: maxKey}}
+	return b, nil
+}
+
+// prepare opens the step's target, finishes the chunk plans earlier
+// attempts left, and counts the items they recorded.
+func (b *batch[I, O]) prepare(ctx context.Context) error {
+	r := b.r
+	if t := b.opts.target; t != nil {
+		var err error
+		if b.target, err = r.target(ctx, *t); err != nil {
+			return err
+		}
+		b.sum.Target = b.target.name
+	}
+	if !r.dryRun && !b.fresh && b.target != nil && !b.target.same {
+		if err := b.resumePlanned(context.WithoutCancel(ctx)); err != nil {
+			return err
+		}
+	}
+	if !b.fresh {
+		// How many items earlier attempts recorded: the source must yield
+		// each of them again, and at most its declared total in all.
+		counts, err := r.store.ItemCounts(ctx, r.lease.RunID)
+		if err != nil {
+			return err
+		}
+		for _, c := range counts {
+			if c.Step == b.name {
+				b.before += c.Count
+			}
+		}
+	}
+	return nil
+}
+
+// begin records the step running (cp, its summary empty but for the
+// source's declared total) and returns that checkpoint. A step reopened
+// (done) to retry its skipped items swaps its finished checkpoint for the
+// running one in one transaction.
+func (b *batch[I, O]) begin(ctx context.Context, cp checkpoint.Step, done bool, total int64) (checkpoint.Step, error) {
+	head := cp
+	if b.r.dryRun {
+		return head, nil
+	}
+	head.Status, head.FinishedAt = checkpoint.StepRunning, b.r.now()
+	head.Output, _ = json.Marshal(BatchSummary{Total: total, Target: b.sum.Target})
+	err := b.r.inTx(ctx, func(tx checkpoint.Tx) error {
+		if done {
+			if err := tx.ResetStep(b.name); err != nil {
+				return err
+			}
+		}
+		return tx.PutStep(head)
+	})
+	if err != nil {
+		return head, fmt.Errorf("steps: start batch step %s: %w", b.name, err)
+	}
+	return head, nil
+}
+
+// finish records the step completed (cp) with its summary.
+func (b *batch[I, O]) finish(ctx context.Context, cp checkpoint.Step) error {
+	r := b.r
 	b.sum.Total = b.sum.Completed + b.sum.Rejected + b.sum.Skipped
 	cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
+	var err error
 	if cp.Output, err = json.Marshal(b.sum); err != nil {
-		return b.sum, err
+		return err
 	}
 	if !r.dryRun {
 		if err := r.inTx(ctx, func(tx checkpoint.Tx) error { return tx.PutStep(cp) }); err != nil {
-			return b.sum, fmt.Errorf("steps: finish batch step %s: %w", name, err)
+			return fmt.Errorf("steps: finish batch step %s: %w", b.name, err)
 		}
 	}
 	r.count(func(s *Stats) { s.Executed++ })
-	r.log.Info().Str(FieldStepID, name).Int64("completed", b.sum.Completed).Int64("rejected", b.sum.Rejected).
+	r.log.Info().Str(FieldStepID, b.name).Int64("completed", b.sum.Completed).Int64("rejected", b.sum.Rejected).
 		Int64("skipped", b.sum.Skipped).Int64("executed", b.sum.Executed).Float64(FieldTookSeconds, cp.FinishedAt.Sub(cp.StartedAt).Seconds()).
 		Msg("batch step completed")
-	return b.sum, nil
+	return nil
 }
 
 // stopped records, when the step stops before its end (interrupted,

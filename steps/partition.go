@@ -157,11 +157,8 @@ func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src 
 	var sum BatchSummary
 	var ps checkpoint.PartitionStore = r.store
 	by := src.by
-	if o.chunkSize <= 0 {
-		o.chunkSize = DefaultChunkSize
-	}
-	if o.chunkSize > MaxChunkSize {
-		return sum, fmt.Errorf("steps: batch step %s: ChunkSize(%d) is over the limit of %d", name, o.chunkSize, MaxChunkSize)
+	if err := o.checkChunkSize(name); err != nil {
+		return sum, err
 	}
 	var ot *openTarget
 	if o.target != nil {
