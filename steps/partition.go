@@ -150,23 +150,38 @@ func (r *Run) partitionLease() time.Duration {
 	return 30 * time.Second
 }
 
+// partitioned is one partitioned ForEach: what the work of each of its
+// partitions shares.
+type partitioned[I, O any] struct {
+	r    *Run
+	ps   checkpoint.PartitionStore
+	name string
+	src  Source[I]
+	fn   func(context.Context, I, *Effects) (O, error)
+	o    doOptions
+	ot   *openTarget // the step's target, opened once; nil without one
+}
+
+// spec is which items the partition p holds.
+func (pt *partitioned[I, O]) spec(p checkpoint.Partition) partition.Spec[I] {
+	return partition.Spec[I]{P: p, By: pt.src.by}
+}
+
 // forEachPartitioned is ForEach with Partitions(n > 1): the coordinator
 // (the run's owner) or, in a partition worker's replay, that partition.
 func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
 	o doOptions, cp checkpoint.Step, done bool) (BatchSummary, error) {
 	var sum BatchSummary
-	var ps checkpoint.PartitionStore = r.store
-	by := src.by
 	if err := o.checkChunkSize(name); err != nil {
 		return sum, err
 	}
-	var ot *openTarget
+	pt := &partitioned[I, O]{r: r, ps: r.store, name: name, src: src, fn: fn, o: o}
 	if o.target != nil {
 		var err error
-		if ot, err = r.target(ctx, *o.target); err != nil {
+		if pt.ot, err = r.target(ctx, *o.target); err != nil {
 			return sum, err
 		}
-		sum.Target = ot.name
+		sum.Target = pt.ot.name
 	}
 	if done {
 		if r.worker != nil {
@@ -174,45 +189,69 @@ func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src 
 		}
 		return sum, nil // a finished partitioned step is not reopened (RetrySkipped)
 	}
-	if w := r.worker; w != nil {
-		// A worker's replay: its one partition, then stop the job here.
-		parts, err := ps.Partitions(ctx, r.lease.RunID, name)
-		if err != nil {
-			return sum, err
-		}
-		i := slices.IndexFunc(parts, func(p checkpoint.Partition) bool { return p.Index == w.Index })
-		if i < 0 {
-			return sum, fmt.Errorf("%w: partition %d of %s of run %s is not recorded", checkpoint.ErrFenced, w.Index, name, r.lease.RunID)
-		}
-		if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partition.Spec[I]{P: parts[i], By: by}, *w, r.workerClaimedAt); err != nil {
-			return sum, err
-		}
-		return sum, ErrPartitionWorked
+	if r.worker != nil {
+		return sum, pt.workerReplay(ctx)
 	}
-	split, err := recordedOrSplit(ctx, r, ps, name, src, o.partitions, by)
+	specs, err := pt.start(ctx, cp, sum.Target)
 	if err != nil {
 		return sum, err
 	}
+	if err := pt.coordinate(ctx, specs); err != nil {
+		return sum, err
+	}
+	return pt.finish(context.WithoutCancel(ctx), cp, sum)
+}
+
+// workerReplay works, in a partition worker's replay, its one partition,
+// and then stops the job there (ErrPartitionWorked).
+func (pt *partitioned[I, O]) workerReplay(ctx context.Context) error {
+	r, w := pt.r, pt.r.worker
+	parts, err := pt.ps.Partitions(ctx, r.lease.RunID, pt.name)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(parts, func(p checkpoint.Partition) bool { return p.Index == w.Index })
+	if i < 0 {
+		return fmt.Errorf("%w: partition %d of %s of run %s is not recorded", checkpoint.ErrFenced, w.Index, pt.name, r.lease.RunID)
+	}
+	if err := pt.work(ctx, pt.spec(parts[i]), *w, r.workerClaimedAt); err != nil {
+		return err
+	}
+	return ErrPartitionWorked
+}
+
+// start records the step running with its partitions (split now, or as
+// recorded before) and returns which items each holds, by index.
+func (pt *partitioned[I, O]) start(ctx context.Context, cp checkpoint.Step, target string) (map[int]partition.Spec[I], error) {
+	r, name := pt.r, pt.name
+	split, err := recordedOrSplit(ctx, r, pt.ps, name, pt.src, pt.o.partitions, pt.src.by)
+	if err != nil {
+		return nil, err
+	}
 	head := cp
 	head.Status, head.FinishedAt = checkpoint.StepRunning, r.now()
-	head.Output, _ = json.Marshal(BatchSummary{Total: src.total, Target: sum.Target})
-	parts, err := ps.StartPartitioned(ctx, r.lease, head, split)
+	head.Output, _ = json.Marshal(BatchSummary{Total: pt.src.total, Target: target})
+	parts, err := pt.ps.StartPartitioned(ctx, r.lease, head, split)
 	if err != nil {
-		return sum, fmt.Errorf("steps: start batch step %s: %w", name, err)
+		return nil, fmt.Errorf("steps: start batch step %s: %w", name, err)
 	}
-	if len(parts) > 0 && len(split) > 0 && parts[0].Count != o.partitions {
-		r.log.Info().Str(FieldStepID, name).Int("recorded", parts[0].Count).Int("asked", o.partitions).
+	if len(parts) > 0 && len(split) > 0 && parts[0].Count != pt.o.partitions {
+		r.log.Info().Str(FieldStepID, name).Int("recorded", parts[0].Count).Int("asked", pt.o.partitions).
 			Msg("the step's recorded split stands; it is never recomputed")
 	}
 	specs := map[int]partition.Spec[I]{}
 	for _, p := range parts {
-		specs[p.Index] = partition.Spec[I]{P: p, By: by}
+		specs[p.Index] = pt.spec(p)
 	}
 	r.log.Info().Str(FieldStepID, name).Int("partitions", len(parts)).Msg("batch step partitioned; working its partitions")
-	if err := coordinate(ctx, r, ps, name, src, fn, o, ot, specs); err != nil {
-		return sum, err
-	}
-	parts, err = ps.Partitions(ctx, r.lease.RunID, name)
+	return specs, nil
+}
+
+// finish records the step completed once every partition is done, its
+// summary the partitions' counters summed.
+func (pt *partitioned[I, O]) finish(ctx context.Context, cp checkpoint.Step, sum BatchSummary) (BatchSummary, error) {
+	r, name := pt.r, pt.name
+	parts, err := pt.ps.Partitions(ctx, r.lease.RunID, name)
 	if err != nil {
 		return sum, err
 	}
@@ -223,7 +262,6 @@ func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src 
 		sum.Executed += p.Executed
 	}
 	sum.Total = sum.Completed + sum.Rejected + sum.Skipped
-	ctx = context.WithoutCancel(ctx)
 	cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
 	if cp.Output, err = json.Marshal(sum); err != nil {
 		return sum, err
@@ -269,111 +307,28 @@ func recordedOrSplit[I any](ctx context.Context, r *Run, ps checkpoint.Partition
 // done: it claims pending and lease-expired ones, and those whose holder is
 // known gone, waiting while others hold live leases. A failed partition
 // fails the step once the goroutines stopped.
-func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionStore, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
-	o doOptions, ot *openTarget, specs map[int]partition.Spec[I]) error {
+func (pt *partitioned[I, O]) coordinate(ctx context.Context, specs map[int]partition.Spec[I]) error {
+	r, name := pt.r, pt.name
 	// How often the coordinator looks at partitions others hold: its
 	// join waits at most this long past the last one done.
 	poll := min(r.partitionLease()/10, 200*time.Millisecond)
-	finish := r.watchPartitions(ctx, ps, name, partitionProgressEvery)
+	finish := r.watchPartitions(ctx, pt.ps, name, partitionProgressEvery)
 	defer finish(false)
+	claim := checkpoint.PartitionClaim{RunID: r.lease.RunID, Step: name, Owner: r.lease.Owner, LeaseFor: r.partitionLease()}
 	for {
-		gctx, cancel := context.WithCancelCause(ctx)
-		var (
-			wg    sync.WaitGroup
-			mu    sync.Mutex
-			first error
-		)
-		claim := checkpoint.PartitionClaim{RunID: r.lease.RunID, Step: name, Owner: r.lease.Owner, LeaseFor: r.partitionLease()}
 		slots := len(specs)
 		if r.partSlots > 0 && r.partSlots < slots {
 			slots = r.partSlots
 		}
-		for range slots {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for gctx.Err() == nil {
-					claim := claim
-					claim.Now = r.now()
-					// Not cut short by gctx: a claim the server made
-					// but whose answer was lost would leave the
-					// partition held until its lease passed; claimed,
-					// it is handed back at once if gctx ended.
-					cctx, done := context.WithTimeout(context.WithoutCancel(gctx), r.partitionLease())
-					p, pl, ok, err := ps.ClaimPartition(cctx, claim)
-					done()
-					if err == nil && !ok {
-						return
-					}
-					if err == nil {
-						err = workPartition(gctx, r, ps, name, src, fn, o, ot, partition.Spec[I]{P: p, By: specs[p.Index].By}, pl, claim.Now)
-					}
-					if errors.Is(err, checkpoint.ErrFenced) && ctx.Err() == nil {
-						r.log.Warn().Str(FieldStepID, name).Int("partition", pl.Index).Err(err).Msg("partition taken over by another runner")
-						continue
-					}
-					if errors.Is(err, ErrPartitionLeaseLost) && ctx.Err() == nil {
-						// Claimable again once its lease passes, by this
-						// runner too: the next claim finds it then.
-						if r.sleep(gctx, min(r.partitionLease()/10, time.Second)) != nil {
-							return
-						}
-						continue
-					}
-					if err != nil {
-						mu.Lock()
-						if first == nil {
-							first = err
-						}
-						mu.Unlock()
-						cancel(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		cancel(nil)
-		if first != nil {
-			return first
+		if err := pt.workSlots(ctx, claim, slots); err != nil {
+			return err
 		}
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("%w in batch step %s: %w", ErrInterrupted, name, context.Cause(ctx))
 		}
-		parts, err := ps.Partitions(ctx, r.lease.RunID, name)
+		left, err := pt.review(ctx, claim)
 		if err != nil {
 			return err
-		}
-		var failed []string
-		left := 0
-		for _, p := range parts {
-			switch p.State {
-			case checkpoint.PartitionFailed:
-				failed = append(failed, fmt.Sprintf("partition %d: %s", p.Index, p.Error))
-			case checkpoint.PartitionRunning:
-				left++
-				if r.ownerGone != nil && p.Owner != r.lease.Owner && r.ownerGone(p.Owner) {
-					c := claim
-					c.Now, c.Index, c.AtFence = r.now(), p.Index, p.Fence
-					np, pl, ok, err := ps.ClaimPartition(ctx, c)
-					if err != nil {
-						return err
-					}
-					if ok {
-						r.log.Warn().Str(FieldStepID, name).Int("partition", p.Index).Str("previous_owner", checkpoint.OwnerName(p.Owner)).
-							Msg("took over a partition whose runner is gone")
-						if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partition.Spec[I]{P: np, By: specs[np.Index].By}, pl, c.Now); err != nil &&
-							!errors.Is(err, checkpoint.ErrFenced) && !errors.Is(err, ErrPartitionLeaseLost) {
-							return err
-						}
-					}
-				}
-			case checkpoint.PartitionPending:
-				left++
-			}
-		}
-		if len(failed) > 0 {
-			return &StepError{RunID: r.lease.RunID, Step: name, Err: fmt.Errorf("%d of %d partitions failed: %s", len(failed), len(parts), strings.Join(failed, "; "))}
 		}
 		if left == 0 {
 			finish(true)
@@ -383,6 +338,122 @@ func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionSt
 			return fmt.Errorf("%w in batch step %s: %w", ErrInterrupted, name, err)
 		}
 	}
+}
+
+// workSlots claims and works partitions on slots goroutines until none is
+// left to claim, and returns the first failure (which stops the others).
+func (pt *partitioned[I, O]) workSlots(ctx context.Context, claim checkpoint.PartitionClaim, slots int) error {
+	gctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	for range slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := pt.claimAndWork(ctx, gctx, claim); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+				cancel(err)
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// claimAndWork is one slot: it claims a partition and works it, again,
+// until no partition is left to claim or gctx ends. A partition taken over
+// by another runner, or given up by its self-fenced holder, is not a
+// failure: the slot claims the next.
+func (pt *partitioned[I, O]) claimAndWork(ctx, gctx context.Context, claim checkpoint.PartitionClaim) error {
+	r, name := pt.r, pt.name
+	for gctx.Err() == nil {
+		claim.Now = r.now()
+		// Not cut short by gctx: a claim the server made but whose answer
+		// was lost would leave the partition held until its lease passed;
+		// claimed, it is handed back at once if gctx ended.
+		cctx, done := context.WithTimeout(context.WithoutCancel(gctx), r.partitionLease())
+		p, pl, ok, err := pt.ps.ClaimPartition(cctx, claim)
+		done()
+		if err == nil && !ok {
+			return nil
+		}
+		if err == nil {
+			err = pt.work(gctx, pt.spec(p), pl, claim.Now)
+		}
+		if errors.Is(err, checkpoint.ErrFenced) && ctx.Err() == nil {
+			r.log.Warn().Str(FieldStepID, name).Int("partition", pl.Index).Err(err).Msg("partition taken over by another runner")
+			continue
+		}
+		if errors.Is(err, ErrPartitionLeaseLost) && ctx.Err() == nil {
+			// Claimable again once its lease passes, by this runner too:
+			// the next claim finds it then.
+			if r.sleep(gctx, min(r.partitionLease()/10, time.Second)) != nil {
+				return nil
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// review reads the step's partitions once the slots found none to claim:
+// how many are left (running elsewhere, or pending), working at once any
+// whose holder is known gone; a failed partition fails the step.
+func (pt *partitioned[I, O]) review(ctx context.Context, claim checkpoint.PartitionClaim) (left int, err error) {
+	r, name := pt.r, pt.name
+	parts, err := pt.ps.Partitions(ctx, r.lease.RunID, name)
+	if err != nil {
+		return 0, err
+	}
+	var failed []string
+	for _, p := range parts {
+		switch p.State {
+		case checkpoint.PartitionFailed:
+			failed = append(failed, fmt.Sprintf("partition %d: %s", p.Index, p.Error))
+		case checkpoint.PartitionRunning:
+			left++
+			if r.ownerGone != nil && p.Owner != r.lease.Owner && r.ownerGone(p.Owner) {
+				if err := pt.takeOver(ctx, claim, p); err != nil {
+					return 0, err
+				}
+			}
+		case checkpoint.PartitionPending:
+			left++
+		}
+	}
+	if len(failed) > 0 {
+		return 0, &StepError{RunID: r.lease.RunID, Step: name, Err: fmt.Errorf("%d of %d partitions failed: %s", len(failed), len(parts), strings.Join(failed, "; "))}
+	}
+	return left, nil
+}
+
+// takeOver claims, at its fence, the partition p whose holder is known
+// gone, and works it.
+func (pt *partitioned[I, O]) takeOver(ctx context.Context, claim checkpoint.PartitionClaim, p checkpoint.Partition) error {
+	r := pt.r
+	c := claim
+	c.Now, c.Index, c.AtFence = r.now(), p.Index, p.Fence
+	np, pl, ok, err := pt.ps.ClaimPartition(ctx, c)
+	if err != nil || !ok {
+		return err
+	}
+	r.log.Warn().Str(FieldStepID, pt.name).Int("partition", p.Index).Str("previous_owner", checkpoint.OwnerName(p.Owner)).
+		Msg("took over a partition whose runner is gone")
+	if err := pt.work(ctx, pt.spec(np), pl, c.Now); err != nil && !errors.Is(err, checkpoint.ErrFenced) && !errors.Is(err, ErrPartitionLeaseLost) {
+		return err
+	}
+	return nil
 }
 
 // partitionProgressEvery is how often the run's owner reports a
@@ -447,41 +518,28 @@ func (r *Run) watchPartitions(ctx context.Context, ps checkpoint.PartitionStore,
 	}
 }
 
-// workPartition processes the items of one claimed partition, a chunk at a
+// work processes the items of one claimed partition, a chunk at a
 // time, each chunk fenced by the partition, and records it done; an item
 // failure records it failed, an interruption releases it. The partition's
-// lease is renewed every third of its length meanwhile (heartbeatPartition),
+// lease is renewed every third of its length meanwhile (partition.Heartbeat),
 // and the work stops by itself if no renewal succeeds in time. claimedAt
 // is the time read just before the partition's claim was sent.
-func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionStore, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
-	o doOptions, ot *openTarget, spec partition.Spec[I], pl checkpoint.PartitionLease, claimedAt time.Time) error {
-	h := partition.NewHold(ps, pl, r.partitionLease(), claimedAt)
+func (pt *partitioned[I, O]) work(ctx context.Context, spec partition.Spec[I], pl checkpoint.PartitionLease, claimedAt time.Time) error {
+	r, name := pt.r, pt.name
+	h := partition.NewHold(pt.ps, pl, r.partitionLease(), claimedAt)
 	pr := r.partitionView(h)
-	// early hands the partition back, as claimed, when its work could
-	// not start (an interruption while reading what it needs).
-	early := func(err error) error {
-		p := spec.P
-		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
-		defer done()
-		rel := checkpoint.PartitionProgress{State: checkpoint.PartitionPending, HighWater: p.HighWater,
-			Done: p.Done, Rejected: p.Rejected, Skipped: p.Skipped, Executed: p.Executed}
-		if eerr := ps.EndPartition(rctx, h.Write(r.now()), rel); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
-			pr.log.Warn().Err(eerr).Msg("could not release the partition; it is claimable once its lease passes")
-		}
-		return err
-	}
-	fps := newFingerprinter(name, src.input)
 	maxKey := ""
 	err := r.store.Items(ctx, checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, KeysOnly: true, Limit: 1, Last: true},
 		func(it checkpoint.Item) error { maxKey = it.Key; return nil })
 	if err != nil {
-		return early(err)
+		return pt.release(ctx, pr, h, spec.P, err)
 	}
-	b := &batch[I, O]{r: pr, name: name, fn: fn, opts: o, target: ot, fresh: pl.Fence == 1, ordered: true,
+	b := &batch[I, O]{r: pr, name: name, fn: pt.fn, opts: pt.o, target: pt.ot, fresh: pl.Fence == 1, ordered: true,
 		resumed: map[string]bool{}, prog: Progress{Step: name, Total: spec.P.Total, StartedAt: r.now()},
-		sourceCheck: sourceCheck[I]{r: pr, name: name, fp: fps, declared: -1, maxKey: maxKey}, part: &spec.P, hwm: spec.P.HighWater}
-	if ot != nil {
-		b.sum.Target = ot.name
+		sourceCheck: sourceCheck[I]{r: pr, name: name, fp: newFingerprinter(name, pt.src.input), declared: -1, maxKey: maxKey},
+		part:        &spec.P, hwm: spec.P.HighWater}
+	if pt.ot != nil {
+		b.sum.Target = pt.ot.name
 	}
 	h.Progress = b.partitionProgress
 	pctx, stop := context.WithCancelCause(ctx)
@@ -491,9 +549,31 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 		defer close(beat)
 		partition.Heartbeat(pctx, h, pr.beat(h), stop)
 	}()
-	err = b.workPartition(pctx, src, spec)
+	err = b.workPartition(pctx, pt.src, spec)
 	stop(nil)
 	<-beat
+	return pt.end(ctx, pctx, h, b, err)
+}
+
+// release hands the partition p back, as claimed, when its work could not
+// start (an interruption while reading what it needs), and returns err.
+func (pt *partitioned[I, O]) release(ctx context.Context, pr *Run, h *partition.Hold, p checkpoint.Partition, err error) error {
+	r := pt.r
+	rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
+	defer done()
+	rel := checkpoint.PartitionProgress{State: checkpoint.PartitionPending, HighWater: p.HighWater,
+		Done: p.Done, Rejected: p.Rejected, Skipped: p.Skipped, Executed: p.Executed}
+	if eerr := pt.ps.EndPartition(rctx, h.Write(r.now()), rel); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
+		pr.log.Warn().Err(eerr).Msg("could not release the partition; it is claimable once its lease passes")
+	}
+	return err
+}
+
+// end records how the work of the partition b worked ended (err; pctx's
+// cause, if the heartbeat stopped it): done, handed back (fenced,
+// self-fenced, interrupted) or failed.
+func (pt *partitioned[I, O]) end(ctx, pctx context.Context, h *partition.Hold, b *batch[I, O], err error) error {
+	r, ps, pr, name, pl := pt.r, pt.ps, b.r, pt.name, h.Lease
 	end := func(p checkpoint.PartitionProgress) error {
 		return ps.EndPartition(context.WithoutCancel(ctx), h.Write(r.now()), p)
 	}
