@@ -124,94 +124,12 @@ func AddInt64(a, b int64) (int64, bool) {
 // key's expected version is its current version; unchanged keys produce no
 // write.
 func Plan(current map[string]checkpoint.State, groups ...[]Op) (Result, error) {
-	// Each key read is an entry of accs, found by idx; a group's values
-	// are pending until it ends, in first-touch order. A chunk plans
-	// thousands of small groups, so nothing is allocated per group or per
-	// operation: pending is reused, searched linearly in a small group
-	// and through pendingAt in a large one.
-	type acc struct {
-		key     string
-		value   int64
-		touched bool
-	}
-	type pend struct {
-		at    int
-		value int64
-	}
-	const smallGroup = 16
-	idx := make(map[string]int, len(current))
-	accs := make([]acc, 0, len(current))
-	var order []int
-	var pending []pend
-	var pendingAt map[int]int // acc index -> pending index, in a large group
+	p := &planner{current: current, idx: make(map[string]int, len(current)), accs: make([]acc, 0, len(current))}
 	res := Result{}
 	for gi, ops := range groups {
-		pending = pending[:0]
-		large := len(ops) > smallGroup
-		if large {
-			if pendingAt == nil {
-				pendingAt = make(map[int]int, len(ops))
-			}
-			clear(pendingAt)
-		}
-		var rejected *GuardError
-		for _, op := range ops {
-			at, ok := idx[op.Key]
-			if !ok {
-				c, ok := current[op.Key]
-				if !ok {
-					return Result{}, fmt.Errorf("steps: plan: no current state for key %q", op.Key)
-				}
-				at = len(accs)
-				accs = append(accs, acc{key: op.Key, value: c.Value})
-				idx[op.Key] = at
-			}
-			// The key's value so far in this group, and where it is kept.
-			cur, pi := accs[at].value, -1
-			if large {
-				if j, ok := pendingAt[at]; ok {
-					pi = j
-				}
-			} else {
-				for j := range pending {
-					if pending[j].at == at {
-						pi = j
-						break
-					}
-				}
-			}
-			if pi >= 0 {
-				cur = pending[pi].value
-			}
-			var next int64
-			switch op.Kind {
-			case OpAdd:
-				var ok bool
-				if next, ok = AddInt64(cur, op.Amount); !ok {
-					return Result{}, &OverflowError{Key: op.Key, Value: cur, Delta: op.Amount, Group: gi}
-				}
-			case OpSet:
-				next = op.Amount
-			default:
-				return Result{}, fmt.Errorf("steps: plan: unknown operation %q on key %q", op.Kind, op.Key)
-			}
-			for _, g := range op.Guards {
-				if !g.holds(next) {
-					rejected = &GuardError{Key: op.Key, Guard: g, Value: next}
-					break
-				}
-			}
-			if rejected != nil {
-				break
-			}
-			if pi >= 0 {
-				pending[pi].value = next
-				continue
-			}
-			if large {
-				pendingAt[at] = len(pending)
-			}
-			pending = append(pending, pend{at: at, value: next})
+		rejected, err := p.group(gi, ops)
+		if err != nil {
+			return Result{}, err
 		}
 		if rejected != nil {
 			if res.Rejected == nil {
@@ -220,26 +138,149 @@ func Plan(current map[string]checkpoint.State, groups ...[]Op) (Result, error) {
 			res.Rejected[gi] = rejected
 			continue
 		}
-		for _, p := range pending {
-			a := &accs[p.at]
-			if !a.touched {
-				a.touched = true
-				order = append(order, p.at)
-			}
-			a.value = p.value
+		p.keep()
+	}
+	res.Writes = p.writes()
+	return res, nil
+}
+
+// planner is Plan's state. Each key read is an entry of accs, found by
+// idx; a group's values are pending until it ends, in first-touch order.
+// A chunk plans thousands of small groups, so nothing is allocated per
+// group or per operation: pending is reused, searched linearly in a small
+// group and through pendingAt in a large one.
+type planner struct {
+	current   map[string]checkpoint.State
+	idx       map[string]int
+	accs      []acc
+	order     []int // accs touched by a kept group, in first-touch order
+	pending   []pend
+	pendingAt map[int]int // acc index -> pending index, in a large group
+	large     bool        // the group being folded is large
+}
+
+type acc struct {
+	key     string
+	value   int64
+	touched bool
+}
+
+type pend struct {
+	at    int
+	value int64
+}
+
+// smallGroup is the largest group whose pending values are searched
+// linearly.
+const smallGroup = 16
+
+// group folds the operations of group gi into pending values, stopping at
+// the first broken guard (returned).
+func (p *planner) group(gi int, ops []Op) (*GuardError, error) {
+	p.pending = p.pending[:0]
+	p.large = len(ops) > smallGroup
+	if p.large {
+		if p.pendingAt == nil {
+			p.pendingAt = make(map[int]int, len(ops))
+		}
+		clear(p.pendingAt)
+	}
+	for _, op := range ops {
+		if rejected, err := p.apply(gi, op); rejected != nil || err != nil {
+			return rejected, err
 		}
 	}
-	for _, at := range order {
-		a := accs[at]
-		c := current[a.key]
+	return nil, nil
+}
+
+// apply folds one operation of group gi into its key's pending value.
+func (p *planner) apply(gi int, op Op) (*GuardError, error) {
+	at, ok := p.idx[op.Key]
+	if !ok {
+		c, ok := p.current[op.Key]
+		if !ok {
+			return nil, fmt.Errorf("steps: plan: no current state for key %q", op.Key)
+		}
+		at = len(p.accs)
+		p.accs = append(p.accs, acc{key: op.Key, value: c.Value})
+		p.idx[op.Key] = at
+	}
+	// The key's value so far in this group, and where it is kept.
+	cur, pi := p.accs[at].value, p.pendingOf(at)
+	if pi >= 0 {
+		cur = p.pending[pi].value
+	}
+	var next int64
+	switch op.Kind {
+	case OpAdd:
+		var ok bool
+		if next, ok = AddInt64(cur, op.Amount); !ok {
+			return nil, &OverflowError{Key: op.Key, Value: cur, Delta: op.Amount, Group: gi}
+		}
+	case OpSet:
+		next = op.Amount
+	default:
+		return nil, fmt.Errorf("steps: plan: unknown operation %q on key %q", op.Kind, op.Key)
+	}
+	for _, g := range op.Guards {
+		if !g.holds(next) {
+			return &GuardError{Key: op.Key, Guard: g, Value: next}, nil
+		}
+	}
+	if pi >= 0 {
+		p.pending[pi].value = next
+		return nil, nil
+	}
+	if p.large {
+		p.pendingAt[at] = len(p.pending)
+	}
+	p.pending = append(p.pending, pend{at: at, value: next})
+	return nil, nil
+}
+
+// pendingOf is the index in pending of the acc at, or -1.
+func (p *planner) pendingOf(at int) int {
+	if p.large {
+		if j, ok := p.pendingAt[at]; ok {
+			return j
+		}
+		return -1
+	}
+	for j := range p.pending {
+		if p.pending[j].at == at {
+			return j
+		}
+	}
+	return -1
+}
+
+// keep makes the group's pending values count.
+func (p *planner) keep() {
+	for _, pv := range p.pending {
+		a := &p.accs[pv.at]
+		if !a.touched {
+			a.touched = true
+			p.order = append(p.order, pv.at)
+		}
+		a.value = pv.value
+	}
+}
+
+// writes are the compare-and-set writes of the kept groups, in
+// first-touch order.
+func (p *planner) writes() []checkpoint.Write {
+	var out []checkpoint.Write
+	for _, at := range p.order {
+		a := p.accs[at]
+		c := p.current[a.key]
 		if c.Exists && a.value == c.Value {
 			continue // folded back to where it was: nothing to write
 		}
-		res.Writes = append(res.Writes, checkpoint.Write{
+		out = append(out, checkpoint.Write{
 			Key: a.key, OldVersion: c.Version, OldValue: c.Value, NewValue: a.value, Insert: !c.Exists,
 		})
 	}
-	return res, nil
+	return out
 }
 
 // Keys lists the distinct keys of ops in first-touch order.
