@@ -52,7 +52,7 @@ func newFPBatchOn(t *testing.T, st checkpoint.Backend, loc string, separate bool
 	t.Helper()
 	b := &fpBatch{t: t, st: st, store: st, ledger: loc, target: steps.Target{Table: accountsTable}}
 	if separate {
-		b.target.Path = loc
+		b.target.Location = loc
 	}
 	ledger(t, b.ledger, map[string]int64{"a": 1_000_000, "b": 0})
 	for i := range n {

@@ -62,7 +62,7 @@ func TestForEachFoldsInItemOrder(t *testing.T) {
 			target := steps.Target{Table: accountsTable}
 			if separate {
 				st, db = checkpointtest.SeparateTarget(t)
-				target.Path = db
+				target.Location = db
 			} else {
 				st, db = checkpointtest.OpenNew(t)
 			}

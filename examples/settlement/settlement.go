@@ -112,7 +112,7 @@ func LedgerKey(p Params) string {
 
 // Settle is the settle job's function.
 func Settle(ctx context.Context, r *steps.Run, p Params) error {
-	target := steps.Target{Path: p.Ledger, Table: Accounts}
+	target := steps.Target{Location: p.Ledger, Table: Accounts}
 	db, err := r.TargetDB(ctx, target)
 	if err != nil {
 		return fmt.Errorf("open ledger: %w (create one with `stepwise ledger seed`)", err)
