@@ -154,7 +154,7 @@ func TestApplySeparateStore(t *testing.T) {
 	st, path := checkpointtest.SeparateTarget(t)
 	db := checkpointtest.SQL(t, path)
 	ledger(t, path, map[string]int64{"a": 1000, "b": 0})
-	target := steps.Target{Path: path, Table: accountsTable}
+	target := steps.Target{Location: path, Table: accountsTable}
 
 	run := beginEffects(t, st, "j/k")
 	if _, err := steps.Apply(ctx, run, "post/T1", target, transfer("a", "b", 250)); err != nil {
@@ -262,7 +262,7 @@ func targetStore(t *testing.T, separate bool) (st checkpoint.Backend, loc string
 	target = steps.Target{Table: accountsTable}
 	if separate {
 		st, loc = checkpointtest.SeparateTarget(t)
-		target.Path = loc
+		target.Location = loc
 		return st, loc, target
 	}
 	st, loc = checkpointtest.OpenNew(t)

@@ -59,7 +59,7 @@ func TestForEachResumesChunkPlansRecordedAsJSON(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			st, path, db := rvLedger(t)
-			target := steps.Target{Path: path, Table: accountsTable}
+			target := steps.Target{Location: path, Table: accountsTable}
 			items := []string{"a", "b", "c"}
 			fn := func(ctx context.Context, it string, e *steps.Effects) (int, error) {
 				switch it {

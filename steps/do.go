@@ -24,10 +24,8 @@ type doOptions struct {
 	chunkSize int
 	target    *Target
 	skipLimit int
-	itemInput any // a func(I) any, see ItemInput
-	// Partitions and PartitionBy (partition.go).
-	partitions  int
-	partitionBy any // a func(I) string
+	// Partitions (partition.go).
+	partitions int
 }
 
 // Input declares the step's input. Its JSON encoding is hashed and recorded

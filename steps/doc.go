@@ -34,6 +34,6 @@
 // its effects applied exactly once. What changes: across partitions a
 // guard sees other partitions' effects in commit order, not in the
 // source's order, so which transfer an overdraft guard rejects can differ
-// from a one-partition run. PartitionBy (by debit account, say) keeps the
+// from a one-partition run. Source.PartitionBy (by debit account, say) keeps the
 // items one guard decides in one partition. One partition is the default.
 package steps

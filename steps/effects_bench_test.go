@@ -185,7 +185,7 @@ func BenchmarkEffectSeparateVsSame(b *testing.B) {
 				}
 			}
 			// The two sides must not share step IDs: prefix the separate ones.
-			separate := fxApplySteps(run, steps.Target{Path: path, Table: accountsTable})
+			separate := fxApplySteps(run, steps.Target{Location: path, Table: accountsTable})
 			same := &fxSide{name: "same", run: fxApplySteps(run, steps.State)}
 			sep := &fxSide{name: "separate", run: func(b *testing.B, ids []string) {
 				sepIDs := make([]string, len(ids))

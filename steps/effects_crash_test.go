@@ -101,7 +101,7 @@ func fxClaimRequest(owner string) checkpoint.ClaimRequest {
 }
 
 func fxTarget(ledgerPath string) steps.Target {
-	return steps.Target{Path: ledgerPath, Table: accountsTable}
+	return steps.Target{Location: ledgerPath, Table: accountsTable}
 }
 
 // TestFxChild is the runner the crash tests start as a real process: it

@@ -121,19 +121,6 @@ func (e *ItemChangedError) describe(b *strings.Builder) {
 	}
 }
 
-// ItemInput declares what of each item of a ForEach its fingerprint
-// covers, as Input does for a step: fn's result is hashed (its bytes for a
-// []byte or string, else its JSON encoding) and recorded with the item's
-// checkpoint, and a rerun that finds a finished item whose fingerprint
-// differs fails with an *ItemChangedError instead of settling it silently
-// wrong. By default the whole item's JSON encoding is fingerprinted; declare
-// less (an ID and a version column, say) to ignore fields that may change
-// harmlessly or to save encoding a large item. The type parameter must be
-// the ForEach's item type.
-func ItemInput[I any](fn func(item I) any) Option {
-	return func(o *doOptions) { o.itemInput = fn }
-}
-
 // Acceptance is an operator's decision to let batch steps go on past the
 // changed items the most recent refusal named (Config.AcceptChanged): a
 // finished item whose content changed keeps its outcome and effects and
@@ -160,19 +147,10 @@ type fingerprinter[I any] struct {
 	enc   *json.Encoder
 }
 
-func newFingerprinter[I any](step string, input any) (*fingerprinter[I], error) {
-	f := &fingerprinter[I]{step: step}
-	if input != nil {
-		fn, ok := input.(func(I) any)
-		if !ok {
-			var zero I
-			return nil, fmt.Errorf("steps: batch step %s: ItemInput is given a %T, but the items are %T; pass a func(%T) any",
-				step, input, zero, zero)
-		}
-		f.input = fn
-	}
+func newFingerprinter[I any](step string, input func(I) any) *fingerprinter[I] {
+	f := &fingerprinter[I]{step: step, input: input}
 	f.enc = json.NewEncoder(&f.buf)
-	return f, nil
+	return f
 }
 
 // of returns the fingerprint of one item.
@@ -191,7 +169,7 @@ func (f *fingerprinter[I]) of(key string, item I) ([FingerprintSize]byte, error)
 	default:
 		f.buf.Reset()
 		if err := f.enc.Encode(v); err != nil {
-			return fp, fmt.Errorf("steps: item %s/%s: encode it as JSON for its fingerprint: %w (declare what identifies it with steps.ItemInput)",
+			return fp, fmt.Errorf("steps: item %s/%s: encode it as JSON for its fingerprint: %w (declare what identifies it with the source's ItemInput)",
 				f.step, key, err)
 		}
 		data = bytes.TrimSuffix(f.buf.Bytes(), []byte{'\n'}) // what json.Marshal gives
@@ -238,21 +216,43 @@ func (c *changeSet) empty() bool {
 	return len(c.prior)+len(c.accept)+len(c.refuse) == 0 && c.extra == 0
 }
 
+// sourceCheck holds a batch step's source to what its earlier attempts
+// saw: a finished item's fingerprint must match, a finished item must be
+// yielded again, and no more items than the declared total are processed,
+// unless an operator accepted the change (Config.AcceptChanged).
+type sourceCheck[I any] struct {
+	r    *Run
+	name string
+
+	fp        *fingerprinter[I]
+	ascending bool   // the source guarantees ascending keys
+	declared  int64  // the source's declared total, -1 if none
+	maxKey    string // greatest key recorded before this attempt
+	before    int64  // items recorded before this attempt
+	seenOld   int64  // of those, how many the source yielded again
+	goneOK    int64  // of those not yielded, how many an operator accepted
+	yielded   int64  // items the source yielded
+	tileFrom  string // an ascending source's read-backs tile the key space from here
+	changes   changeSet
+	decided   map[string]checkpoint.ItemChange // refused and accepted changes, by item key (loadDecisions)
+	extraOK   int64                            // items accepted beyond the declared total (inserted or extra)
+}
+
 // add sorts one change by the decisions recorded for the step's items.
-func (b *batch[I, O]) add(e ItemChangedError, fp []byte, items int64, note string) {
-	c := &b.changes
+func (sc *sourceCheck[I]) add(e ItemChangedError, fp []byte, items int64, note string) {
+	c := &sc.changes
 	ch := foundChange{e: e, fp: fp, items: items, note: note}
-	d, ok := b.decided[e.Key]
+	d, ok := sc.decided[e.Key]
 	// The decision must be about this very change: same kind and, for an
 	// item the source still yields, the content the refusal saw.
 	match := ok && d.Change == e.Change && bytes.Equal(d.Fingerprint, fp) && (e.Key != "" || d.Items == items)
 	switch {
 	case match && d.Status == checkpoint.ItemChangeAccepted:
 		c.prior = append(c.prior, ch)
-	case match && d.Status == checkpoint.ItemChangeRefused && b.r.accept != nil:
+	case match && d.Status == checkpoint.ItemChangeRefused && sc.r.accept != nil:
 		c.accept = append(c.accept, ch)
 		if e.Change == ItemInserted || e.Change == ItemBeyondTotal {
-			b.extraOK++ // one more item than declared is accepted: the items after it move up one
+			sc.extraOK++ // one more item than declared is accepted: the items after it move up one
 		}
 	case len(c.refuse) < maxNamed:
 		c.refuse = append(c.refuse, ch)
@@ -263,29 +263,29 @@ func (b *batch[I, O]) add(e ItemChangedError, fp []byte, items int64, note strin
 
 // loadDecisions reads, once per ForEach, what earlier refusals named and
 // operators accepted for this step, before the first change is sorted.
-func (b *batch[I, O]) loadDecisions(ctx context.Context) error {
-	if b.decided != nil {
+func (sc *sourceCheck[I]) loadDecisions(ctx context.Context) error {
+	if sc.decided != nil {
 		return nil
 	}
-	b.decided = map[string]checkpoint.ItemChange{}
-	cs, err := b.r.store.ItemChanges(ctx, b.r.lease.RunID, b.name)
+	sc.decided = map[string]checkpoint.ItemChange{}
+	cs, err := sc.r.store.ItemChanges(ctx, sc.r.lease.RunID, sc.name)
 	if err != nil {
-		return fmt.Errorf("steps: read decisions on changed items of %s: %w", b.name, err)
+		return fmt.Errorf("steps: read decisions on changed items of %s: %w", sc.name, err)
 	}
 	for _, c := range cs {
-		b.decided[c.Key] = c
+		sc.decided[c.Key] = c
 		if c.Status == checkpoint.ItemChangeAccepted && (c.Change == ItemInserted || c.Change == ItemBeyondTotal) {
-			b.extraOK++
+			sc.extraOK++
 		}
 	}
 	return nil
 }
 
 // refusal is the error naming the changes to refuse, the first kind first.
-func (b *batch[I, O]) refusal() *ItemChangedError {
+func (sc *sourceCheck[I]) refusal() *ItemChangedError {
 	var first *ItemChangedError
 	byKind := map[string]*ItemChangedError{}
-	for _, ch := range b.changes.refuse {
+	for _, ch := range sc.changes.refuse {
 		if f := byKind[ch.e.Change]; f != nil {
 			f.Count += int(ch.items)
 			f.More = append(f.More, ch.e.Key)
@@ -301,9 +301,9 @@ func (b *batch[I, O]) refusal() *ItemChangedError {
 		}
 	}
 	if first == nil { // only unnamed ones: cannot happen (the first maxNamed are named), but say so
-		first = &ItemChangedError{RunID: b.r.lease.RunID, Step: b.name, Change: ItemMissing}
+		first = &ItemChangedError{RunID: sc.r.lease.RunID, Step: sc.name, Change: ItemMissing}
 	}
-	first.Unnamed = b.changes.extra
+	first.Unnamed = sc.changes.extra
 	return first
 }
 
@@ -364,12 +364,12 @@ func (b *batch[I, O]) check(ctx context.Context, done map[string]doneItem) error
 }
 
 // gone records a finished item the source no longer yields.
-func (b *batch[I, O]) gone(key string) {
-	b.add(b.changeError(key, ItemMissing, nil), nil, 1, fmt.Sprintf("item %s is no longer yielded: kept as processed", key))
+func (sc *sourceCheck[I]) gone(key string) {
+	sc.add(sc.changeError(key, ItemMissing, nil), nil, 1, fmt.Sprintf("item %s is no longer yielded: kept as processed", key))
 }
 
-func (b *batch[I, O]) changeError(key, change string, set func(*ItemChangedError)) ItemChangedError {
-	e := ItemChangedError{RunID: b.r.lease.RunID, Step: b.name, Key: key, Change: change, Declared: b.declared, Finished: b.before}
+func (sc *sourceCheck[I]) changeError(key, change string, set func(*ItemChangedError)) ItemChangedError {
+	e := ItemChangedError{RunID: sc.r.lease.RunID, Step: sc.name, Key: key, Change: change, Declared: sc.declared, Finished: sc.before}
 	if set != nil {
 		set(&e)
 	}
@@ -383,34 +383,34 @@ func (b *batch[I, O]) changeError(key, change string, set func(*ItemChangedError
 // as the refusal an operator may accept next, and returned as an
 // *ItemChangedError naming each. Changes accepted now stay accepted even
 // when others of the chunk are refused.
-func (b *batch[I, O]) settleChanges(ctx context.Context) error {
-	c := &b.changes
+func (sc *sourceCheck[I]) settleChanges(ctx context.Context) error {
+	c := &sc.changes
 	if c.empty() {
 		return nil
 	}
 	defer c.reset()
 	for _, ch := range append(c.prior, c.accept...) {
 		if ch.e.Change == ItemMissing {
-			b.goneOK += ch.items
+			sc.goneOK += ch.items
 		}
 	}
-	if err := b.acceptNow(ctx); err != nil {
+	if err := sc.acceptNow(ctx); err != nil {
 		return err
 	}
 	if len(c.refuse) == 0 && c.extra == 0 {
 		return nil
 	}
-	refused := b.refusal()
-	if !b.r.dryRun {
+	refused := sc.refusal()
+	if !sc.r.dryRun {
 		rec := make([]checkpoint.ItemChange, len(c.refuse))
 		for i, ch := range c.refuse {
-			rec[i] = ch.record(b.name)
+			rec[i] = ch.record(sc.name)
 		}
-		err := b.r.inTx(context.WithoutCancel(ctx), func(tx checkpoint.Tx) error {
-			return tx.RefuseItemChanges(b.name, b.r.now(), rec)
+		err := sc.r.inTx(context.WithoutCancel(ctx), func(tx checkpoint.Tx) error {
+			return tx.RefuseItemChanges(sc.name, sc.r.now(), rec)
 		})
 		if err != nil {
-			return errors.Join(refused, fmt.Errorf("steps: record the refused changes of %s: %w", b.name, err))
+			return errors.Join(refused, fmt.Errorf("steps: record the refused changes of %s: %w", sc.name, err))
 		}
 	}
 	return refused
@@ -418,9 +418,9 @@ func (b *batch[I, O]) settleChanges(ctx context.Context) error {
 
 // acceptNow records the operator's acceptance of the changes the most
 // recent refusal named.
-func (b *batch[I, O]) acceptNow(ctx context.Context) error {
-	c := &b.changes
-	a := b.r.accept
+func (sc *sourceCheck[I]) acceptNow(ctx context.Context) error {
+	c := &sc.changes
+	a := sc.r.accept
 	if len(c.accept) == 0 || a == nil {
 		return nil
 	}
@@ -429,29 +429,29 @@ func (b *batch[I, O]) acceptNow(ctx context.Context) error {
 	decisions := make([]checkpoint.ItemChange, len(c.accept))
 	for i, ch := range c.accept {
 		notes[i] = ch.note
-		decisions[i] = ch.record(b.name)
+		decisions[i] = ch.record(sc.name)
 		if ch.e.Change == ItemContentChanged {
-			items = append(items, checkpoint.Item{Step: b.name, Key: ch.e.Key, Fingerprint: ch.fp})
+			items = append(items, checkpoint.Item{Step: sc.name, Key: ch.e.Key, Fingerprint: ch.fp})
 		}
 	}
-	details := b.name + ": " + strings.Join(notes, "; ")
-	b.r.log.Warn().Str(FieldStepID, b.name).Int("changes", len(c.accept)).Str("operator", a.Operator).
+	details := sc.name + ": " + strings.Join(notes, "; ")
+	sc.r.log.Warn().Str(FieldStepID, sc.name).Int("changes", len(c.accept)).Str("operator", a.Operator).
 		Str("details", details).Msg("items whose source changed: accepted by the operator")
-	b.r.count(func(s *Stats) { s.Accepted += len(c.accept) })
-	if b.r.dryRun {
+	sc.r.count(func(s *Stats) { s.Accepted += len(c.accept) })
+	if sc.r.dryRun {
 		return nil
 	}
-	audit := checkpoint.Audit{RunID: b.r.lease.RunID, At: b.r.now(), Operator: a.Operator, Command: "accept-changed " + b.name,
+	audit := checkpoint.Audit{RunID: sc.r.lease.RunID, At: sc.r.now(), Operator: a.Operator, Command: "accept-changed " + sc.name,
 		Reason: a.Reason, Details: details}
-	err := b.r.inTx(context.WithoutCancel(ctx), func(tx checkpoint.Tx) error {
+	err := sc.r.inTx(context.WithoutCancel(ctx), func(tx checkpoint.Tx) error {
 		return tx.AcceptItemChanges(audit, items, decisions)
 	})
 	if err != nil {
-		return fmt.Errorf("steps: record accepted changes of %s: %w", b.name, err)
+		return fmt.Errorf("steps: record accepted changes of %s: %w", sc.name, err)
 	}
 	for _, d := range decisions { // decided: not accepted twice in this attempt
 		d.Status = checkpoint.ItemChangeAccepted
-		b.decided[d.Key] = d
+		sc.decided[d.Key] = d
 	}
 	return nil
 }
@@ -459,18 +459,18 @@ func (b *batch[I, O]) acceptNow(ctx context.Context) error {
 // checkGone runs once the source is read to its end: every item recorded
 // before this attempt must have been yielded again. Counting is enough on
 // the normal path; only when some are missing are they looked for by name.
-func (b *batch[I, O]) checkGone(ctx context.Context, src Source[I]) error {
-	missing := b.before - b.seenOld - b.goneOK
+func (sc *sourceCheck[I]) checkGone(ctx context.Context, src Source[I]) error {
+	missing := sc.before - sc.seenOld - sc.goneOK
 	if missing <= 0 {
 		return nil
 	}
-	if err := b.loadDecisions(ctx); err != nil {
+	if err := sc.loadDecisions(ctx); err != nil {
 		return err
 	}
 	named := 0
-	err := b.missingKeys(ctx, src, func(key string) {
+	err := sc.missingKeys(ctx, src, func(key string) {
 		named++
-		b.gone(key)
+		sc.gone(key)
 	})
 	if err != nil {
 		return err
@@ -478,21 +478,21 @@ func (b *batch[I, O]) checkGone(ctx context.Context, src Source[I]) error {
 	if named == 0 {
 		// They could not be named (the source did not yield the same items
 		// when read again): report the count.
-		b.add(b.changeError("", ItemMissing, nil), nil, missing,
+		sc.add(sc.changeError("", ItemMissing, nil), nil, missing,
 			fmt.Sprintf("%s no longer yielded: kept as processed", plural(int(missing), "item is", "items are")))
 	}
-	return b.settleChanges(ctx)
+	return sc.settleChanges(ctx)
 }
 
 // missingKeys calls fn for each item recorded before this attempt that the
 // source did not yield. An ascending source was checked up to its last key
 // chunk by chunk, so they are the recorded keys after it; any other source
 // is read again for its keys.
-func (b *batch[I, O]) missingKeys(ctx context.Context, src Source[I], fn func(string)) error {
-	q := checkpoint.ItemQuery{RunID: b.r.lease.RunID, Step: b.name, KeysOnly: true}
+func (sc *sourceCheck[I]) missingKeys(ctx context.Context, src Source[I], fn func(string)) error {
+	q := checkpoint.ItemQuery{RunID: sc.r.lease.RunID, Step: sc.name, KeysOnly: true}
 	var yielded map[string]bool
-	if b.ascending {
-		q.From, q.To = b.tileFrom, b.maxKey
+	if sc.ascending {
+		q.From, q.To = sc.tileFrom, sc.maxKey
 	} else {
 		yielded = map[string]bool{}
 		var n int64
@@ -501,15 +501,15 @@ func (b *batch[I, O]) missingKeys(ctx context.Context, src Source[I], fn func(st
 			n++
 			return true
 		})
-		if err != nil || n != b.yielded {
+		if err != nil || n != sc.yielded {
 			return err // not the same items: nothing to name
 		}
 	}
-	return b.r.store.Items(ctx, q, func(it checkpoint.Item) error {
+	return sc.r.store.Items(ctx, q, func(it checkpoint.Item) error {
 		switch {
 		case yielded != nil && !yielded[it.Key]:
 			fn(it.Key)
-		case yielded == nil && it.Key != b.tileFrom:
+		case yielded == nil && it.Key != sc.tileFrom:
 			fn(it.Key)
 		}
 		return nil

@@ -146,7 +146,7 @@ func feSettle(ctx context.Context, dbLoc, ledgerPath string, bk feBook, order st
 	}
 	defer run.Close()
 	_, err = steps.ForEach(ctx, run, feStep, steps.Slice(bk.in(order), xferKey), post,
-		steps.WithTarget(steps.Target{Path: ledgerPath, Table: accountsTable}), steps.ChunkSize(feChunk))
+		steps.WithTarget(steps.Target{Location: ledgerPath, Table: accountsTable}), steps.ChunkSize(feChunk))
 	if err != nil {
 		return err
 	}

@@ -52,7 +52,7 @@ func TestForEachFoldsInItemOrder(t *testing.T) {
 			target := steps.Target{Table: accountsTable}
 			if separate {
 				st, db = checkpointtest.SeparateTarget(t)
-				target.Path = db
+				target.Location = db
 			} else {
 				st, db = checkpointtest.OpenNew(t)
 			}
@@ -237,5 +237,18 @@ func TestForEachReadsTheSourceWhenOnlyItsRecordIsMissing(t *testing.T) {
 	}
 	if b, _ := balance(t, loc, "b"); b != 12 {
 		t.Fatalf("b = %d, want 12", b)
+	}
+}
+
+func TestForEachPartitionedOverAnEmptySourceCompletes(t *testing.T) {
+	ctx := context.Background()
+	st, _ := checkpointtest.OpenNew(t)
+	run := beginEffects(t, st, "j/empty")
+	sum, err := steps.ForEach(ctx, run, "post", steps.Slice([]xfer(nil), xferKey), func(ctx context.Context, x xfer, e *steps.Effects) (int64, error) {
+		t.Errorf("item %s of an empty source", x.ID)
+		return 0, nil
+	}, steps.Partitions(4))
+	if err != nil || sum.Total != 0 || sum.Completed != 0 {
+		t.Fatalf("empty partitioned step: %+v, %v; want it completed with no items", sum, err)
 	}
 }

@@ -131,7 +131,7 @@ func TestMissingSeparateTarget(t *testing.T) {
 			ctx := context.Background()
 			st := checkpointtest.OpenSQLite(t)
 			path := filepath.Join(t.TempDir(), "ledger.db")
-			target := steps.Target{Path: path, Table: accountsTable}
+			target := steps.Target{Location: path, Table: accountsTable}
 			var run *steps.Run
 			if dry {
 				var err error

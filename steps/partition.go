@@ -5,13 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/steps/internal/partition"
 )
 
 // ErrPartitionWorked is returned by the partitioned ForEach a partition
@@ -49,7 +47,7 @@ func (e *StepNotRecordedError) Error() string {
 //
 // The run's owner splits the step once, when it first reaches it: by key
 // ranges holding equal item counts (the source is read once to find
-// them), or with PartitionBy by a hash of the job's value. The split is
+// them), or with Source.PartitionBy by a hash of the job's value. The split is
 // recorded with the step and never recomputed: a rerun or a takeover reads
 // it. Each partition has a fence of its own and a lease: a runner that
 // dies leaves its partition to be claimed once the lease passes (at once
@@ -68,7 +66,7 @@ func (e *StepNotRecordedError) Error() string {
 // effects in commit order, not in the source's order, so which transfer an
 // overdraft guard rejects can differ from a one-partition run (and from
 // run to run); every item is still processed exactly once, its effects
-// applied exactly once, its outcome pinned. PartitionBy (by debit account,
+// applied exactly once, its outcome pinned. Source.PartitionBy (by debit account,
 // say) keeps every item that debits one account in one partition, in
 // source order, so such guards decide as in one partition. A rerun of a
 // partitioned step holds finished items to their fingerprints, but does
@@ -76,15 +74,6 @@ func (e *StepNotRecordedError) Error() string {
 // yielding more than its declared total. RetrySkipped does not reopen a
 // finished partitioned step. Partitions are ignored by a dry run.
 func Partitions(n int) Option { return func(o *doOptions) { o.partitions = n } }
-
-// PartitionBy assigns a partitioned ForEach's items to partitions by a
-// hash of key(item) (checkpoint.PartitionHashOf) in place of key ranges:
-// items with the same value share a partition, e.g. transfers by debit
-// account. I must be the ForEach's item type. Without Partitions(n > 1)
-// it changes nothing.
-func PartitionBy[I any](key func(I) string) Option {
-	return func(o *doOptions) { o.partitionBy = key }
-}
 
 // ErrPartitionLeaseLost is matched (errors.Is) by a
 // *PartitionLeaseLostError.
@@ -132,64 +121,12 @@ func (e *PartitionLeaseLostError) Is(target error) bool { return target == ErrPa
 // Unwrap returns the last failed heartbeat's error.
 func (e *PartitionLeaseLostError) Unwrap() error { return e.LastErr }
 
-// partHold is what a view of the run working one partition writes with.
-type partHold struct {
-	ps       checkpoint.PartitionStore
-	lease    checkpoint.PartitionLease
-	leaseFor time.Duration
-	// progress says what the partition's next write records.
-	progress func() checkpoint.PartitionProgress
-
-	mu sync.Mutex
-	// renewed is the send time of the latest write that extended the
-	// lease (a chunk's commit, a heartbeat): the lease lasts at least
-	// until renewed plus leaseFor.
-	renewed time.Time
-}
-
-// renewedAt notes a write sent at t that extended the lease.
-func (h *partHold) renewedAt(t time.Time) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if t.After(h.renewed) {
-		h.renewed = t
-	}
-}
-
-// expiry is when the lease expires as last renewed.
-func (h *partHold) expiry() time.Time {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.renewed.Add(h.leaseFor)
-}
-
-// inTx runs fn in one write transaction: fenced by the run's lease, or in
-// a partition's view by the partition (recording its progress with it,
-// and extending its lease).
-func (r *Run) inTx(ctx context.Context, fn func(checkpoint.Tx) error) error {
-	if h := r.part; h != nil {
-		now := r.now()
-		err := h.ps.InPartitionTx(ctx, h.write(now), fn)
-		if err == nil {
-			h.renewedAt(now)
-		}
-		return err
-	}
-	return r.runTx(ctx, fn)
-}
-
-func (h *partHold) write(now time.Time) checkpoint.PartitionWrite {
-	return checkpoint.PartitionWrite{Lease: h.lease, Now: now, LeaseFor: h.leaseFor, Progress: h.progress}
-}
-
 // partitionView is a view of r that works one partition: its writes are
 // fenced by the partition, its counts go to r.
-func (r *Run) partitionView(h *partHold) *Run {
-	return &Run{store: r.store, lease: checkpoint.Lease{RunID: r.lease.RunID, Fence: r.lease.Fence, Attempt: h.lease.Attempt, Owner: h.lease.Owner},
-		log: r.log.With().Int("partition", h.lease.Index).Logger(), now: r.now, recorded: r.recorded, seen: map[string]struct{}{},
-		retrySkipped: r.retrySkipped, accept: r.accept, retry: r.retry, sleepFn: r.sleepFn,
-		leaseFor: r.leaseFor, callMargin: r.callMargin, fenceAhead: r.fenceAhead, prevUntil: r.prevUntil, part: h, parent: r,
-		tracer: r.tracer, onStepEnd: r.onStepEnd, writeHook: r.writeHook, progress: r.workerProgress()}
+func (r *Run) partitionView(h *partition.Hold) *Run {
+	return &Run{runSettings: r.runSettings, lease: checkpoint.Lease{RunID: r.lease.RunID, Fence: r.lease.Fence, Attempt: h.Lease.Attempt, Owner: h.Lease.Owner},
+		log: r.log.With().Int("partition", h.Lease.Index).Logger(), seen: map[string]struct{}{}, part: h, parent: r,
+		progress: r.workerProgress()}
 }
 
 // workerProgress is the progress hook of a partition's view: the run's
@@ -211,17 +148,21 @@ func (r *Run) partitionLease() time.Duration {
 	return 30 * time.Second
 }
 
-// partitionSpec decides which items one partition holds.
-type partitionSpec[I any] struct {
-	p  checkpoint.Partition
-	by func(I) string
+// partitioned is one partitioned ForEach: what the work of each of its
+// partitions shares.
+type partitioned[I, O any] struct {
+	r    *Run
+	ps   checkpoint.PartitionStore
+	name string
+	src  Source[I]
+	fn   func(context.Context, I, *Effects) (O, error)
+	o    doOptions
+	ot   *openTarget // the step's target, opened once; nil without one
 }
 
-func (s partitionSpec[I]) holds(key string, item I) bool {
-	if s.p.Rule == checkpoint.PartitionHash {
-		return int(checkpoint.PartitionHashOf(s.by(item))%uint64(s.p.Count)) == s.p.Index
-	}
-	return s.p.Holds(key)
+// spec is which items the partition p holds.
+func (pt *partitioned[I, O]) spec(p checkpoint.Partition) partition.Spec[I] {
+	return partition.Spec[I]{P: p, By: pt.src.by}
 }
 
 // forEachPartitioned is ForEach with Partitions(n > 1): the coordinator
@@ -229,27 +170,16 @@ func (s partitionSpec[I]) holds(key string, item I) bool {
 func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
 	o doOptions, cp checkpoint.Step, done bool) (BatchSummary, error) {
 	var sum BatchSummary
-	var ps checkpoint.PartitionStore = r.store
-	var by func(I) string
-	if o.partitionBy != nil {
-		var ok bool
-		if by, ok = o.partitionBy.(func(I) string); !ok {
-			return sum, fmt.Errorf("steps: batch step %s: PartitionBy takes a %T, the items are %T", name, o.partitionBy, *new(I))
-		}
+	if err := o.checkChunkSize(name); err != nil {
+		return sum, err
 	}
-	if o.chunkSize <= 0 {
-		o.chunkSize = DefaultChunkSize
-	}
-	if o.chunkSize > MaxChunkSize {
-		return sum, fmt.Errorf("steps: batch step %s: ChunkSize(%d) is over the limit of %d", name, o.chunkSize, MaxChunkSize)
-	}
-	var ot *openTarget
+	pt := &partitioned[I, O]{r: r, ps: r.store, name: name, src: src, fn: fn, o: o}
 	if o.target != nil {
 		var err error
-		if ot, err = r.target(ctx, *o.target); err != nil {
+		if pt.ot, err = r.target(ctx, *o.target); err != nil {
 			return sum, err
 		}
-		sum.Target = ot.name
+		sum.Target = pt.ot.name
 	}
 	if done {
 		if r.worker != nil {
@@ -257,45 +187,69 @@ func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src 
 		}
 		return sum, nil // a finished partitioned step is not reopened (RetrySkipped)
 	}
-	if w := r.worker; w != nil {
-		// A worker's replay: its one partition, then stop the job here.
-		parts, err := ps.Partitions(ctx, r.lease.RunID, name)
-		if err != nil {
-			return sum, err
-		}
-		i := slices.IndexFunc(parts, func(p checkpoint.Partition) bool { return p.Index == w.Index })
-		if i < 0 {
-			return sum, fmt.Errorf("%w: partition %d of %s of run %s is not recorded", checkpoint.ErrFenced, w.Index, name, r.lease.RunID)
-		}
-		if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: parts[i], by: by}, *w, r.workerClaimedAt); err != nil {
-			return sum, err
-		}
-		return sum, ErrPartitionWorked
+	if r.worker != nil {
+		return sum, pt.workerReplay(ctx)
 	}
-	split, err := recordedOrSplit(ctx, r, ps, name, src, o.partitions, by)
+	specs, err := pt.start(ctx, cp, sum.Target)
 	if err != nil {
 		return sum, err
+	}
+	if err := pt.coordinate(ctx, specs); err != nil {
+		return sum, err
+	}
+	return pt.finish(context.WithoutCancel(ctx), cp, sum)
+}
+
+// workerReplay works, in a partition worker's replay, its one partition,
+// and then stops the job there (ErrPartitionWorked).
+func (pt *partitioned[I, O]) workerReplay(ctx context.Context) error {
+	r, w := pt.r, pt.r.worker
+	parts, err := pt.ps.Partitions(ctx, r.lease.RunID, pt.name)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(parts, func(p checkpoint.Partition) bool { return p.Index == w.Index })
+	if i < 0 {
+		return fmt.Errorf("%w: partition %d of %s of run %s is not recorded", checkpoint.ErrFenced, w.Index, pt.name, r.lease.RunID)
+	}
+	if err := pt.work(ctx, pt.spec(parts[i]), *w, r.workerClaimedAt); err != nil {
+		return err
+	}
+	return ErrPartitionWorked
+}
+
+// start records the step running with its partitions (split now, or as
+// recorded before) and returns which items each holds, by index.
+func (pt *partitioned[I, O]) start(ctx context.Context, cp checkpoint.Step, target string) (map[int]partition.Spec[I], error) {
+	r, name := pt.r, pt.name
+	split, err := recordedOrSplit(ctx, r, pt.ps, name, pt.src, pt.o.partitions, pt.src.by)
+	if err != nil {
+		return nil, err
 	}
 	head := cp
 	head.Status, head.FinishedAt = checkpoint.StepRunning, r.now()
-	head.Output, _ = json.Marshal(BatchSummary{Total: src.total, Target: sum.Target})
-	parts, err := ps.StartPartitioned(ctx, r.lease, head, split)
+	head.Output, _ = json.Marshal(BatchSummary{Total: pt.src.total, Target: target})
+	parts, err := pt.ps.StartPartitioned(ctx, r.lease, head, split)
 	if err != nil {
-		return sum, fmt.Errorf("steps: start batch step %s: %w", name, err)
+		return nil, fmt.Errorf("steps: start batch step %s: %w", name, err)
 	}
-	if len(parts) > 0 && len(split) > 0 && parts[0].Count != o.partitions {
-		r.log.Info().Str(FieldStepID, name).Int("recorded", parts[0].Count).Int("asked", o.partitions).
+	if len(parts) > 0 && len(split) > 0 && parts[0].Count != pt.o.partitions {
+		r.log.Info().Str(FieldStepID, name).Int("recorded", parts[0].Count).Int("asked", pt.o.partitions).
 			Msg("the step's recorded split stands; it is never recomputed")
 	}
-	specs := map[int]partitionSpec[I]{}
+	specs := map[int]partition.Spec[I]{}
 	for _, p := range parts {
-		specs[p.Index] = partitionSpec[I]{p: p, by: by}
+		specs[p.Index] = pt.spec(p)
 	}
 	r.log.Info().Str(FieldStepID, name).Int("partitions", len(parts)).Msg("batch step partitioned; working its partitions")
-	if err := coordinate(ctx, r, ps, name, src, fn, o, ot, specs); err != nil {
-		return sum, err
-	}
-	parts, err = ps.Partitions(ctx, r.lease.RunID, name)
+	return specs, nil
+}
+
+// finish records the step completed once every partition is done, its
+// summary the partitions' counters summed.
+func (pt *partitioned[I, O]) finish(ctx context.Context, cp checkpoint.Step, sum BatchSummary) (BatchSummary, error) {
+	r, name := pt.r, pt.name
+	parts, err := pt.ps.Partitions(ctx, r.lease.RunID, name)
 	if err != nil {
 		return sum, err
 	}
@@ -306,7 +260,6 @@ func forEachPartitioned[I, O any](ctx context.Context, r *Run, name string, src 
 		sum.Executed += p.Executed
 	}
 	sum.Total = sum.Completed + sum.Rejected + sum.Skipped
-	ctx = context.WithoutCancel(ctx)
 	cp.Status, cp.FinishedAt = checkpoint.StepCompleted, r.now()
 	if cp.Output, err = json.Marshal(sum); err != nil {
 		return sum, err
@@ -343,286 +296,69 @@ func recordedOrSplit[I any](ctx context.Context, r *Run, ps checkpoint.Partition
 		return nil, fmt.Errorf("steps: split batch step %s: %w", name, err)
 	}
 	if by != nil {
-		out := make([]checkpoint.Partition, n)
-		for i := range out {
-			out[i] = checkpoint.Partition{Index: i, Count: n, Rule: checkpoint.PartitionHash, Total: counts[i]}
-		}
-		return out, nil
+		return partition.ByHash(counts), nil
 	}
-	slices.Sort(keys) // bytewise, as stores compare keys
-	keys = slices.Compact(keys)
-	bounds := []string{""}
-	for i := 1; i < n; i++ {
-		b := keys[i*len(keys)/n]
-		if len(keys) > 0 && b > bounds[len(bounds)-1] {
-			bounds = append(bounds, b)
-		}
-	}
-	out := make([]checkpoint.Partition, len(bounds))
-	for i, from := range bounds {
-		p := checkpoint.Partition{Index: i, Count: len(bounds), Rule: checkpoint.PartitionRange, From: from}
-		if i+1 < len(bounds) {
-			p.To = bounds[i+1]
-		}
-		lo, _ := slices.BinarySearch(keys, p.From)
-		hi := len(keys)
-		if p.To != "" {
-			hi, _ = slices.BinarySearch(keys, p.To)
-		}
-		p.Total = int64(hi - lo)
-		out[i] = p
-	}
-	return out, nil
+	return partition.ByRange(keys, n), nil
 }
 
-// coordinate works the step's partitions on goroutines until every one is
-// done: it claims pending and lease-expired ones, and those whose holder is
-// known gone, waiting while others hold live leases. A failed partition
-// fails the step once the goroutines stopped.
-func coordinate[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionStore, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
-	o doOptions, ot *openTarget, specs map[int]partitionSpec[I]) error {
-	// How often the coordinator looks at partitions others hold: its
-	// join waits at most this long past the last one done.
-	poll := min(r.partitionLease()/10, 200*time.Millisecond)
-	finish := r.watchPartitions(ctx, ps, name, partitionProgressEvery)
-	defer finish(false)
-	for {
-		gctx, cancel := context.WithCancelCause(ctx)
-		var (
-			wg    sync.WaitGroup
-			mu    sync.Mutex
-			first error
-		)
-		claim := checkpoint.PartitionClaim{RunID: r.lease.RunID, Step: name, Owner: r.lease.Owner, LeaseFor: r.partitionLease()}
-		slots := len(specs)
-		if r.partSlots > 0 && r.partSlots < slots {
-			slots = r.partSlots
-		}
-		for range slots {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				policy, faults := StoreRetryPolicy(r.retry), 0
-				for gctx.Err() == nil {
-					claim := claim
-					claim.Now = r.now()
-					// Not cut short by gctx: a claim the server made
-					// but whose answer was lost would leave the
-					// partition held until its lease passed; claimed,
-					// it is handed back at once if gctx ended.
-					cctx, done := context.WithTimeout(context.WithoutCancel(gctx), r.partitionLease())
-					p, pl, ok, err := ps.ClaimPartition(cctx, claim)
-					done()
-					if err == nil && !ok {
-						return
-					}
-					if err == nil {
-						err = workPartition(gctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: p, by: specs[p.Index].by}, pl, claim.Now)
-					}
-					if errors.Is(err, checkpoint.ErrFenced) && ctx.Err() == nil {
-						r.log.Warn().Str(FieldStepID, name).Int("partition", pl.Index).Err(err).Msg("partition taken over by another runner")
-						continue
-					}
-					if errors.Is(err, ErrPartitionLeaseLost) && ctx.Err() == nil {
-						// Claimable again once its lease passes, by this
-						// runner too: the next claim finds it then.
-						if r.sleep(gctx, min(r.partitionLease()/10, time.Second)) != nil {
-							return
-						}
-						continue
-					}
-					if errors.Is(err, checkpoint.ErrTransient) && ctx.Err() == nil && faults+1 < policy.MaxTries {
-						// A store fault: the partition was handed back
-						// (workPartition), so it is claimable again, by
-						// this runner too, after a pause.
-						faults++
-						delay := policy.Backoff(faults, rand.Float64())
-						r.log.Warn().Str(FieldStepID, name).Int("partition", pl.Index).Int("try", faults).
-							Float64(FieldRetryInSeconds, delay.Seconds()).Err(err).Msg("store fault in a partition; it is claimed again after a pause")
-						if r.sleep(gctx, delay) != nil {
-							return
-						}
-						continue
-					}
-					if err != nil {
-						mu.Lock()
-						if first == nil {
-							first = err
-						}
-						mu.Unlock()
-						cancel(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		cancel(nil)
-		if first != nil {
-			return first
-		}
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("%w in batch step %s: %w", ErrInterrupted, name, context.Cause(ctx))
-		}
-		parts, err := ps.Partitions(ctx, r.lease.RunID, name)
-		if err != nil {
-			return err
-		}
-		var failed []string
-		left := 0
-		for _, p := range parts {
-			switch p.State {
-			case checkpoint.PartitionFailed:
-				failed = append(failed, fmt.Sprintf("partition %d: %s", p.Index, p.Error))
-			case checkpoint.PartitionRunning:
-				left++
-				if r.ownerGone != nil && p.Owner != r.lease.Owner && r.ownerGone(p.Owner) {
-					c := claim
-					c.Now, c.Index, c.AtFence = r.now(), p.Index, p.Fence
-					np, pl, ok, err := ps.ClaimPartition(ctx, c)
-					if err != nil {
-						return err
-					}
-					if ok {
-						r.log.Warn().Str(FieldStepID, name).Int("partition", p.Index).Str("previous_owner", checkpoint.OwnerName(p.Owner)).
-							Msg("took over a partition whose runner is gone")
-						if err := workPartition(ctx, r, ps, name, src, fn, o, ot, partitionSpec[I]{p: np, by: specs[np.Index].by}, pl, c.Now); err != nil &&
-							!errors.Is(err, checkpoint.ErrFenced) && !errors.Is(err, ErrPartitionLeaseLost) {
-							return err
-						}
-					}
-				}
-			case checkpoint.PartitionPending:
-				left++
-			}
-		}
-		if len(failed) > 0 {
-			return &StepError{RunID: r.lease.RunID, Step: name, Err: fmt.Errorf("%d of %d partitions failed: %s", len(failed), len(parts), strings.Join(failed, "; "))}
-		}
-		if left == 0 {
-			finish(true)
-			return nil
-		}
-		if err := r.sleep(ctx, poll); err != nil {
-			return fmt.Errorf("%w in batch step %s: %w", ErrInterrupted, name, err)
-		}
-	}
-}
-
-// partitionProgressEvery is how often the run's owner reports a
-// partitioned batch step's progress, summed over its partitions.
-const partitionProgressEvery = 500 * time.Millisecond
-
-// watchPartitions reports the progress of the partitioned batch step name
-// to the run's progress hook while its owner coordinates it: every
-// interval, the partitions' counters summed, whoever works them (this
-// process or other workers). What the partitions had finished when it
-// started counts as replayed. The returned finish stops the reports and,
-// with final, sends the step's last one; only its first call counts.
-func (r *Run) watchPartitions(ctx context.Context, ps checkpoint.PartitionStore, name string, every time.Duration) (finish func(final bool)) {
-	if r.progress == nil {
-		return func(bool) {}
-	}
-	started := r.now()
-	replayed := int64(-1)
-	report := func(ctx context.Context, final bool) {
-		parts, err := ps.Partitions(ctx, r.lease.RunID, name)
-		if err != nil || len(parts) == 0 {
-			return // progress is advice: the next report, or the step's end, tells
-		}
-		p := Progress{Step: name, StartedAt: started, Final: final}
-		for _, pt := range parts {
-			p.Total += pt.Total
-			p.Done += pt.Finished()
-			p.Rejected += pt.Rejected
-			p.Skipped += pt.Skipped
-		}
-		if replayed < 0 {
-			replayed = p.Done
-		}
-		p.Replayed = replayed
-		r.progress(p)
-	}
-	report(ctx, false)
-	wctx, cancel := context.WithCancel(ctx)
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-wctx.Done():
-				return
-			case <-t.C:
-				report(wctx, false)
-			}
-		}
-	}()
-	var once sync.Once
-	return func(final bool) {
-		once.Do(func() {
-			cancel()
-			<-stopped
-			if final {
-				report(ctx, true)
-			}
-		})
-	}
-}
-
-// workPartition processes the items of one claimed partition, a chunk at a
+// work processes the items of one claimed partition, a chunk at a
 // time, each chunk fenced by the partition, and records it done; an item
 // failure records it failed, an interruption releases it. The partition's
-// lease is renewed every third of its length meanwhile (heartbeatPartition),
+// lease is renewed every third of its length meanwhile (partition.Heartbeat),
 // and the work stops by itself if no renewal succeeds in time. claimedAt
 // is the time read just before the partition's claim was sent.
-func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.PartitionStore, name string, src Source[I], fn func(context.Context, I, *Effects) (O, error),
-	o doOptions, ot *openTarget, spec partitionSpec[I], pl checkpoint.PartitionLease, claimedAt time.Time) error {
-	h := &partHold{ps: ps, lease: pl, leaseFor: r.partitionLease(), renewed: claimedAt}
+func (pt *partitioned[I, O]) work(ctx context.Context, spec partition.Spec[I], pl checkpoint.PartitionLease, claimedAt time.Time) error {
+	r, name := pt.r, pt.name
+	h := partition.NewHold(pt.ps, pl, r.partitionLease(), claimedAt)
 	pr := r.partitionView(h)
-	// early hands the partition back, as claimed, when its work could
-	// not start (an interruption while reading what it needs).
-	early := func(err error) error {
-		p := spec.p
-		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
-		defer done()
-		rel := checkpoint.PartitionProgress{State: checkpoint.PartitionPending, HighWater: p.HighWater,
-			Done: p.Done, Rejected: p.Rejected, Skipped: p.Skipped, Executed: p.Executed}
-		if eerr := ps.EndPartition(rctx, h.write(r.now()), rel); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
-			pr.log.Warn().Err(eerr).Msg("could not release the partition; it is claimable once its lease passes")
-		}
-		return err
-	}
-	fps, err := newFingerprinter[I](name, o.itemInput)
-	if err != nil {
-		return early(err)
-	}
 	maxKey := ""
-	err = r.store.Items(ctx, checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, KeysOnly: true, Limit: 1, Last: true},
+	err := r.store.Items(ctx, checkpoint.ItemQuery{RunID: r.lease.RunID, Step: name, KeysOnly: true, Limit: 1, Last: true},
 		func(it checkpoint.Item) error { maxKey = it.Key; return nil })
 	if err != nil {
-		return early(err)
+		return pt.release(ctx, pr, h, spec.P, err)
 	}
-	b := &batch[I, O]{r: pr, name: name, fn: fn, opts: o, target: ot, fresh: pl.Fence == 1, ordered: true,
-		resumed: map[string]bool{}, prog: Progress{Step: name, Total: spec.p.Total, StartedAt: r.now()},
-		fp: fps, declared: -1, maxKey: maxKey, part: &spec.p, hwm: spec.p.HighWater}
-	if ot != nil {
-		b.sum.Target = ot.name
+	b := &batch[I, O]{r: pr, name: name, fn: pt.fn, opts: pt.o, target: pt.ot, fresh: pl.Fence == 1, ordered: true,
+		resumed: map[string]bool{}, prog: Progress{Step: name, Total: spec.P.Total, StartedAt: r.now()},
+		sourceCheck: sourceCheck[I]{r: pr, name: name, fp: newFingerprinter(name, pt.src.input), declared: -1, maxKey: maxKey},
+		part:        &spec.P, hwm: spec.P.HighWater}
+	if pt.ot != nil {
+		b.sum.Target = pt.ot.name
 	}
-	h.progress = b.partitionProgress
+	h.Progress = b.partitionProgress
 	pctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	beat := make(chan struct{})
 	go func() {
 		defer close(beat)
-		heartbeatPartition(pctx, pr, h, stop)
+		partition.Heartbeat(pctx, h, pr.beat(h), stop)
 	}()
-	err = b.workPartition(pctx, src, spec)
+	err = b.workPartition(pctx, pt.src, spec)
 	stop(nil)
 	<-beat
+	return pt.end(ctx, pctx, h, b, err)
+}
+
+// release hands the partition p back, as claimed, when its work could not
+// start (an interruption while reading what it needs), and returns err.
+func (pt *partitioned[I, O]) release(ctx context.Context, pr *Run, h *partition.Hold, p checkpoint.Partition, err error) error {
+	r := pt.r
+	rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
+	defer done()
+	rel := checkpoint.PartitionProgress{State: checkpoint.PartitionPending, HighWater: p.HighWater,
+		Done: p.Done, Rejected: p.Rejected, Skipped: p.Skipped, Executed: p.Executed}
+	if eerr := pt.ps.EndPartition(rctx, h.Write(r.now()), rel); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
+		pr.log.Warn().Err(eerr).Msg("could not release the partition; it is claimable once its lease passes")
+	}
+	return err
+}
+
+// end records how the work of the partition b worked ended (err; pctx's
+// cause, if the heartbeat stopped it): done, handed back (fenced,
+// self-fenced, interrupted) or failed.
+func (pt *partitioned[I, O]) end(ctx, pctx context.Context, h *partition.Hold, b *batch[I, O], err error) error {
+	r, ps, pr, name, pl := pt.r, pt.ps, b.r, pt.name, h.Lease
 	end := func(p checkpoint.PartitionProgress) error {
-		return ps.EndPartition(context.WithoutCancel(ctx), h.write(r.now()), p)
+		return ps.EndPartition(context.WithoutCancel(ctx), h.Write(r.now()), p)
 	}
 	prog := b.partitionProgressAt(b.sum)
 	switch {
@@ -649,7 +385,7 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 		// it held until its lease passes).
 		prog.State = checkpoint.PartitionPending
 		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
-		if eerr := ps.EndPartition(rctx, h.write(r.now()), prog); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
+		if eerr := ps.EndPartition(rctx, h.Write(r.now()), prog); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
 			pr.log.Warn().Err(eerr).Msg("could not release the fenced partition; it is claimable once its lease passes")
 		}
 		done()
@@ -660,7 +396,7 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 		// need not wait out its lease.
 		prog.State = checkpoint.PartitionPending
 		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
-		eerr := ps.EndPartition(rctx, h.write(r.now()), prog)
+		eerr := ps.EndPartition(rctx, h.Write(r.now()), prog)
 		done()
 		if eerr != nil {
 			pr.log.Warn().Err(eerr).Msg("could not release the self-fenced partition; it is claimable once its lease passes")
@@ -679,7 +415,7 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 		// not answer, it is claimable once its lease passes.
 		prog.State = checkpoint.PartitionPending
 		rctx, done := context.WithTimeout(context.WithoutCancel(ctx), r.fenceAhead)
-		if eerr := ps.EndPartition(rctx, h.write(r.now()), prog); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
+		if eerr := ps.EndPartition(rctx, h.Write(r.now()), prog); eerr != nil && !errors.Is(eerr, checkpoint.ErrFenced) {
 			pr.log.Warn().Err(eerr).Msg("could not hand back the partition after a store fault; it is claimable once its lease passes")
 		}
 		done()
@@ -694,31 +430,13 @@ func workPartition[I, O any](ctx context.Context, r *Run, ps checkpoint.Partitio
 }
 
 // workPartition reads the source and processes the items spec holds.
-func (b *batch[I, O]) workPartition(ctx context.Context, src Source[I], spec partitionSpec[I]) error {
+func (b *batch[I, O]) workPartition(ctx context.Context, src Source[I], spec partition.Spec[I]) error {
 	if b.target != nil && !b.target.same && !b.fresh {
 		if err := b.resumePlanned(context.WithoutCancel(ctx)); err != nil {
 			return err
 		}
 	}
-	b.reserve()
-	var loopErr error
-	srcErr := src.all(ctx, func(key string, item I) bool {
-		if !spec.holds(key, item) {
-			return true
-		}
-		b.yielded++
-		b.keys = append(b.keys, key)
-		b.items = append(b.items, item)
-		if len(b.keys) < b.opts.chunkSize {
-			return true
-		}
-		loopErr = b.flush(ctx)
-		return loopErr == nil
-	})
-	if loopErr == nil && srcErr == nil && len(b.keys) > 0 {
-		loopErr = b.flush(ctx)
-	}
-	return errors.Join(loopErr, srcErr)
+	return b.fill(ctx, src, spec.Holds)
 }
 
 // partitionProgress is what the partition's chunk transaction records:
@@ -751,84 +469,14 @@ func (b *batch[I, O]) partitionProgressAt(s BatchSummary) checkpoint.PartitionPr
 // the run's fence: the partition and its fence.
 func (b *batch[I, O]) partitionEffectTag() string {
 	h := b.r.part
-	return fmt.Sprintf("p%d.%d", h.lease.Index, h.lease.Fence)
+	return fmt.Sprintf("p%d.%d", h.Lease.Index, h.Lease.Fence)
 }
 
-// heartbeatPartition renews the partition's lease every third of its
-// length, through the run's clock, until ctx ends. A renewal refused with
-// checkpoint.ErrFenced (another runner claimed the partition) stops the
-// work at once with that error. Any other failure is retried, an eighth of
-// the interval later, doubling; if no renewal (a heartbeat or a chunk's
-// commit) succeeded by the lease's known expiry less the self-fence
-// margin, the work is stopped with a *PartitionLeaseLostError. Each
-// heartbeat's call is bounded by the self-fence time too, so a hung
-// connection cannot hold the check up.
-func heartbeatPartition(ctx context.Context, pr *Run, h *partHold, stop context.CancelCauseFunc) {
-	interval, margin := h.leaseFor/3, pr.fenceAhead
-	next := h.expiry().Add(-h.leaseFor).Add(interval)
-	var (
-		failures int
-		lastErr  error
-	)
-	for {
-		expiry := h.expiry()
-		if r := expiry.Add(interval - h.leaseFor); r.After(next) {
-			next = r // a chunk's commit renewed the lease: no heartbeat needed before then
-		}
-		fenceAt := expiry.Add(-margin)
-		now := pr.now()
-		if wake := minTime(next, fenceAt); now.Before(wake) {
-			if pr.sleep(ctx, wake.Sub(now)) != nil {
-				return
-			}
-			now = pr.now()
-			if e := h.expiry(); e.After(expiry) {
-				continue // a chunk's commit renewed it meanwhile
-			}
-		}
-		if !now.Before(fenceAt) {
-			pr.log.Error().AnErr("heartbeat_error", lastErr).Int("failures", failures).Time("lease_expires", expiry).
-				Msg("the partition's lease could not be renewed in time: its holder stops working it (self-fenced) " +
-					"and calls no outside system; any runner may claim it once the lease passes")
-			stop(&PartitionLeaseLostError{RunID: h.lease.RunID, Step: h.lease.Step, Index: h.lease.Index, Fence: h.lease.Fence,
-				Expiry: expiry, Margin: margin, Failures: failures, LastErr: lastErr})
-			return
-		}
-		if now.Before(next) {
-			continue
-		}
-		callCtx, done := context.WithTimeout(ctx, min(interval, fenceAt.Sub(now)))
-		err := h.ps.HeartbeatPartition(callCtx, h.lease, now, h.leaseFor)
-		done()
-		if ctx.Err() != nil {
-			return
-		}
-		switch {
-		case err == nil:
-			if failures > 0 {
-				pr.log.Info().Int("failures", failures).Msg("the partition's heartbeat renewed its lease again")
-			}
-			h.renewedAt(now)
-			next, failures, lastErr = now.Add(interval), 0, nil
-		case errors.Is(err, checkpoint.ErrFenced):
-			stop(err)
-			return
-		default:
-			failures, lastErr = failures+1, err
-			d := interval / 8
-			for i := 1; i < failures && d < interval; i++ {
-				d *= 2
-			}
-			next = now.Add(min(d, interval))
-			pr.log.Warn().Err(err).Int("failures", failures).Time("self_fence_at", fenceAt).
-				Msg("the partition's heartbeat failed; retrying until its lease is nearly out")
-		}
-	}
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
+// beat is what the heartbeat of the partition h pr works needs of pr.
+func (pr *Run) beat(h *partition.Hold) partition.Beat {
+	return partition.Beat{Now: pr.now, Sleep: pr.sleep, Log: &pr.log, Margin: pr.fenceAhead,
+		Lost: func(expiry time.Time, failures int, lastErr error) error {
+			return &PartitionLeaseLostError{RunID: h.Lease.RunID, Step: h.Lease.Step, Index: h.Lease.Index, Fence: h.Lease.Fence,
+				Expiry: expiry, Margin: pr.fenceAhead, Failures: failures, LastErr: lastErr}
+		}}
 }

@@ -229,7 +229,7 @@ func (r *Run) finishRecorded(ctx context.Context, ot *openTarget, u effectUnit, 
 func (r *Run) checkFence(ctx context.Context) error {
 	if h := r.part; h != nil {
 		// A partition's chunk: its holder must still hold the partition.
-		return h.ps.HeartbeatPartition(ctx, h.lease, r.now(), h.leaseFor)
+		return h.Renew(ctx, r.now())
 	}
 	fence, err := r.store.Fence(ctx, r.lease.RunID)
 	if err != nil {

@@ -129,7 +129,7 @@ func TestChunkReplansPastARejectedItem(t *testing.T) {
 			}
 			e.Add("A", 10)
 			return 1, nil
-		}, steps.WithTarget(steps.Target{Path: path, Table: accountsTable}))
+		}, steps.WithTarget(steps.Target{Location: path, Table: accountsTable}))
 	v, ver := balance(t, path, "A")
 	t.Logf("sum %+v err %v; A = %d v%d", sum, err, v, ver)
 	if err != nil {
@@ -141,7 +141,7 @@ func TestChunkReplansPastARejectedItem(t *testing.T) {
 // had no effects too, instead of leaving them planned.
 func TestResumedChunkCompletesItemsWithoutEffects(t *testing.T) {
 	st, path, db := rvLedger(t)
-	target := steps.Target{Path: path, Table: accountsTable}
+	target := steps.Target{Location: path, Table: accountsTable}
 	items := []string{"a", "b"}
 	fn := func(ctx context.Context, it string, e *steps.Effects) (int, error) {
 		if it == "b" {
@@ -199,7 +199,7 @@ func TestDryRunLeavesTheTargetUnchanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := steps.Apply(context.Background(), run, "post/T1", steps.Target{Path: path, Table: accountsTable}, transfer("A", "B", 1)); err != nil {
+	if _, err := steps.Apply(context.Background(), run, "post/T1", steps.Target{Location: path, Table: accountsTable}, transfer("A", "B", 1)); err != nil {
 		t.Fatal(err)
 	}
 	run.Close()
@@ -257,7 +257,7 @@ func TestTakeoverInTheFenceWindowIsExactlyOnce(t *testing.T) {
 	if _, err := db.Exec(`INSERT INTO accounts VALUES ('B', 0, 0)`); err != nil {
 		t.Fatal(err)
 	}
-	target := steps.Target{Path: path, Table: accountsTable}
+	target := steps.Target{Location: path, Table: accountsTable}
 	hook := &rvFenceHook{Backend: st}
 	stale := rvBegin(t, st, hook)
 	var fresh *steps.Run

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/steps/internal/partition"
 )
 
 // Config says which run an attempt works on. The runner fills it in after
@@ -124,47 +125,55 @@ type Config struct {
 // Run is one attempt's view of a run, passed to job code. It is safe for use
 // by several goroutines.
 type Run struct {
-	store checkpoint.Backend
+	// What the attempt's Config set, shared with the views of it that
+	// work one partition each (partitionView).
+	runSettings
 	lease checkpoint.Lease
 	log   zerolog.Logger
-	now   func() time.Time
 
 	mu       sync.Mutex
-	recorded map[string]checkpoint.Step // checkpoints loaded at Begin
-	seen     map[string]struct{}        // step IDs used by this attempt
+	seen     map[string]struct{} // step IDs used by this attempt
 	stats    Stats
 	targets  map[string]*openTarget
+	progress func(Progress)
+
+	dryState map[string]checkpoint.State // values planned by earlier dry-run steps
+	dryPlans []DryPlan
+
+	// Partitions (partition.go), the attempt's own.
+	worker    *checkpoint.PartitionLease // Config.Partition
+	ownerGone func(string) bool
+	partSlots int // Config.PartitionSlots
+	// workerClaimedAt is Config.PartitionClaimedAt.
+	workerClaimedAt time.Time
+	// part, in a view of the run that works one partition (the
+	// coordinator's goroutines and workers), fences its writes by the
+	// partition; parent is the attempt's own Run, which counts.
+	part   *partition.Hold
+	parent *Run
+}
+
+// runSettings is what an attempt's Config set that every view of the run
+// works with alike: set once by Begin, never changed after.
+type runSettings struct {
+	store    checkpoint.Backend
+	now      func() time.Time
+	recorded map[string]checkpoint.Step // checkpoints loaded at Begin
+	dryRun   bool
 
 	retrySkipped bool
 	accept       *Acceptance
-	progress     func(Progress)
 	retry        RetryPolicy
 	sleepFn      func(context.Context, time.Duration) error
 
 	leaseFor   time.Duration
 	callMargin time.Duration
 	prevUntil  time.Time
+	fenceAhead time.Duration // Config.SelfFenceMargin
 
 	tracer    trace.Tracer
 	onStepEnd func(StepEnd)
 	writeHook func(ctx context.Context, what string, write func() error) error
-
-	dryRun   bool
-	dryState map[string]checkpoint.State // values planned by earlier dry-run steps
-	dryPlans []DryPlan
-
-	// Partitions (partition.go).
-	worker    *checkpoint.PartitionLease // Config.Partition
-	ownerGone func(string) bool
-	partSlots int // Config.PartitionSlots
-	// workerClaimedAt is Config.PartitionClaimedAt.
-	workerClaimedAt time.Time
-	fenceAhead      time.Duration // Config.SelfFenceMargin
-	// part, in a view of the run that works one partition (the
-	// coordinator's goroutines and workers), fences its writes by the
-	// partition; parent is the attempt's own Run, which counts.
-	part   *partHold
-	parent *Run
 }
 
 // Stats counts what an attempt did with its steps.
@@ -200,29 +209,31 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 			ErrNoOperator, a.Operator, a.Reason)
 	}
 	r := &Run{
-		store:        cfg.Store,
-		lease:        cfg.Lease,
-		now:          cfg.Now,
-		log:          zerolog.Nop(),
-		recorded:     make(map[string]checkpoint.Step),
-		seen:         make(map[string]struct{}),
-		dryRun:       cfg.DryRun,
-		retrySkipped: cfg.RetrySkipped,
-		accept:       cfg.AcceptChanged,
-		retry:        cfg.Retry,
-		sleepFn:      cfg.Sleep,
-		progress:     cfg.OnProgress,
-		dryState:     make(map[string]checkpoint.State),
-		leaseFor:     cfg.LeaseFor,
-		callMargin:   cfg.CallMargin,
-		prevUntil:    cfg.PreviousLeaseUntil,
-		worker:       cfg.Partition,
-		ownerGone:    cfg.OwnerGone,
-		partSlots:    cfg.PartitionSlots,
-		fenceAhead:   cfg.SelfFenceMargin,
-		tracer:       cfg.Tracer,
-		onStepEnd:    cfg.OnStepEnd,
-		writeHook:    cfg.Write,
+		runSettings: runSettings{
+			store:        cfg.Store,
+			now:          cfg.Now,
+			recorded:     make(map[string]checkpoint.Step),
+			dryRun:       cfg.DryRun,
+			retrySkipped: cfg.RetrySkipped,
+			accept:       cfg.AcceptChanged,
+			retry:        cfg.Retry,
+			sleepFn:      cfg.Sleep,
+			leaseFor:     cfg.LeaseFor,
+			callMargin:   cfg.CallMargin,
+			prevUntil:    cfg.PreviousLeaseUntil,
+			fenceAhead:   cfg.SelfFenceMargin,
+			tracer:       cfg.Tracer,
+			onStepEnd:    cfg.OnStepEnd,
+			writeHook:    cfg.Write,
+		},
+		lease:     cfg.Lease,
+		log:       zerolog.Nop(),
+		seen:      make(map[string]struct{}),
+		progress:  cfg.OnProgress,
+		dryState:  make(map[string]checkpoint.State),
+		worker:    cfg.Partition,
+		ownerGone: cfg.OwnerGone,
+		partSlots: cfg.PartitionSlots,
 	}
 	if r.tracer == nil {
 		r.tracer = defaultTracer()
@@ -335,6 +346,16 @@ func (r *Run) count(f func(*Stats)) {
 	r.mu.Lock()
 	f(&r.stats)
 	r.mu.Unlock()
+}
+
+// inTx runs fn in one write transaction: fenced by the run's lease, or in
+// a partition's view by the partition (recording its progress with it,
+// and extending its lease).
+func (r *Run) inTx(ctx context.Context, fn func(checkpoint.Tx) error) error {
+	if h := r.part; h != nil {
+		return h.InTx(ctx, r.now(), fn)
+	}
+	return r.runTx(ctx, fn)
 }
 
 // runTx runs fn in one write transaction fenced by the run's lease,

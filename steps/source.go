@@ -21,10 +21,38 @@ type Source[I any] struct {
 	// ascending: keys are guaranteed to ascend (Paged checks it), so a
 	// finished key the source skipped over is known to be gone.
 	ascending bool
+	// What ForEach does with each item beside processing it, set by
+	// ItemInput and PartitionBy: typed by the item, so a function of
+	// another item type is a compile error.
+	input func(I) any    // what of an item its fingerprint covers; nil: all of it
+	by    func(I) string // the partitioning value; nil: key ranges
 }
 
 // Total is the number of items, or -1 when the source does not know.
 func (s Source[I]) Total() int64 { return s.total }
+
+// ItemInput returns the source with what of each item a ForEach
+// fingerprints declared, as Input does for a step: fn's result is hashed
+// (its bytes for a []byte or string, else its JSON encoding) and recorded
+// with the item's checkpoint, and a rerun that finds a finished item whose
+// fingerprint differs fails with an *ItemChangedError instead of settling
+// it silently wrong. By default the whole item's JSON encoding is
+// fingerprinted; declare less (an ID and a version column, say) to ignore
+// fields that may change harmlessly or to save encoding a large item.
+func (s Source[I]) ItemInput(fn func(item I) any) Source[I] {
+	s.input = fn
+	return s
+}
+
+// PartitionBy returns the source with a partitioned ForEach's items
+// assigned to partitions by a hash of key(item)
+// (checkpoint.PartitionHashOf) in place of key ranges: items with the same
+// value share a partition, e.g. transfers by debit account. Without
+// Partitions(n > 1) it changes nothing.
+func (s Source[I]) PartitionBy(key func(item I) string) Source[I] {
+	s.by = key
+	return s
+}
 
 // Slice is a source over items in memory, for small batches. Its total is
 // len(items).

@@ -18,17 +18,19 @@ type Table = checkpoint.Table
 // database (same store: effects commit in the checkpoint's transaction) or
 // in another SQLite database (separate store: plan, apply, record).
 type Target struct {
-	// Path of the SQLite database holding Table. Empty, or the checkpoint
-	// database itself under any name (the store decides by the file's
+	// Location of the database holding Table, as the checkpoint store
+	// takes it: a SQLite file path, or a PostgreSQL URL, whichever store
+	// holds the checkpoints (checkpoint.TargetSpec.Location). Empty, or the
+	// checkpoint database itself under any name (the store decides by
 	// identity, so a symlink or relative path counts), means the same
 	// store. A separate database is opened by the checkpoint store, with
-	// its durability and lock-wait settings. The file must exist (with
-	// Table in it): a missing one fails with an error wrapping
-	// checkpoint.ErrNoDatabase that names its absolute path, and is never
-	// created. A relative path is resolved against the working directory
-	// when the target is opened; jobs store absolute paths in their
-	// parameters (format:"path") so a resume elsewhere opens the same file.
-	Path string
+	// its durability and lock-wait settings. It must exist (with Table in
+	// it): a missing one fails with an error wrapping
+	// checkpoint.ErrNoDatabase that names it, and is never created. A
+	// relative path is resolved against the working directory when the
+	// target is opened; jobs store absolute paths in their parameters
+	// (format:"path") so a resume elsewhere opens the same file.
+	Location string
 	// Table is the table and its key, value and version columns.
 	Table Table
 }
@@ -38,10 +40,10 @@ type Target struct {
 var State = Target{Table: checkpoint.StateTable}
 
 func (t Target) String() string {
-	if t.Path == "" {
+	if t.Location == "" {
 		return t.Table.Name
 	}
-	return t.Path + ":" + t.Table.Name
+	return t.Location + ":" + t.Table.Name
 }
 
 // openTarget is a Target opened for this attempt.
@@ -60,13 +62,13 @@ type openTarget struct {
 // for reading only, so it writes nothing, not even the applied-effects
 // table.
 func (r *Run) target(ctx context.Context, t Target) (*openTarget, error) {
-	key := t.Path + "\x00" + t.Table.Name
+	key := t.Location + "\x00" + t.Table.Name
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ot, ok := r.targets[key]; ok {
 		return ot, nil
 	}
-	et, err := r.store.OpenTarget(ctx, checkpoint.TargetSpec{Location: t.Path, Table: t.Table, ReadOnly: r.dryRun})
+	et, err := r.store.OpenTarget(ctx, checkpoint.TargetSpec{Location: t.Location, Table: t.Table, ReadOnly: r.dryRun})
 	if err != nil {
 		return nil, fmt.Errorf("steps: effect target %s: %w", t, err)
 	}

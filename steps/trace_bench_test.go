@@ -26,8 +26,8 @@ func BenchmarkStepSpan(b *testing.B) {
 		name string
 		r    *Run
 	}{
-		{"off", &Run{lease: lease, now: time.Now, tracer: defaultTracer()}},
-		{"on", &Run{lease: lease, now: time.Now, tracer: tp.Tracer(TracerName)}},
+		{"off", &Run{lease: lease, runSettings: runSettings{now: time.Now, tracer: defaultTracer()}}},
+		{"on", &Run{lease: lease, runSettings: runSettings{now: time.Now, tracer: tp.Tracer(TracerName)}}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			ctx := context.Background()

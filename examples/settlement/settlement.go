@@ -112,7 +112,7 @@ func LedgerKey(p Params) string {
 
 // Settle is the settle job's function.
 func Settle(ctx context.Context, r *steps.Run, p Params) error {
-	target := steps.Target{Path: p.Ledger, Table: Accounts}
+	target := steps.Target{Location: p.Ledger, Table: Accounts}
 	db, err := r.TargetDB(ctx, target)
 	if err != nil {
 		return fmt.Errorf("open ledger: %w (create one with `stepwise ledger seed`)", err)
@@ -155,7 +155,8 @@ WHERE business_date = $1 AND id > $2 ORDER BY id LIMIT $3`, p.Date, after, limit
 	if p.Partitions > 1 {
 		// By debit account: one account's debits stay in one partition,
 		// in ID order, so its overdraft guard decides as in one partition.
-		opts = append(opts, steps.Partitions(p.Partitions), steps.PartitionBy(func(t Transfer) string { return t.From }))
+		opts = append(opts, steps.Partitions(p.Partitions))
+		src = src.PartitionBy(func(t Transfer) string { return t.From })
 	}
 	if _, err := steps.ForEach(ctx, r, "post", src, post, opts...); err != nil {
 		return err

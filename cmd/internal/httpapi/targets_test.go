@@ -36,7 +36,7 @@ func targetRegistry() *jobs.Registry {
 	var reg jobs.Registry
 	reg.MustRegister(jobs.Define("load", func(ctx context.Context, run *steps.Run, p loadParams) error {
 		if p.Ledger != "" {
-			if _, err := steps.Apply(ctx, run, steps.ID("fee"), steps.Target{Path: p.Ledger, Table: accounts},
+			if _, err := steps.Apply(ctx, run, steps.ID("fee"), steps.Target{Location: p.Ledger, Table: accounts},
 				func(ctx context.Context, e *steps.Effects) (int, error) {
 					e.Add("a", -5)
 					e.Add("b", 5)

@@ -1,4 +1,4 @@
-package steps
+package plan
 
 import (
 	"errors"
@@ -297,11 +297,11 @@ func addNoOverflow(a, b int64) (int64, bool) {
 
 // refPlan is Plan written the plain way (a map of pending values per
 // group), the model FuzzPlanGroups holds Plan to.
-func refPlan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, error) {
+func refPlan(current map[string]checkpoint.State, groups ...[]Op) (Result, error) {
 	vals := map[string]int64{}
 	touched := map[string]bool{}
 	var order []string
-	res := PlanResult{}
+	res := Result{}
 	for gi, ops := range groups {
 		pending := map[string]int64{}
 		var rejected *GuardError
@@ -311,7 +311,7 @@ func refPlan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, e
 				if cur, ok = vals[op.Key]; !ok {
 					c, ok := current[op.Key]
 					if !ok {
-						return PlanResult{}, errors.New("missing")
+						return Result{}, errors.New("missing")
 					}
 					cur, vals[op.Key] = c.Value, c.Value
 				}
@@ -319,7 +319,7 @@ func refPlan(current map[string]checkpoint.State, groups ...[]Op) (PlanResult, e
 			next := op.Amount
 			if op.Kind == OpAdd {
 				if next, ok = addNoOverflow(cur, op.Amount); !ok {
-					return PlanResult{}, &OverflowError{Key: op.Key, Value: cur, Delta: op.Amount, Group: gi}
+					return Result{}, &OverflowError{Key: op.Key, Value: cur, Delta: op.Amount, Group: gi}
 				}
 			}
 			for _, g := range op.Guards {
