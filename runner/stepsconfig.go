@@ -27,10 +27,34 @@ func (r *Runner) dryConfig(job jobs.Job, runID string, log zerolog.Logger) steps
 // hooks. An attempt adds what its claim says, a partition worker's replay
 // its partition; a dry run keeps only what a dry run uses (dryConfig).
 func (r *Runner) stepsConfig(job jobs.Job, lease checkpoint.Lease, log zerolog.Logger) steps.Config {
-	cfg := steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.cfg.Clock.Now, Tracer: r.tracer,
+	cfg := steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.storeClock(), Tracer: r.tracer,
 		Write: r.writeHook(log), Retry: job.Settings().Retry, LeaseFor: r.cfg.Lease, SelfFenceMargin: r.cfg.SelfFenceMargin,
 		OnStepEnd: r.cfg.Metrics.stepHook(job.Name()), OnProgress: r.progressHook(lease, log),
 		OwnerGone: OwnerGone, PartitionSlots: r.cfg.PartitionSlots}
 	cfg.Sleep = func(ctx context.Context, d time.Duration) error { return sleep(ctx, r.cfg.Clock, d) }
 	return cfg
+}
+
+// storeClockTimeout bounds storeClock's one read of the store's clock.
+const storeClockTimeout = 5 * time.Second
+
+// storeClock is the clock of an attempt's steps: the runner's clock
+// moved by how far the store's clock (checkpoint.Inspector.StoreNow,
+// PostgreSQL's now()) is from it, read once as the attempt begins. So
+// step checkpoints carry times on the clock of the attempts and leases
+// beside them, and `show` never mixes a skewed host's step times with the
+// server's attempt times (issue 23.4). A store that keeps its caller's
+// clock (SQLite) or cannot be read leaves the runner's clock as it is.
+func (r *Runner) storeClock() func() time.Time {
+	ctx, cancel := context.WithTimeout(context.Background(), storeClockTimeout)
+	defer cancel()
+	before := r.cfg.Clock.Now()
+	server, err := r.cfg.Store.StoreNow(ctx)
+	if err != nil || server.IsZero() {
+		return r.cfg.Clock.Now
+	}
+	// The server read its clock somewhere in the round trip: its middle.
+	local := before.Add(r.cfg.Clock.Now().Sub(before) / 2)
+	skew := server.Sub(local)
+	return func() time.Time { return r.cfg.Clock.Now().Add(skew) }
 }

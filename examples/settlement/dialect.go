@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 )
 
 // The ledger lives in SQLite or in PostgreSQL. Its statements are written
@@ -131,4 +133,15 @@ func (d dialect) overflowed(err error) bool {
 		return errors.As(err, &pe) && pe.Code == "22003" // numeric_value_out_of_range
 	}
 	return strings.Contains(err.Error(), "integer overflow")
+}
+
+// fault is err of a query of the ledger, marked transient
+// (checkpoint.ErrTransient) on PostgreSQL when trying again may cure it: a
+// server restart or an ended session under a pooled run then hands the
+// partition back and the run goes on, instead of failing it.
+func (d dialect) fault(err error) error {
+	if d.postgres {
+		return postgres.ClassifyError(err)
+	}
+	return err
 }

@@ -62,6 +62,11 @@ var poolLedger = settlement.SeedConfig{Accounts: 40, Transfers: 1200, Date: test
 // poolTally counts what a campaign did, over its cases.
 type poolTally struct {
 	kills, ownerKills, pauses, takenOver, fencedOut, terminated atomic.Int64
+	// restarts counts server restarts (poolFaults.restart), violations
+	// the audit's findings, operator what an operator would have had to
+	// do (start a worker that exited by itself; a run that does not
+	// succeed by itself fails its case at once).
+	restarts, violations, operator atomic.Int64
 	// longest is the longest time, in nanoseconds, from a case's last
 	// fault to its run's success.
 	longest atomic.Int64
@@ -118,8 +123,21 @@ func TestPoolCampaign(t *testing.T) {
 	}
 }
 
-// poolCase runs one case of the campaign on s.
+// poolFaults is where a case's faults go besides its processes: the
+// server whose sessions it ends (a superuser URL) and, if set, a
+// restart of that server, saying how it restarted it.
+type poolFaults struct {
+	admin   string
+	restart func(rng *rand.Rand) string
+}
+
+// poolCase runs one case of the campaign on s, on the suite's server.
 func poolCase(t *testing.T, s store, rng *rand.Rand, tally *poolTally, campaignSeed uint64) {
+	poolCaseWith(t, s, rng, tally, campaignSeed, poolFaults{admin: pgtest.URL(t)})
+}
+
+// poolCaseWith is poolCase with the faults of f.
+func poolCaseWith(t *testing.T, s store, rng *rand.Rand, tally *poolTally, campaignSeed uint64, f poolFaults) {
 	workers := make([]*crashtest.Child, poolWorkers)
 	start := func(i int) { workers[i] = crashtest.Start(t, workerSpec(s.db, poolLease, 2)) }
 	for i := range workers {
@@ -160,13 +178,24 @@ func poolCase(t *testing.T, s store, rng *rand.Rand, tally *poolTally, campaignS
 			continue
 		}
 		lastFault = time.Now()
-		switch k := rng.IntN(12); {
+		kinds := 12
+		if f.restart != nil {
+			kinds = 15
+		}
+		k := rng.IntN(kinds)
+		if f.restart != nil && events == 0 {
+			k = 12 // every case restarts the server once at least
+		}
+		switch {
+		case k >= 12: // restart the server
+			tally.restarts.Add(1)
+			log = append(log, "restarted the server: "+f.restart(rng))
 		case k >= 10: // end a worker's session inside a write transaction
 			names := make([]string, len(workers))
 			for i, w := range workers {
 				names[i] = w.SessionName()
 			}
-			if what := terminateWriter(t, names, rng); what != "" {
+			if what := terminateWriterOn(t, f.admin, names, rng); what != "" {
 				tally.terminated.Add(1)
 				log = append(log, "ended a session "+what)
 			}
@@ -236,8 +265,15 @@ func poolCase(t *testing.T, s store, rng *rand.Rand, tally *poolTally, campaignS
 		for old := tally.longest.Load(); int64(took) > old && !tally.longest.CompareAndSwap(old, int64(took)); old = tally.longest.Load() {
 		}
 	}
+	for i, w := range workers {
+		if w.Exited() {
+			tally.operator.Add(1)
+			t.Errorf("worker %d exited by itself: an operator would have to start it again; its log:\n%s", i, tail(w.Stderr(), 3000))
+		}
+	}
 	stopWorkers(t, workers...)
 	for _, p := range poolAudit(t, s) {
+		tally.violations.Add(1)
 		t.Error(p)
 	}
 	if t.Failed() {

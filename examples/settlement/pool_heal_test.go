@@ -121,8 +121,14 @@ func healCase(t *testing.T, s store, n, transfers int) {
 // says which ("" when none was).
 func terminateWriter(t *testing.T, names []string, rng *rand.Rand) string {
 	t.Helper()
+	return terminateWriterOn(t, pgtest.URL(t), names, rng)
+}
+
+// terminateWriterOn is terminateWriter on the server of adminURL.
+func terminateWriterOn(t *testing.T, adminURL string, names []string, rng *rand.Rand) string {
+	t.Helper()
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, pgtest.URL(t))
+	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
 		t.Fatal(err)
 	}

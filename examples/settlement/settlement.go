@@ -126,7 +126,7 @@ func Settle(ctx context.Context, r *steps.Run, p Params) error {
 			return d, fmt.Errorf("%w: the total amount of %s's transfers does not fit in int64 minor units: %w", ErrOverflow, p.Date, err)
 		}
 		if err != nil {
-			return d, fmt.Errorf("count %s's transfers: %w", p.Date, err)
+			return d, fmt.Errorf("count %s's transfers: %w", p.Date, dialect.fault(err))
 		}
 		return d, nil
 	}, steps.Input(p.Date))
@@ -138,18 +138,18 @@ func Settle(ctx context.Context, r *steps.Run, p Params) error {
 			rows, err := db.QueryContext(ctx, `SELECT id, from_account, to_account, amount FROM transfers
 WHERE business_date = $1 AND id > $2 ORDER BY id LIMIT $3`, p.Date, after, limit)
 			if err != nil {
-				return nil, err
+				return nil, dialect.fault(err)
 			}
 			defer rows.Close()
 			page := make([]Transfer, 0, limit)
 			for rows.Next() {
 				var t Transfer
 				if err := rows.Scan(&t.ID, &t.From, &t.To, &t.Amount); err != nil {
-					return nil, err
+					return nil, dialect.fault(err)
 				}
 				page = append(page, t)
 			}
-			return page, rows.Err()
+			return page, dialect.fault(rows.Err())
 		}, day.Transfers)
 	opts := []steps.Option{steps.WithTarget(target), steps.ChunkSize(p.Chunk)}
 	if p.Partitions > 1 {
@@ -194,7 +194,7 @@ func summarize(ctx context.Context, r *steps.Run, db *sql.DB, date string, day D
 		case it.Status == "rejected":
 			// post itself rejected it (a bad amount): read the amount.
 			if err := db.QueryRowContext(ctx, `SELECT amount FROM transfers WHERE id = $1`, it.Key).Scan(&amount); err != nil {
-				return fmt.Errorf("rejected transfer %s: read its amount: %w", it.Key, err)
+				return fmt.Errorf("rejected transfer %s: read its amount: %w", it.Key, dialectOf(db).fault(err))
 			}
 			s.BadAmount++
 		default:
