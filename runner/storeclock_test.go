@@ -14,7 +14,10 @@ import (
 )
 
 // skewedClock is the real clock moved by skew: a host whose clock is off.
-type skewedClock struct{ skew time.Duration }
+type skewedClock struct {
+	runner.SystemClock // waits in real time
+	skew               time.Duration
+}
 
 func (c skewedClock) Now() time.Time { return time.Now().Add(c.skew) }
 

@@ -110,6 +110,36 @@ func (r *Run) TargetDB(ctx context.Context, t Target) (*sql.DB, error) {
 	return rd.ReadDB(), nil
 }
 
+// TargetError returns err, an error of job code's own query through
+// TargetDB's handle on t, marked as a store fault (errors.Is(err,
+// checkpoint.ErrTransient)) when t's store says trying again may cure it:
+// the connection lost or closed by the server, the server restarting, a
+// deadlock or a serialization failure. A partitioned step then hands its
+// partition back and a pooled run is tried again, as after the store's own
+// faults, instead of failing for an operator. Any other error, and every
+// error of a store that classifies none (SQLite), is returned as it is.
+func (r *Run) TargetError(ctx context.Context, t Target, err error) error {
+	if err == nil {
+		return nil
+	}
+	ot, oerr := r.target(ctx, t)
+	if oerr != nil {
+		return err
+	}
+	if c, ok := ot.et.(faultClassifier); ok {
+		return c.ClassifyError(err)
+	}
+	return err
+}
+
+// faultClassifier is an EffectTarget that tells the errors of queries on
+// its ReadDB that trying again may cure (PostgreSQL's targets).
+type faultClassifier interface {
+	// ClassifyError returns err marked checkpoint.ErrTransient when
+	// trying again may cure it, else err.
+	ClassifyError(err error) error
+}
+
 // sqlReader is an EffectTarget that gives job code a database/sql handle
 // for reading its own tables.
 type sqlReader interface {

@@ -20,3 +20,11 @@ func ClassifyError(err error) error {
 	}
 	return err
 }
+
+// ClassifyError implements steps' classification of a job's own queries
+// on this target's ReadDB (steps.Run.TargetError): ClassifyError.
+func (e *effectTarget) ClassifyError(err error) error { return ClassifyError(err) }
+
+// ClassifyError implements steps' classification of a job's own queries
+// on this target's ReadDB (steps.Run.TargetError): ClassifyError.
+func (d *dbTarget) ClassifyError(err error) error { return ClassifyError(err) }

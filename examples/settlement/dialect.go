@@ -7,8 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
-
-	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 )
 
 // The ledger lives in SQLite or in PostgreSQL. Its statements are written
@@ -16,7 +14,12 @@ import (
 // types, the catalogue, how an overflowing sum fails) is here.
 
 // dialect is the SQL flavour of a ledger's database.
-type dialect struct{ postgres bool }
+type dialect struct {
+	postgres bool
+	// classify marks an error of a query of the ledger that trying
+	// again may cure (Run.TargetError); nil leaves errors as they are.
+	classify func(error) error
+}
 
 // dialectOf tells which database db reaches: PostgreSQL through pgx's
 // database/sql driver, SQLite otherwise.
@@ -135,13 +138,14 @@ func (d dialect) overflowed(err error) bool {
 	return strings.Contains(err.Error(), "integer overflow")
 }
 
-// fault is err of a query of the ledger, marked transient
-// (checkpoint.ErrTransient) on PostgreSQL when trying again may cure it: a
-// server restart or an ended session under a pooled run then hands the
-// partition back and the run goes on, instead of failing it.
+// fault is err of a query of the ledger, marked as a store fault by the
+// store that holds the ledger (steps.Run.TargetError) when trying again
+// may cure it: a server restart or an ended session under a pooled run
+// then hands the partition back and the run goes on, instead of failing
+// it.
 func (d dialect) fault(err error) error {
-	if d.postgres {
-		return postgres.ClassifyError(err)
+	if d.classify != nil {
+		return d.classify(err)
 	}
 	return err
 }

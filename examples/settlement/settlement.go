@@ -118,6 +118,7 @@ func Settle(ctx context.Context, r *steps.Run, p Params) error {
 		return fmt.Errorf("open ledger: %w (create one with `stepwise ledger seed`)", err)
 	}
 	dialect := dialectOf(db)
+	dialect.classify = func(err error) error { return r.TargetError(ctx, target, err) }
 	day, err := steps.Do(ctx, r, steps.ID("count"), func(ctx context.Context) (Day, error) {
 		var d Day
 		err := db.QueryRowContext(ctx, dialect.daySums(), p.Date).Scan(&d.Transfers, &d.Amount)
@@ -162,7 +163,7 @@ WHERE business_date = $1 AND id > $2 ORDER BY id LIMIT $3`, p.Date, after, limit
 		return err
 	}
 	_, err = steps.Do(ctx, r, steps.ID("summary"), func(ctx context.Context) (Summary, error) {
-		return summarize(ctx, r, db, p.Date, day)
+		return summarize(ctx, r, db, dialect, p.Date, day)
 	}, steps.Input(day))
 	if err != nil {
 		return err
@@ -176,7 +177,7 @@ WHERE business_date = $1 AND id > $2 ORDER BY id LIMIT $3`, p.Date, after, limit
 // summarize is the summary step: the day's counts and totals, from the
 // rejected items of post (few) and the count step's totals, with checked
 // sums.
-func summarize(ctx context.Context, r *steps.Run, db *sql.DB, date string, day Day) (Summary, error) {
+func summarize(ctx context.Context, r *steps.Run, db *sql.DB, dialect dialect, date string, day Day) (Summary, error) {
 	// Counted from the recorded items, not from the count step: a
 	// transfer altered before it was posted, or one accepted beyond the
 	// declared total, is summarised as it was posted.
@@ -194,7 +195,7 @@ func summarize(ctx context.Context, r *steps.Run, db *sql.DB, date string, day D
 		case it.Status == "rejected":
 			// post itself rejected it (a bad amount): read the amount.
 			if err := db.QueryRowContext(ctx, `SELECT amount FROM transfers WHERE id = $1`, it.Key).Scan(&amount); err != nil {
-				return fmt.Errorf("rejected transfer %s: read its amount: %w", it.Key, dialectOf(db).fault(err))
+				return fmt.Errorf("rejected transfer %s: read its amount: %w", it.Key, dialect.fault(err))
 			}
 			s.BadAmount++
 		default:
