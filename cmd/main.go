@@ -156,6 +156,7 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 		kong.Vars{"name": name, "version": versionText(name, readBuildInfo())},
 	}, cliConventions()...)
 	kopts = append(kopts, own...)
+	kopts = append(kopts, scheduling(own)...)
 	parser, err := kong.New(&cli, kopts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)

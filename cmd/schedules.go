@@ -16,25 +16,24 @@ import (
 	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
-// Schedules adds the serve and schedules commands for the given schedules
-// (defined in Go beside the program's jobs):
+// Schedules gives the serve command the given schedules (defined in Go
+// beside the program's jobs) to fire, and adds the schedules command that
+// lists them:
 //
 //	cmd.Main(registry, cmd.Schedules(nightly))
+//
+// Every program has serve (the API, the dashboard, metrics and the queue);
+// without this option it fires nothing.
 func Schedules(s ...runner.Schedule) Option {
 	return SchedulesFrom(func() ([]runner.Schedule, error) { return s, nil })
 }
 
 // SchedulesFrom is Schedules with the schedules built by build when serve
 // or schedules runs, after the command line is parsed, so they may depend
-// on a flag the program adds (a time zone, say).
+// on a flag the program adds (a time zone, say). The last Schedules or
+// SchedulesFrom option wins.
 func SchedulesFrom(build func() ([]runner.Schedule, error)) Option {
-	return func(o *[]kong.Option) {
-		*o = append(*o,
-			kong.DynamicCommand("serve", "Run the scheduler: fire the schedules' runs, with catch-up after downtime, until SIGTERM.",
-				"Scheduling", &ServeCmd{schedules: build}),
-			kong.DynamicCommand("schedules", "List the schedules: zone, policies, last fire and the next fire times.",
-				"Scheduling", &SchedulesCmd{schedules: build}))
-	}
+	return func(o *[]kong.Option) { *o = append(*o, schedulesOption{build: build}) }
 }
 
 // SchedulesCmd lists the schedules.

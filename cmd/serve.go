@@ -42,6 +42,9 @@ func (c *ServeCmd) Run(env *Env) error {
 	if err != nil {
 		return usageError{err}
 	}
+	if len(scheds) == 0 && c.Listen == "" && c.MetricsListen == "" {
+		return usageError{errNothingToServe}
+	}
 	if err := checkGrace(c.Grace); err != nil {
 		return usageError{err}
 	}
@@ -68,7 +71,7 @@ func (c *ServeCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	sched, err := runner.NewScheduler(runner.SchedulerConfig{
+	sched, err := newFiring(runner.SchedulerConfig{
 		Runner: runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
 			TracerProvider: env.tracing(false)},
 		Schedules:        scheds,
@@ -151,7 +154,7 @@ func (c *ServeCmd) Run(env *Env) error {
 	if c.Enqueue {
 		where += "; runs go to queue " + c.Queue + " for '" + env.Name + " worker'"
 	}
-	fmt.Fprintf(env.Stdout, "%s serve: firing %d schedules from %s%s\n", env.Name, len(scheds), env.storeName(), where)
+	fmt.Fprintf(env.Stdout, "%s serve: %s from %s%s\n", env.Name, firingText(len(scheds)), env.storeName(), where)
 	if err := sched.Run(env.Ctx); err != nil {
 		return err
 	}
@@ -196,7 +199,7 @@ func checkGrace(grace time.Duration) error {
 // loopback or to the listen address are answered, on every path: others
 // are 421, so a page that points its own name at this machine (DNS
 // rebinding) reads nothing.
-func serveHTTP(env *Env, addr string, maxConns int, sched *runner.Scheduler, reg *prometheus.Registry, api *httpapi.Server, dash http.Handler) (*http.Server, string, error) {
+func serveHTTP(env *Env, addr string, maxConns int, sched firing, reg *prometheus.Registry, api *httpapi.Server, dash http.Handler) (*http.Server, string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", fmt.Errorf("--listen %s: %w", addr, err)
