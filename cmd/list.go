@@ -180,8 +180,10 @@ func (c *RunsCmd) checkJob(env *Env, st checkpoint.Backend, found bool) error {
 		c.Job, env.Name, registered, env.storeName(), env.Name)}
 }
 
+// preview is an error (or output) on one table line: without Go package
+// prefixes, its spaces folded, at most n bytes.
 func preview(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = strings.Join(strings.Fields(ops.UserText(s)), " ")
 	if len(s) <= n {
 		return s
 	}

@@ -54,3 +54,21 @@ func TestUnknownQueryParametersAre400(t *testing.T) {
 		t.Errorf("the cursor's page: %s", next.Raw)
 	}
 }
+
+// TestAPIErrorsCarryNoGoPackagePrefixes: the API's errors say what is
+// wrong without the Go packages' prefixes ("jobs: ", "checkpoint: ").
+func TestAPIErrorsCarryNoGoPackagePrefixes(t *testing.T) {
+	a := newAPI(t)
+	bad := a.do("POST", "/api/v1/runs", operateToken, start("settle", "yesterday"))
+	expect(t, "a bad date", bad, http.StatusBadRequest, "bad_params")
+	if msg := bad.str("error"); !strings.HasPrefix(msg, "bad parameters: ") || strings.Contains(msg, "jobs: ") {
+		t.Errorf("a bad date: %q; want it without the Go package prefix", msg)
+	}
+	expect(t, "start settle", a.do("POST", "/api/v1/runs", operateToken, start("settle", "2026-11-28")), http.StatusCreated)
+	a.wait("settle/2026-11-28")
+	ab := a.do("POST", "/api/v1/runs/settle/2026-11-28/abandon", operateToken, map[string]any{"reason": "wrong day"})
+	expect(t, "abandon a succeeded run", ab, http.StatusConflict, "needs_decision")
+	if msg := ab.str("error"); !strings.Contains(msg, "run already succeeded") || strings.Contains(msg, "checkpoint: ") || strings.Contains(msg, "--") {
+		t.Errorf("abandon a succeeded run: %q; want it without a Go package prefix or CLI flags", msg)
+	}
+}
