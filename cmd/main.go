@@ -163,6 +163,7 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 		return ExitUsage
 	}
 	groupGlobals(parser)
+	completing(parser)
 	if len(args) == 0 {
 		fmt.Fprint(stderr, shortUsage(name, parser))
 		return ExitUsage
