@@ -41,6 +41,8 @@ type SchedulesCmd struct {
 	Next int    `default:"3" placeholder:"N" help:"How many next fire times to list per schedule."`
 	From string `placeholder:"TIME" help:"List the fires after this time (RFC 3339, e.g. 2026-03-07T12:00:00-05:00) instead of after now: what fires around a DST change?"`
 	JSON bool   `name:"json" help:"Print JSON instead of text."`
+	// MisfireThreshold is serve's: a fire later than it is missed.
+	MisfireThreshold time.Duration `name:"misfire-threshold" default:"1m" help:"How late a fire may be and still count as on time, as serve's --misfire-threshold: later unsettled fires are listed as missed, waiting to catch up."`
 
 	schedules func() ([]runner.Schedule, error)
 }
@@ -78,6 +80,9 @@ func (c *SchedulesCmd) Run(env *Env) error {
 	for _, s := range scheds {
 		v, err := ops.ViewSchedule(s, states, now, after, c.Next)
 		if err != nil {
+			return usageError{err}
+		}
+		if err := ops.AddMissed(&v, s, now, c.MisfireThreshold); err != nil {
 			return usageError{err}
 		}
 		views = append(views, v)
@@ -125,6 +130,17 @@ func printSchedule(env *Env, v ops.ScheduleView) {
 		fmt.Fprintf(w, "; fired by %s, lease until %s", v.LeaseOwner, v.LeaseUntil.In(loc).Format("15:04:05"))
 	}
 	fmt.Fprintln(w)
+	if len(v.Missed) > 0 {
+		more := ""
+		if v.MissedMore {
+			more = " and more"
+		}
+		fmt.Fprintf(w, "  missed: %s%s not yet settled, waiting to catch up when serve fires it next; under misfire %s, %s:\n",
+			plural(len(v.Missed), "fire"), more, v.Misfire, v.CatchUp)
+		for _, m := range v.Missed {
+			fmt.Fprintf(w, "    %s\n", m.In(loc).Format(fireLayout))
+		}
+	}
 	if len(v.Next) == 0 {
 		return
 	}
