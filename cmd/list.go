@@ -108,7 +108,7 @@ func (c *RunsCmd) Run(env *Env) error {
 	if err := ops.CheckRunStatus(c.Status); err != nil {
 		return usageError{fmt.Errorf("--status: %w", err)}
 	}
-	st, err := env.ExistingStore()
+	st, err := env.ReadStore()
 	if err != nil {
 		return err
 	}

@@ -57,7 +57,7 @@ func (c *RunCmd) Run(env *Env) error {
 		return err
 	}
 	if c.DryRun { // reads only: never creates the database
-		if _, err := env.ExistingStore(); err != nil {
+		if _, err := env.ReadStore(); err != nil {
 			return err
 		}
 	}

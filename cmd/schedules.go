@@ -59,7 +59,7 @@ func (c *SchedulesCmd) Run(env *Env) error {
 	// It only reads: a missing database is not created, and means no
 	// schedule has fired yet.
 	var states []checkpoint.ScheduleState
-	st, err := env.ExistingStore()
+	st, err := env.ReadStore()
 	switch {
 	case errors.Is(err, checkpoint.ErrNoDatabase):
 	case err != nil:

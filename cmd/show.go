@@ -66,7 +66,7 @@ func (c *ShowCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	st, err := env.ExistingStore()
+	st, err := env.ReadStore()
 	if err != nil {
 		return err
 	}

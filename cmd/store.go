@@ -37,14 +37,17 @@ func (dbMapper) Decode(ctx *kong.DecodeContext, target reflect.Value) error {
 // database (never created; its tables are created or migrated), or a
 // SQLite file (created unless mustExist) with g's durability and lock
 // wait.
-func openBackend(e *Env, mustExist bool) (checkpoint.Backend, error) {
+func openBackend(e *Env, mustExist, noMigrate bool) (checkpoint.Backend, error) {
 	g := e.Globals
 	st, err := stores.Open(e.Ctx, g.DB, stores.Settings{
-		MustExist: mustExist, Synchronous: g.Synchronous, BusyTimeout: g.BusyTimeout, MaxConns: e.maxConns,
+		MustExist: mustExist, NoMigrate: noMigrate, Synchronous: g.Synchronous, BusyTimeout: g.BusyTimeout, MaxConns: e.maxConns,
 	})
 	switch {
 	case errors.Is(err, checkpoint.ErrNoDatabase) && mustExist:
 		return nil, usageError{fmt.Errorf("%w; check --db or $STEPWISE_DB (this command only reads a checkpoint database)", err)}
+	case errors.Is(err, checkpoint.ErrNeedsMigration):
+		return nil, usageError{fmt.Errorf("%w; this command only reads, so it leaves the database as it is: "+
+			"a command that writes (run, resume, serve, worker) migrates it", err)}
 	case errors.Is(err, postgres.ErrBadURL):
 		return nil, usageError{fmt.Errorf("--db: %w", err)}
 	case serverError(err):

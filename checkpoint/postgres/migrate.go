@@ -51,6 +51,9 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.cfg.NoMigrate {
+		return s.checkMigrated(ctx, ms[len(ms)-1].Version)
+	}
 	for {
 		more, err := s.migrateNext(ctx, ms)
 		if err != nil || !more {
@@ -114,4 +117,27 @@ func (s *Store) migrateNext(ctx context.Context, ms []checkpoint.Migration) (app
 		return false, s.wrap("commit migration "+m.Name, err)
 	}
 	return true, nil
+}
+
+// checkMigrated is migrate for NoMigrate: it writes nothing (no lock, no
+// table), and refuses a schema older (or newer) than latest.
+func (s *Store) checkMigrated(ctx context.Context, latest int) error {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, sqlSchemaTable).Scan(&exists); err != nil {
+		return s.wrap("read schema version", err)
+	}
+	current := 0
+	if exists {
+		if err := s.pool.QueryRow(ctx, sqlSchemaVersion).Scan(&current); err != nil {
+			return s.wrap("read schema version", err)
+		}
+	}
+	switch {
+	case current > latest:
+		return fmt.Errorf("%w: %s has schema version %d, this binary knows up to %d; use a newer stepwise",
+			checkpoint.ErrTooNew, s.where, current, latest)
+	case current < latest:
+		return fmt.Errorf("%w: %s has schema version %d, this binary's is %d", checkpoint.ErrNeedsMigration, s.where, current, latest)
+	}
+	return nil
 }

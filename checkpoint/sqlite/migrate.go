@@ -43,6 +43,9 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.cfg.NoMigrate {
+		return s.checkMigrated(ctx, ms[len(ms)-1].Version)
+	}
 	if _, err := s.db.ExecContext(ctx, sqlCreateSchemaTable); err != nil {
 		return s.wrap("create schema table", err)
 	}
@@ -86,3 +89,28 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	return nil
 }
+
+// checkMigrated is migrate for NoMigrate: it writes nothing, and refuses
+// a schema older (or newer) than latest.
+func (s *Store) checkMigrated(ctx context.Context, latest int) error {
+	var tables int
+	if err := s.db.QueryRowContext(ctx, sqlHasSchemaTable).Scan(&tables); err != nil {
+		return s.wrap("read schema version", err)
+	}
+	current := 0
+	if tables > 0 {
+		if err := s.db.QueryRowContext(ctx, sqlSchemaVersion).Scan(&current); err != nil {
+			return s.wrap("read schema version", err)
+		}
+	}
+	switch {
+	case current > latest:
+		return fmt.Errorf("%w: %s has schema version %d, this binary knows up to %d; use a newer stepwise",
+			checkpoint.ErrTooNew, s.path, current, latest)
+	case current < latest:
+		return fmt.Errorf("%w: %s has schema version %d, this binary's is %d", checkpoint.ErrNeedsMigration, s.path, current, latest)
+	}
+	return nil
+}
+
+const sqlHasSchemaTable = `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'stepwise_schema'`
