@@ -52,7 +52,9 @@ func (s *Store) migrate(ctx context.Context) error {
 		return err
 	}
 	if s.cfg.NoMigrate {
-		return s.checkMigrated(ctx, ms[len(ms)-1].Version)
+		if done, err := s.checkMigrated(ctx, ms[len(ms)-1].Version); done || err != nil {
+			return err
+		}
 	}
 	for {
 		more, err := s.migrateNext(ctx, ms)
@@ -120,24 +122,22 @@ func (s *Store) migrateNext(ctx context.Context, ms []checkpoint.Migration) (app
 }
 
 // checkMigrated is migrate for NoMigrate: it writes nothing (no lock, no
-// table), and refuses a schema older (or newer) than latest.
-func (s *Store) checkMigrated(ctx context.Context, latest int) error {
+// table), and refuses a Stepwise schema older than latest. A database
+// without it is left to migrate (done false), as MustExist decides.
+func (s *Store) checkMigrated(ctx context.Context, latest int) (done bool, err error) {
 	var exists bool
 	if err := s.pool.QueryRow(ctx, sqlSchemaTable).Scan(&exists); err != nil {
-		return s.wrap("read schema version", err)
+		return false, s.wrap("read schema version", err)
 	}
-	current := 0
-	if exists {
-		if err := s.pool.QueryRow(ctx, sqlSchemaVersion).Scan(&current); err != nil {
-			return s.wrap("read schema version", err)
-		}
+	if !exists {
+		return false, nil
 	}
-	switch {
-	case current > latest:
-		return fmt.Errorf("%w: %s has schema version %d, this binary knows up to %d; use a newer stepwise",
-			checkpoint.ErrTooNew, s.where, current, latest)
-	case current < latest:
-		return fmt.Errorf("%w: %s has schema version %d, this binary's is %d", checkpoint.ErrNeedsMigration, s.where, current, latest)
+	var current int
+	if err := s.pool.QueryRow(ctx, sqlSchemaVersion).Scan(&current); err != nil {
+		return false, s.wrap("read schema version", err)
 	}
-	return nil
+	if current > 0 && current < latest {
+		return true, fmt.Errorf("%w: %s has schema version %d, this binary's is %d", checkpoint.ErrNeedsMigration, s.where, current, latest)
+	}
+	return current == latest, nil
 }

@@ -44,7 +44,9 @@ func (s *Store) migrate(ctx context.Context) error {
 		return err
 	}
 	if s.cfg.NoMigrate {
-		return s.checkMigrated(ctx, ms[len(ms)-1].Version)
+		if done, err := s.checkMigrated(ctx, ms[len(ms)-1].Version); done || err != nil {
+			return err
+		}
 	}
 	if _, err := s.db.ExecContext(ctx, sqlCreateSchemaTable); err != nil {
 		return s.wrap("create schema table", err)
@@ -91,26 +93,25 @@ func (s *Store) migrate(ctx context.Context) error {
 }
 
 // checkMigrated is migrate for NoMigrate: it writes nothing, and refuses
-// a schema older (or newer) than latest.
-func (s *Store) checkMigrated(ctx context.Context, latest int) error {
+// a Stepwise schema older than latest. A file without Stepwise's schema
+// (new, or holding only other tables) is left to migrate (done false),
+// which creates the tables as for any store.
+func (s *Store) checkMigrated(ctx context.Context, latest int) (done bool, err error) {
 	var tables int
 	if err := s.db.QueryRowContext(ctx, sqlHasSchemaTable).Scan(&tables); err != nil {
-		return s.wrap("read schema version", err)
+		return false, s.wrap("read schema version", err)
 	}
-	current := 0
-	if tables > 0 {
-		if err := s.db.QueryRowContext(ctx, sqlSchemaVersion).Scan(&current); err != nil {
-			return s.wrap("read schema version", err)
-		}
+	if tables == 0 {
+		return false, nil
 	}
-	switch {
-	case current > latest:
-		return fmt.Errorf("%w: %s has schema version %d, this binary knows up to %d; use a newer stepwise",
-			checkpoint.ErrTooNew, s.path, current, latest)
-	case current < latest:
-		return fmt.Errorf("%w: %s has schema version %d, this binary's is %d", checkpoint.ErrNeedsMigration, s.path, current, latest)
+	var current int
+	if err := s.db.QueryRowContext(ctx, sqlSchemaVersion).Scan(&current); err != nil {
+		return false, s.wrap("read schema version", err)
 	}
-	return nil
+	if current > 0 && current < latest {
+		return true, fmt.Errorf("%w: %s has schema version %d, this binary's is %d", checkpoint.ErrNeedsMigration, s.path, current, latest)
+	}
+	return current == latest, nil
 }
 
 const sqlHasSchemaTable = `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'stepwise_schema'`
