@@ -27,6 +27,10 @@ var (
 	// ErrTooNew is returned by Open when the database was written by a newer
 	// Stepwise whose schema this binary does not know.
 	ErrTooNew = errors.New("checkpoint: database schema is newer than this binary")
+	// ErrNeedsMigration is returned by Open with NoMigrate (a command that
+	// only reads) when the database's schema is older than this binary's:
+	// it is not migrated by a read.
+	ErrNeedsMigration = errors.New("checkpoint: database schema is older than this binary's, and a read does not migrate it")
 	// ErrAlreadySucceeded is returned by Claim for a succeeded run unless
 	// the claim is forced.
 	ErrAlreadySucceeded = errors.New("checkpoint: run already succeeded")

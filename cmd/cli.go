@@ -35,8 +35,9 @@ type CLI struct {
 	Prune    PruneCmd    `cmd:"" group:"Operating runs" help:"Delete old finished runs' step payloads; their keys stay as tombstones."`
 	Backfill BackfillCmd `cmd:"" group:"Operating runs" help:"Start one run per business date of a job whose key is a date."`
 
-	Help    HelpCmd    `cmd:"" help:"Show a command's help: '${name} help run' is '${name} run --help'."`
-	Version VersionCmd `cmd:"" help:"Print the program's version (module version, VCS revision), as --version does."`
+	Help       HelpCmd       `cmd:"" help:"Show a command's help: '${name} help run' is '${name} run --help'."`
+	Version    VersionCmd    `cmd:"" help:"Print the program's version (module version, VCS revision), as --version does."`
+	Completion CompletionCmd `cmd:"" help:"Print the shell code completing this program's commands and flags: eval \"$(${name} completion bash)\" (or zsh) in your shell's rc file."`
 }
 
 // VersionCmd prints the program's version.

@@ -147,7 +147,13 @@ func hint(err error, name string, wait waitFlag) string {
 // operator can do about it where the library error carries only data. For
 // an outside call of unknown outcome (*steps.OutcomeUnknownError) that is
 // a rerun when the step reconciles by itself, else the resolve command.
+// Go package prefixes ("steps: ") are left out.
 func errorText(err error, name string) string {
+	return ops.UserText(errorLines(err, name))
+}
+
+// errorLines is errorText with the package prefixes left in.
+func errorLines(err error, name string) string {
 	var unknown *steps.OutcomeUnknownError
 	if !errors.As(err, &unknown) {
 		return err.Error()

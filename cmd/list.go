@@ -111,7 +111,7 @@ func (c *RunsCmd) Run(env *Env) error {
 	if err := ops.CheckRunStatus(c.Status); err != nil {
 		return usageError{fmt.Errorf("--status: %w", err)}
 	}
-	st, err := env.ExistingStore()
+	st, err := env.ReadStore()
 	if err != nil {
 		return err
 	}
@@ -136,7 +136,7 @@ func (c *RunsCmd) Run(env *Env) error {
 	}
 	col := colours(env.Stdout)
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tSTATUS\tUPDATED\tERROR")
+	fmt.Fprintf(tw, "RUN\t%s\tUPDATED\tERROR\n", col.header("STATUS"))
 	for _, r := range runs {
 		status := col.status(r, statusText(r, now), now)
 		if r.Status == checkpoint.RunRunning {
@@ -183,8 +183,10 @@ func (c *RunsCmd) checkJob(env *Env, st checkpoint.Backend, found bool) error {
 		c.Job, env.Name, registered, env.storeName(), env.Name)}
 }
 
+// preview is an error (or output) on one table line: without Go package
+// prefixes, its spaces folded, at most n bytes.
 func preview(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = strings.Join(strings.Fields(ops.UserText(s)), " ")
 	if len(s) <= n {
 		return s
 	}
@@ -197,12 +199,25 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// palette colours statuses on a terminal, unless NO_COLOR is set.
+// palette colours statuses on a terminal (or wherever CLICOLOR_FORCE is
+// set and not 0), unless NO_COLOR is set.
 type palette struct{ on bool }
 
 func colours(w io.Writer) palette {
 	f, ok := w.(*os.File)
-	return palette{on: ok && isatty.IsTerminal(f.Fd()) && os.Getenv("NO_COLOR") == ""}
+	tty := ok && isatty.IsTerminal(f.Fd())
+	force := os.Getenv("CLICOLOR_FORCE")
+	return palette{on: (tty || (force != "" && force != "0")) && os.Getenv("NO_COLOR") == ""}
+}
+
+// header is a column's header in a column whose cells are coloured: with
+// a code pair of the cells' length around it, so tabwriter, which counts
+// the codes' bytes, pads the header as it pads the cells.
+func (p palette) header(text string) string {
+	if !p.on {
+		return text
+	}
+	return "\x1b[39m" + text + "\x1b[0m"
 }
 
 // status colours a run's status text: green succeeded, red failed, yellow

@@ -104,7 +104,7 @@ func TestLockMidRunWithoutWait(t *testing.T) {
 		t.Fatalf("exit %d; want %d (locked)\n%s", o.code, ExitHeld, o)
 	}
 	for _, s := range []string{
-		"run gated/k failed: steps: checkpoint step second", // the real error, not only the end's
+		"run gated/k failed: checkpoint step second", // the real error, not only the end's (no Go package prefix)
 		"database is locked",
 		"its end (failed) could not be recorded",
 		"add --wait to wait for it",

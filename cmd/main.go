@@ -156,12 +156,14 @@ func Execute(ctx context.Context, reg *jobs.Registry, args []string, stdout, std
 		kong.Vars{"name": name, "version": versionText(name, readBuildInfo())},
 	}, cliConventions()...)
 	kopts = append(kopts, own...)
+	kopts = append(kopts, scheduling(own)...)
 	parser, err := kong.New(&cli, kopts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return ExitUsage
 	}
 	groupGlobals(parser)
+	completing(parser)
 	if len(args) == 0 {
 		fmt.Fprint(stderr, shortUsage(name, parser))
 		return ExitUsage
@@ -287,11 +289,20 @@ func (e *Env) Store() (checkpoint.Backend, error) { return e.openStore(false) }
 // usage error naming its absolute path.
 func (e *Env) ExistingStore() (checkpoint.Backend, error) { return e.openStore(true) }
 
+// ReadStore is ExistingStore for commands that only read (runs, show,
+// schedules, dry runs): a database whose schema is older than this
+// binary's is refused, not migrated, so a look changes nothing.
+func (e *Env) ReadStore() (checkpoint.Backend, error) { return e.openStoreFor(true, true) }
+
 func (e *Env) openStore(mustExist bool) (checkpoint.Backend, error) {
+	return e.openStoreFor(mustExist, false)
+}
+
+func (e *Env) openStoreFor(mustExist, noMigrate bool) (checkpoint.Backend, error) {
 	if e.store != nil {
 		return e.store, nil
 	}
-	st, err := openBackend(e, mustExist)
+	st, err := openBackend(e, mustExist, noMigrate)
 	if err != nil {
 		return nil, err
 	}

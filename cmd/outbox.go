@@ -31,7 +31,7 @@ func (c *OutboxListCmd) Run(env *Env) error {
 	if err := oneOf("--status", c.Status, []string{"queued", "sent", "dead"}); err != nil {
 		return err
 	}
-	st, err := env.ExistingStore()
+	st, err := env.ReadStore()
 	if err != nil {
 		return err
 	}

@@ -85,9 +85,9 @@ func viewResult(env *Env, res runner.Result, err error) runResultView {
 	switch {
 	case err == nil:
 	case v.ExitCode == ExitOK:
-		v.Note = err.Error()
+		v.Note = ops.UserText(err.Error())
 	default:
-		v.Error = err.Error()
+		v.Error = ops.UserText(err.Error())
 	}
 	if res.Status == checkpoint.RunInterrupted {
 		v.Resume = env.Name + " resume " + res.RunID
@@ -107,6 +107,7 @@ func printResultJSON(env *Env, res runner.Result, err error) error {
 			return err // refused before a run existed, or held: the error says why
 		}
 		res.Status = checkpoint.RunSucceeded
+		res.Attempt = succeededAttempt(env, res.RunID)
 	}
 	v := viewResult(env, res, err)
 	if werr := writeJSON(env.Stdout, v); werr != nil {
@@ -116,6 +117,27 @@ func printResultJSON(env *Env, res runner.Result, err error) error {
 		return nil
 	}
 	return err
+}
+
+// succeededAttempt is the number of the attempt that made a recorded run
+// succeed (a claim refused because it had leaves the result without one),
+// 0 only when the store cannot say.
+func succeededAttempt(env *Env, runID string) int {
+	st, err := env.ExistingStore()
+	if err != nil {
+		return 0
+	}
+	info, err := st.Run(env.Ctx, runID)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, a := range info.Attempts {
+		if a.Status == checkpoint.RunSucceeded || n == 0 {
+			n = a.Number
+		}
+	}
+	return n
 }
 
 // dryRunView is `run --dry-run --json`: every step's full plan, not

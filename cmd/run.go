@@ -64,7 +64,7 @@ func (c *RunCmd) Run(env *Env) error {
 		return err
 	}
 	if c.DryRun { // reads only: never creates the database
-		if _, err := env.ExistingStore(); err != nil {
+		if _, err := env.ReadStore(); err != nil {
 			return err
 		}
 	}
@@ -130,6 +130,11 @@ const dryRunListed = 10
 func printDryRun(env *Env, res runner.Result) {
 	fmt.Fprintf(env.Stdout, "dry run of %s: nothing was applied or checkpointed\n", res.RunID)
 	for _, p := range res.DryPlans {
+		if p.Call != "" {
+			fmt.Fprintf(env.Stdout, "%s  outside call with idempotency key %s: not called; the dry run stops here, "+
+				"as the steps after it need its result\n", p.Step, p.Call)
+			continue
+		}
 		head := p.Step
 		if p.Items > 0 {
 			head = fmt.Sprintf("%s (%s, %d rejected)", p.Step, plural(p.Items, "item"), len(p.Rejected))

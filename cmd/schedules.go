@@ -16,25 +16,24 @@ import (
 	"github.com/stepwise-run/stepwise/runner/ops"
 )
 
-// Schedules adds the serve and schedules commands for the given schedules
-// (defined in Go beside the program's jobs):
+// Schedules gives the serve command the given schedules (defined in Go
+// beside the program's jobs) to fire, and adds the schedules command that
+// lists them:
 //
 //	cmd.Main(registry, cmd.Schedules(nightly))
+//
+// Every program has serve (the API, the dashboard, metrics and the queue);
+// without this option it fires nothing.
 func Schedules(s ...runner.Schedule) Option {
 	return SchedulesFrom(func() ([]runner.Schedule, error) { return s, nil })
 }
 
 // SchedulesFrom is Schedules with the schedules built by build when serve
 // or schedules runs, after the command line is parsed, so they may depend
-// on a flag the program adds (a time zone, say).
+// on a flag the program adds (a time zone, say). The last Schedules or
+// SchedulesFrom option wins.
 func SchedulesFrom(build func() ([]runner.Schedule, error)) Option {
-	return func(o *[]kong.Option) {
-		*o = append(*o,
-			kong.DynamicCommand("serve", "Run the scheduler: fire the schedules' runs, with catch-up after downtime, until SIGTERM.",
-				"Scheduling", &ServeCmd{schedules: build}),
-			kong.DynamicCommand("schedules", "List the schedules: zone, policies, last fire and the next fire times.",
-				"Scheduling", &SchedulesCmd{schedules: build}))
-	}
+	return func(o *[]kong.Option) { *o = append(*o, schedulesOption{build: build}) }
 }
 
 // SchedulesCmd lists the schedules.
@@ -42,6 +41,8 @@ type SchedulesCmd struct {
 	Next int    `default:"3" placeholder:"N" help:"How many next fire times to list per schedule."`
 	From string `placeholder:"TIME" help:"List the fires after this time (RFC 3339, e.g. 2026-03-07T12:00:00-05:00) instead of after now: what fires around a DST change?"`
 	JSON bool   `name:"json" help:"Print JSON instead of text."`
+	// MisfireThreshold is serve's: a fire later than it is missed.
+	MisfireThreshold time.Duration `name:"misfire-threshold" default:"1m" help:"How late a fire may be and still count as on time, as serve's --misfire-threshold: later unsettled fires are listed as missed, waiting to catch up."`
 
 	schedules func() ([]runner.Schedule, error)
 }
@@ -58,7 +59,7 @@ func (c *SchedulesCmd) Run(env *Env) error {
 	// It only reads: a missing database is not created, and means no
 	// schedule has fired yet.
 	var states []checkpoint.ScheduleState
-	st, err := env.ExistingStore()
+	st, err := env.ReadStore()
 	switch {
 	case errors.Is(err, checkpoint.ErrNoDatabase):
 	case err != nil:
@@ -79,6 +80,9 @@ func (c *SchedulesCmd) Run(env *Env) error {
 	for _, s := range scheds {
 		v, err := ops.ViewSchedule(s, states, now, after, c.Next)
 		if err != nil {
+			return usageError{err}
+		}
+		if err := ops.AddMissed(&v, s, now, c.MisfireThreshold); err != nil {
 			return usageError{err}
 		}
 		views = append(views, v)
@@ -126,6 +130,17 @@ func printSchedule(env *Env, v ops.ScheduleView) {
 		fmt.Fprintf(w, "; fired by %s, lease until %s", v.LeaseOwner, v.LeaseUntil.In(loc).Format("15:04:05"))
 	}
 	fmt.Fprintln(w)
+	if len(v.Missed) > 0 {
+		more := ""
+		if v.MissedMore {
+			more = " and more"
+		}
+		fmt.Fprintf(w, "  missed: %s%s not yet settled, waiting to catch up when serve fires it next; under misfire %s, %s:\n",
+			plural(len(v.Missed), "fire"), more, v.Misfire, v.CatchUp)
+		for _, m := range v.Missed {
+			fmt.Fprintf(w, "    %s\n", m.In(loc).Format(fireLayout))
+		}
+	}
 	if len(v.Next) == 0 {
 		return
 	}

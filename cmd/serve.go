@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"sync/atomic"
 	"time"
@@ -15,8 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/cmd/internal/httpapi"
 	"github.com/stepwise-run/stepwise/cmd/internal/web"
+	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
 )
 
@@ -39,28 +42,7 @@ type ServeCmd struct {
 
 // Run implements the serve command.
 func (c *ServeCmd) Run(env *Env) error {
-	// Over 80 lines while the configured-targets change to it is under way elsewhere: its API block (c.Listen) is to become a helper after.
-	scheds, err := c.schedules()
-	if err != nil {
-		return usageError{err}
-	}
-	if err := checkGrace(c.Grace); err != nil {
-		return usageError{err}
-	}
-	var tokens *httpapi.Tokens
-	if c.Tokens != "" {
-		if tokens, err = httpapi.ReadTokens(c.Tokens); err != nil {
-			return usageError{fmt.Errorf("--tokens: %w", err)}
-		}
-	}
-	if err := c.checkServeHTTPFlags(); err != nil {
-		return usageError{err}
-	}
-	proxies, err := trustedProxies(c.TrustedProxy)
-	if err != nil {
-		return usageError{err}
-	}
-	targets, err := c.targets()
+	f, err := c.check()
 	if err != nil {
 		return usageError{err}
 	}
@@ -76,10 +58,10 @@ func (c *ServeCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	sched, err := runner.NewScheduler(runner.SchedulerConfig{
+	sched, err := newFiring(runner.SchedulerConfig{
 		Runner: runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
-			TracerProvider: env.tracing(false), Targets: targets},
-		Schedules:        scheds,
+			TracerProvider: env.tracing(false), Targets: f.targets},
+		Schedules:        f.scheds,
 		Grace:            c.Grace,
 		MisfireThreshold: c.MisfireThreshold,
 		Metrics:          metrics,
@@ -111,60 +93,111 @@ func (c *ServeCmd) Run(env *Env) error {
 		where = "; /metrics also on http://" + maddr + " (no token, loopback only)"
 	}
 	if c.Listen != "" {
-		r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
-			TracerProvider: env.tracing(false), Metrics: metrics, Targets: targets})
-		if err != nil {
-			return usageError{err}
-		}
-		local := httpapi.NewLocal(r)
-		// With --enqueue the API's new runs go to the workers too; an
-		// operator's resume of one run is executed here.
-		var starter httpapi.Starter = local
-		if c.Enqueue {
-			starter = &httpapi.Queued{Runner: r, Local: local, Queue: c.Queue}
-		}
-		api, err := httpapi.New(httpapi.Config{Store: st, Jobs: env.Registry, Starter: starter, Tokens: tokens, Targets: targets,
-			Schedules: c.schedules, Logger: env.Logger(), Now: env.now,
-			NoTokensHint: "start serve with --tokens FILE", SessionIdle: c.SessionIdle, SessionMax: c.SessionMax,
-			SecureCookies: c.SecureCookies, TrustedProxies: proxies, Registerer: reg})
+		addr, stop, err := c.serveAPI(env, st, f, sched, reg, metrics, &served)
 		if err != nil {
 			return err
 		}
-		dash, err := web.New(web.Config{Store: st, Auth: apiAuth{api}, API: httpapi.Prefix, Schedules: c.schedules,
-			MisfireThreshold: c.MisfireThreshold, Logger: env.Logger(), Now: env.now})
-		if err != nil {
-			return err
-		}
-		served.Store(api)
-		srv, addr, err := serveHTTP(env, c.Listen, c.MaxConns, sched, reg, api, dash)
-		if err != nil {
-			return usageError{err}
-		}
-		defer func() {
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(env.Ctx), 5*time.Second)
-			defer cancel()
-			srv.Shutdown(ctx)
-			// The runs the API started get the grace the schedules' runs
-			// get, then are interrupted (resumable).
-			gctx, gcancel := context.WithTimeout(context.WithoutCancel(env.Ctx), c.Grace)
-			defer gcancel()
-			local.Shutdown(gctx)
-		}()
+		defer stop()
 		auth := "reads only: no --tokens"
-		if tokens != nil {
-			auth = fmt.Sprintf("%d tokens", tokens.Len())
+		if f.tokens != nil {
+			auth = fmt.Sprintf("%d tokens", f.tokens.Len())
 		}
 		where = "; /healthz and /metrics on http://" + addr + ", the API under /api/v1/ (" + auth + "), the dashboard at /" + where
 	}
 	if c.Enqueue {
 		where += "; runs go to queue " + c.Queue + " for '" + env.Name + " worker'"
 	}
-	fmt.Fprintf(env.Stdout, "%s serve: firing %d schedules from %s%s\n", env.Name, len(scheds), env.storeName(), where)
+	fmt.Fprintf(env.Stdout, "%s serve: %s from %s%s\n", env.Name, firingText(len(f.scheds)), env.storeName(), where)
 	if err := sched.Run(env.Ctx); err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "%s serve: stopped\n", env.Name)
 	return nil
+}
+
+// serveFlags is what serve's flags give, once checked.
+type serveFlags struct {
+	scheds  []runner.Schedule
+	tokens  *httpapi.Tokens
+	proxies []netip.Prefix
+	targets *jobs.Targets
+}
+
+// check checks serve's flags, each naming what is wrong, before anything is
+// opened; with no schedules and nothing to listen on, serve has nothing to
+// do.
+func (c *ServeCmd) check() (f serveFlags, err error) {
+	if f.scheds, err = c.schedules(); err != nil {
+		return f, err
+	}
+	if err := checkGrace(c.Grace); err != nil {
+		return f, err
+	}
+	if c.Tokens != "" {
+		if f.tokens, err = httpapi.ReadTokens(c.Tokens); err != nil {
+			return f, fmt.Errorf("--tokens: %w", err)
+		}
+	}
+	if err := c.checkServeHTTPFlags(); err != nil {
+		return f, err
+	}
+	if f.proxies, err = trustedProxies(c.TrustedProxy); err != nil {
+		return f, err
+	}
+	if f.targets, err = c.targets(); err != nil {
+		return f, err
+	}
+	if len(f.scheds) == 0 && c.Listen == "" && c.MetricsListen == "" {
+		return f, errNothingToServe
+	}
+	return f, nil
+}
+
+// serveAPI serves the API and the dashboard (with /healthz and /metrics) on
+// --listen, until stop: it returns the address it listens on, and stop,
+// which shuts the server down and gives the runs the API started the grace
+// the schedules' runs get.
+func (c *ServeCmd) serveAPI(env *Env, st checkpoint.Backend, f serveFlags, sched firing, reg *prometheus.Registry,
+	metrics *runner.Metrics, served *atomic.Pointer[httpapi.Server]) (addr string, stop func(), err error) {
+	r, err := runner.New(runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
+		TracerProvider: env.tracing(false), Metrics: metrics, Targets: f.targets})
+	if err != nil {
+		return "", nil, usageError{err}
+	}
+	local := httpapi.NewLocal(r)
+	// With --enqueue the API's new runs go to the workers too; an
+	// operator's resume of one run is executed here.
+	var starter httpapi.Starter = local
+	if c.Enqueue {
+		starter = &httpapi.Queued{Runner: r, Local: local, Queue: c.Queue}
+	}
+	api, err := httpapi.New(httpapi.Config{Store: st, Jobs: env.Registry, Starter: starter, Tokens: f.tokens, Targets: f.targets,
+		Schedules: c.schedules, Logger: env.Logger(), Now: env.now,
+		NoTokensHint: "start serve with --tokens FILE", SessionIdle: c.SessionIdle, SessionMax: c.SessionMax,
+		SecureCookies: c.SecureCookies, TrustedProxies: f.proxies, Registerer: reg})
+	if err != nil {
+		return "", nil, err
+	}
+	dash, err := web.New(web.Config{Store: st, Auth: apiAuth{api}, API: httpapi.Prefix, Schedules: c.schedules,
+		MisfireThreshold: c.MisfireThreshold, Logger: env.Logger(), Now: env.now})
+	if err != nil {
+		return "", nil, err
+	}
+	served.Store(api)
+	srv, addr, err := serveHTTP(env, c.Listen, c.MaxConns, sched, reg, api, dash)
+	if err != nil {
+		return "", nil, usageError{err}
+	}
+	return addr, func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(env.Ctx), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		// The runs the API started get the grace the schedules' runs
+		// get, then are interrupted (resumable).
+		gctx, gcancel := context.WithTimeout(context.WithoutCancel(env.Ctx), c.Grace)
+		defer gcancel()
+		local.Shutdown(gctx)
+	}, nil
 }
 
 // loopback reports whether a listen address is on loopback only:
@@ -204,7 +237,7 @@ func checkGrace(grace time.Duration) error {
 // loopback or to the listen address are answered, on every path: others
 // are 421, so a page that points its own name at this machine (DNS
 // rebinding) reads nothing.
-func serveHTTP(env *Env, addr string, maxConns int, sched *runner.Scheduler, reg *prometheus.Registry, api *httpapi.Server, dash http.Handler) (*http.Server, string, error) {
+func serveHTTP(env *Env, addr string, maxConns int, sched firing, reg *prometheus.Registry, api *httpapi.Server, dash http.Handler) (*http.Server, string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", fmt.Errorf("--listen %s: %w", addr, err)

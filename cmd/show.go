@@ -66,7 +66,7 @@ func (c *ShowCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	st, err := env.ExistingStore()
+	st, err := env.ReadStore()
 	if err != nil {
 		return err
 	}
@@ -105,7 +105,7 @@ func (c *ShowCmd) print(env *Env, r checkpoint.Run, v ops.ShowView, now time.Tim
 		r.ID, r.Job, r.RunKey, r.Params, statusText(r, now), r.Fence, r.CreatedAt.Format(time.RFC3339), ago(r.UpdatedAt, now))
 	if r.Error != "" {
 		first, _, _ := strings.Cut(r.Error, "\n") // the rest (a panic's stack) follows the attempts
-		fmt.Fprintf(env.Stdout, "  error: %s\n", first)
+		fmt.Fprintf(env.Stdout, "  error: %s\n", ops.UserText(first))
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nATTEMPT\tOWNER\tSTATUS\tSTARTED\tTOOK\tERROR")

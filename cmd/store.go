@@ -38,15 +38,18 @@ func (dbMapper) Decode(ctx *kong.DecodeContext, target reflect.Value) error {
 // database (never created; its tables are created or migrated), or a
 // SQLite file (created unless mustExist) with g's durability and lock
 // wait.
-func openBackend(e *Env, mustExist bool) (checkpoint.Backend, error) {
+func openBackend(e *Env, mustExist, noMigrate bool) (checkpoint.Backend, error) {
 	g := e.Globals
 	st, err := stores.Open(e.Ctx, g.DB, stores.Settings{
-		MustExist: mustExist, Synchronous: g.Synchronous, BusyTimeout: g.BusyTimeout, MaxConns: e.maxConns, Lease: e.lease,
+		MustExist: mustExist, NoMigrate: noMigrate, Synchronous: g.Synchronous, BusyTimeout: g.BusyTimeout, MaxConns: e.maxConns, Lease: e.lease,
 		OwnTargetCredentials: e.ownTargetCredentials,
 	})
 	switch {
 	case errors.Is(err, checkpoint.ErrNoDatabase) && mustExist:
 		return nil, usageError{fmt.Errorf("%w; check --db or $STEPWISE_DB (this command only reads a checkpoint database)", err)}
+	case errors.Is(err, checkpoint.ErrNeedsMigration):
+		return nil, usageError{fmt.Errorf("%w; this command only reads, so it leaves the database as it is: "+
+			"a command that writes (run, resume, serve, worker) migrates it", err)}
 	case errors.Is(err, checkpoint.ErrBadLocation):
 		return nil, usageError{fmt.Errorf("--db: %w", err)}
 	case serverError(err):

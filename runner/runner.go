@@ -262,7 +262,7 @@ func (r *Runner) dryAttempt(ctx context.Context, job jobs.Job, dec jobs.Decoded)
 	defer run.Close()
 	jobErr := callJob(jobs.WithTargets(ctx, r.cfg.Targets), job, run, dec.JSON)
 	res := Result{RunID: runID, Status: "dry-run", Stats: run.Stats(), DryPlans: run.DryPlans()}
-	if jobErr != nil {
+	if jobErr != nil && !errors.Is(jobErr, steps.ErrDryRunStopped) { // stopped at a call: planned, not failed
 		return res, fmt.Errorf("dry run of %s failed: %w", runID, jobErr)
 	}
 	return res, nil

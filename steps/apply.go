@@ -152,6 +152,11 @@ type DryPlan struct {
 	Rejected []string `json:"rejected,omitempty"`
 	// Items is how many batch items the plan covers (0 for a plain step).
 	Items int `json:"items,omitempty"`
+	// Call, for an outside call (Call) a dry run reached, is the
+	// idempotency key it would be called with. The dry run makes no call
+	// and stops there (ErrDryRunStopped): the steps after it need the
+	// call's result.
+	Call string `json:"call,omitempty"`
 }
 
 // readTarget reads keys' current state in one read-only transaction, which

@@ -14,6 +14,11 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
+// ErrDryRunStopped ends a dry run at an outside call (Call) not yet made:
+// the call is planned (DryPlan.Call) but not made, and the steps after it
+// need its result. The runner counts such a dry run as done, not failed.
+var ErrDryRunStopped = errors.New("dry run stops before an outside call, which it does not make")
+
 type stepKey struct{}
 
 // stepInfo is what a running step's context carries.
@@ -139,8 +144,11 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 	}
 	o := newOptions(opts)
 	if r.dryRun {
-		// A dry run neither calls outside systems nor reconciles them.
-		return zero, fmt.Errorf("steps: dry run stops before outside call %s", id)
+		// A dry run neither calls outside systems nor reconciles them: it
+		// plans the call and stops, as what follows needs its result.
+		r.dryPlans = append(r.dryPlans, DryPlan{Step: id, Call: key})
+		r.count(func(s *Stats) { s.Executed++ }) // it would run
+		return zero, fmt.Errorf("%w: outside call %s (idempotency key %s)", ErrDryRunStopped, id, key)
 	}
 	// The record goes with every write from the intent on: operations
 	// tell an outside call by it, and check a resolved output against

@@ -8,13 +8,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
 // FingerprintSize is the length in bytes of an item fingerprint: the first
-// 16 bytes of a SHA-256.
+// 16 bytes of a SHA-256. An item's checkpoint records it followed by the
+// fingerprinted content, when that is JSON of at most MaxRecordedInput
+// bytes.
 const FingerprintSize = 16
 
 // Kinds of change an ItemChangedError reports (its Change field).
@@ -51,6 +54,10 @@ type ItemChangedError struct {
 	// Old and New are the recorded and current fingerprints (hex), for
 	// ItemContentChanged.
 	Old, New string
+	// Fields, for ItemContentChanged, are the fields that changed with
+	// their old and new values, when the item's fingerprinted content was
+	// recorded with it (a JSON encoding of at most MaxRecordedInput bytes).
+	Fields []FieldChange
 	// Declared is the source's declared total (-1 if none) and Finished
 	// the items recorded before this attempt.
 	Declared, Finished int64
@@ -69,6 +76,21 @@ type ItemChangedError struct {
 	// turn, once the named ones are settled.
 	Unnamed int
 }
+
+// FieldChange is one field of a changed item: its name (empty when the
+// fingerprinted content is not a JSON object, and the whole changed) and
+// its old and new values as JSON, "" for a field absent on that side.
+type FieldChange struct {
+	Field string `json:"field"`
+	Old   string `json:"old"`
+	New   string `json:"new"`
+}
+
+// MaxRecordedInput bounds the fingerprinted content (the item's JSON, or
+// what ItemInput declares) recorded with each item, so that a refusal can
+// name the fields that changed with their old and new values. Longer
+// content is recorded by its fingerprint only.
+const MaxRecordedInput = 256
 
 func (e *ItemChangedError) Error() string {
 	var b strings.Builder
@@ -99,6 +121,11 @@ func (e *ItemChangedError) Error() string {
 func (e *ItemChangedError) describe(b *strings.Builder) {
 	switch e.Change {
 	case ItemContentChanged:
+		if len(e.Fields) > 0 {
+			fmt.Fprintf(b, "item %s of batch step %s (run %s) changed since it was processed: %s",
+				e.Key, e.Step, e.RunID, fieldsText(e.Fields))
+			break
+		}
 		fmt.Fprintf(b, "item %s of batch step %s (run %s) changed since it was processed (fingerprint %s, now %s)",
 			e.Key, e.Step, e.RunID, short(e.Old), short(e.New))
 	case ItemMissing:
@@ -139,12 +166,47 @@ type Acceptance struct {
 }
 
 // fingerprinter hashes items of a ForEach into fixed-size fingerprints,
-// reusing its encoding buffer.
+// reusing its encoding buffer. It keeps each item's fingerprinted content
+// of the chunk (up to MaxRecordedInput bytes of JSON) to record with it.
 type fingerprinter[I any] struct {
 	step  string
 	input func(I) any
 	buf   bytes.Buffer
 	enc   *json.Encoder
+	// arena holds the chunk's recorded contents, spans each item's part
+	// of it (empty when not recorded), in the order of of's calls.
+	arena []byte
+	spans [][2]int
+}
+
+// reset forgets the contents kept for the previous chunk.
+func (f *fingerprinter[I]) reset() { f.arena, f.spans = f.arena[:0], f.spans[:0] }
+
+// content is the recorded content of the chunk's i-th item, nil if none.
+func (f *fingerprinter[I]) content(i int) []byte {
+	if i >= len(f.spans) {
+		return nil
+	}
+	sp := f.spans[i]
+	return f.arena[sp[0]:sp[1]]
+}
+
+// recorded is what an item's checkpoint keeps as its fingerprint: the
+// fingerprint, then its content when it is kept.
+func (f *fingerprinter[I]) recorded(i int, fp [FingerprintSize]byte) []byte {
+	c := f.content(i)
+	if len(c) == 0 {
+		return fp[:]
+	}
+	return append(append(make([]byte, 0, FingerprintSize+len(c)), fp[:]...), c...)
+}
+
+// fpOf splits a recorded fingerprint into the fingerprint and the content.
+func fpOf(rec []byte) (fp, content []byte) {
+	if len(rec) <= FingerprintSize {
+		return rec, nil
+	}
+	return rec[:FingerprintSize], rec[FingerprintSize:]
 }
 
 func newFingerprinter[I any](step string, input func(I) any) *fingerprinter[I] {
@@ -161,6 +223,7 @@ func (f *fingerprinter[I]) of(key string, item I) ([FingerprintSize]byte, error)
 		v = f.input(item)
 	}
 	var data []byte
+	start := len(f.arena)
 	switch x := v.(type) {
 	case []byte:
 		data = x
@@ -173,7 +236,11 @@ func (f *fingerprinter[I]) of(key string, item I) ([FingerprintSize]byte, error)
 				f.step, key, err)
 		}
 		data = bytes.TrimSuffix(f.buf.Bytes(), []byte{'\n'}) // what json.Marshal gives
+		if len(data) <= MaxRecordedInput {
+			f.arena = append(f.arena, data...)
+		}
 	}
+	f.spans = append(f.spans, [2]int{start, len(f.arena)})
 	sum := sha256.Sum256(data)
 	copy(fp[:], sum[:FingerprintSize])
 	return fp, nil
@@ -188,6 +255,7 @@ const maxNamed = 100
 type foundChange struct {
 	e     ItemChangedError // its error, as the first of its kind would make it
 	fp    []byte           // the item's fingerprint now (nil when it is gone)
+	rec   []byte           // what an acceptance records for the item: fp and its content
 	items int64            // 1, or the count of unnamed items no longer yielded
 	note  string           // for the audit record
 }
@@ -240,12 +308,19 @@ type sourceCheck[I any] struct {
 
 // add sorts one change by the decisions recorded for the step's items.
 func (sc *sourceCheck[I]) add(e ItemChangedError, fp []byte, items int64, note string) {
+	sc.addRec(e, fp, nil, items, note)
+}
+
+// addRec is add for a changed item whose acceptance records rec (its
+// fingerprint and content) instead of fp.
+func (sc *sourceCheck[I]) addRec(e ItemChangedError, fp, rec []byte, items int64, note string) {
 	c := &sc.changes
-	ch := foundChange{e: e, fp: fp, items: items, note: note}
+	ch := foundChange{e: e, fp: fp, rec: rec, items: items, note: note}
 	d, ok := sc.decided[e.Key]
 	// The decision must be about this very change: same kind and, for an
 	// item the source still yields, the content the refusal saw.
-	match := ok && d.Change == e.Change && bytes.Equal(d.Fingerprint, fp) && (e.Key != "" || d.Items == items)
+	dfp, _ := fpOf(d.Fingerprint)
+	match := ok && d.Change == e.Change && bytes.Equal(dfp, fp) && (e.Key != "" || d.Items == items)
 	switch {
 	case match && d.Status == checkpoint.ItemChangeAccepted:
 		c.prior = append(c.prior, ch)
@@ -316,6 +391,7 @@ func hexFP(fp []byte) string { return hex.EncodeToString(fp) }
 // found, or records the operator's acceptance of them all.
 func (b *batch[I, O]) check(ctx context.Context, done map[string]doneItem) error {
 	b.fps = b.fps[:0]
+	b.fp.reset()
 	for i, k := range b.keys {
 		fp, err := b.fp.of(k, b.items[i])
 		if err != nil {
@@ -323,14 +399,19 @@ func (b *batch[I, O]) check(ctx context.Context, done map[string]doneItem) error
 		}
 		b.fps = append(b.fps, fp)
 		if d, ok := done[k]; ok {
-			if d.status != "" && len(d.fp) > 0 && !bytes.Equal(d.fp, fp[:]) {
+			if dfp, was := fpOf(d.fp); d.status != "" && len(dfp) > 0 && !bytes.Equal(dfp, fp[:]) {
 				if err := b.loadDecisions(ctx); err != nil {
 					return err
 				}
-				old, now := hexFP(d.fp), hexFP(fp[:])
-				b.add(b.changeError(k, ItemContentChanged, func(e *ItemChangedError) { e.Old, e.New = old, now }),
-					append([]byte(nil), fp[:]...), 1,
-					fmt.Sprintf("item %s changed (fingerprint %s, now %s): kept as processed", k, short(old), short(now)))
+				old, now := hexFP(dfp), hexFP(fp[:])
+				fields := diffFields(was, b.fp.content(i))
+				what := fmt.Sprintf("fingerprint %s, now %s", short(old), short(now))
+				if len(fields) > 0 {
+					what = fieldsText(fields)
+				}
+				b.addRec(b.changeError(k, ItemContentChanged, func(e *ItemChangedError) { e.Old, e.New, e.Fields = old, now, fields }),
+					append([]byte(nil), fp[:]...), b.fp.recorded(i, fp), 1,
+					fmt.Sprintf("item %s changed (%s): kept as processed", k, what))
 			}
 			continue
 		}
@@ -431,7 +512,11 @@ func (sc *sourceCheck[I]) acceptNow(ctx context.Context) error {
 		notes[i] = ch.note
 		decisions[i] = ch.record(sc.name)
 		if ch.e.Change == ItemContentChanged {
-			items = append(items, checkpoint.Item{Step: sc.name, Key: ch.e.Key, Fingerprint: ch.fp})
+			rec := ch.rec
+			if rec == nil {
+				rec = ch.fp
+			}
+			items = append(items, checkpoint.Item{Step: sc.name, Key: ch.e.Key, Fingerprint: rec})
 		}
 	}
 	details := sc.name + ": " + strings.Join(notes, "; ")
@@ -514,4 +599,66 @@ func (sc *sourceCheck[I]) missingKeys(ctx context.Context, src Source[I], fn fun
 		}
 		return nil
 	})
+}
+
+// diffFields compares an item's recorded and current contents (JSON): the
+// fields of an object that differ, in name order, or the whole value when
+// either is not an object. Nil when either is not recorded.
+func diffFields(was, now []byte) []FieldChange {
+	if len(was) == 0 || len(now) == 0 {
+		return nil
+	}
+	var a, b map[string]json.RawMessage
+	if json.Unmarshal(was, &a) != nil || json.Unmarshal(now, &b) != nil || a == nil || b == nil {
+		if bytes.Equal(was, now) {
+			return nil
+		}
+		return []FieldChange{{Old: shortJSON(was), New: shortJSON(now)}}
+	}
+	names := make([]string, 0, len(a)+len(b))
+	for k := range a {
+		names = append(names, k)
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			names = append(names, k)
+		}
+	}
+	sort.Strings(names)
+	var out []FieldChange
+	for _, k := range names {
+		if bytes.Equal(a[k], b[k]) {
+			continue
+		}
+		out = append(out, FieldChange{Field: k, Old: shortJSON(a[k]), New: shortJSON(b[k])})
+	}
+	return out
+}
+
+// shortJSON is a JSON value for a message: at most 60 bytes of it.
+func shortJSON(v []byte) string {
+	if len(v) > 60 {
+		return string(v[:57]) + "..."
+	}
+	return string(v)
+}
+
+// fieldsText says what changed: `amount was 500, now 700; to was "A-2", now "A-9"`.
+func fieldsText(fs []FieldChange) string {
+	parts := make([]string, len(fs))
+	for i, f := range fs {
+		old, now := f.Old, f.New
+		if old == "" {
+			old = "absent"
+		}
+		if now == "" {
+			now = "absent"
+		}
+		if f.Field == "" {
+			parts[i] = fmt.Sprintf("it was %s, now %s", old, now)
+			continue
+		}
+		parts[i] = fmt.Sprintf("%s was %s, now %s", f.Field, old, now)
+	}
+	return strings.Join(parts, "; ")
 }

@@ -410,7 +410,7 @@ func (b *batch[I, O]) flushChunk(ctx context.Context) error {
 			failure = err
 			break
 		}
-		rec.Fingerprint = b.fps[i][:]
+		rec.Fingerprint = b.fp.recorded(i, b.fps[i])
 		b.recs = append(b.recs, rec)
 		if rec.Status == checkpoint.StepCompleted && len(ops) > 0 {
 			b.groups = append(b.groups, ops)

@@ -51,6 +51,11 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.cfg.NoMigrate {
+		if done, err := s.checkMigrated(ctx, ms[len(ms)-1].Version); done || err != nil {
+			return err
+		}
+	}
 	for {
 		more, err := s.migrateNext(ctx, ms)
 		if err != nil || !more {
@@ -114,4 +119,25 @@ func (s *Store) migrateNext(ctx context.Context, ms []checkpoint.Migration) (app
 		return false, s.wrap("commit migration "+m.Name, err)
 	}
 	return true, nil
+}
+
+// checkMigrated is migrate for NoMigrate: it writes nothing (no lock, no
+// table), and refuses a Stepwise schema older than latest. A database
+// without it is left to migrate (done false), as MustExist decides.
+func (s *Store) checkMigrated(ctx context.Context, latest int) (done bool, err error) {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, sqlSchemaTable).Scan(&exists); err != nil {
+		return false, s.wrap("read schema version", err)
+	}
+	if !exists {
+		return false, nil
+	}
+	var current int
+	if err := s.pool.QueryRow(ctx, sqlSchemaVersion).Scan(&current); err != nil {
+		return false, s.wrap("read schema version", err)
+	}
+	if current > 0 && current < latest {
+		return true, fmt.Errorf("%w: %s has schema version %d, this binary's is %d", checkpoint.ErrNeedsMigration, s.where, current, latest)
+	}
+	return current == latest, nil
 }

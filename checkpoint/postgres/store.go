@@ -76,6 +76,10 @@ type Config struct {
 	// targets their operator configured carry credentials, and only
 	// those the operator gave each one.
 	OwnTargetCredentials bool
+	// NoMigrate refuses (ErrNeedsMigration) a database whose schema is
+	// older than this binary's instead of migrating it: for callers that
+	// only read, which must not change the database.
+	NoMigrate bool
 	// Targets opens an effect target whose TargetSpec.Location this
 	// backend does not own (anything but a postgres:// or postgresql://
 	// URL, such as a SQLite file path), with settings of the caller's

@@ -43,6 +43,11 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.cfg.NoMigrate {
+		if done, err := s.checkMigrated(ctx, ms[len(ms)-1].Version); done || err != nil {
+			return err
+		}
+	}
 	if _, err := s.db.ExecContext(ctx, sqlCreateSchemaTable); err != nil {
 		return s.wrap("create schema table", err)
 	}
@@ -86,3 +91,27 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	return nil
 }
+
+// checkMigrated is migrate for NoMigrate: it writes nothing, and refuses
+// a Stepwise schema older than latest. A file without Stepwise's schema
+// (new, or holding only other tables) is left to migrate (done false),
+// which creates the tables as for any store.
+func (s *Store) checkMigrated(ctx context.Context, latest int) (done bool, err error) {
+	var tables int
+	if err := s.db.QueryRowContext(ctx, sqlHasSchemaTable).Scan(&tables); err != nil {
+		return false, s.wrap("read schema version", err)
+	}
+	if tables == 0 {
+		return false, nil
+	}
+	var current int
+	if err := s.db.QueryRowContext(ctx, sqlSchemaVersion).Scan(&current); err != nil {
+		return false, s.wrap("read schema version", err)
+	}
+	if current > 0 && current < latest {
+		return true, fmt.Errorf("%w: %s has schema version %d, this binary's is %d", checkpoint.ErrNeedsMigration, s.path, current, latest)
+	}
+	return current == latest, nil
+}
+
+const sqlHasSchemaTable = `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'stepwise_schema'`

@@ -42,6 +42,10 @@ type Config struct {
 	// audits, dry runs) and for effect targets, whose tables must already
 	// be there. Defaults to false: create the file.
 	MustExist bool
+	// NoMigrate refuses (ErrNeedsMigration) an existing database whose
+	// schema is older than this binary's instead of migrating it: for
+	// callers that only read, which must not change the file.
+	NoMigrate bool
 	// Synchronous is SyncFull or SyncNormal. Defaults to SyncFull.
 	Synchronous string
 	// BusyTimeout is how long a write waits for another process's write

@@ -34,6 +34,10 @@ type Settings struct {
 	// a PostgreSQL database itself is never created): for commands that
 	// only read.
 	MustExist bool
+	// NoMigrate refuses a database whose schema is older than this
+	// binary's (checkpoint.ErrNeedsMigration) instead of migrating it: for
+	// commands that only read, which must not change it.
+	NoMigrate bool
 	// Synchronous is the SQLite durability level (sqlite.SyncFull or sqlite.SyncNormal).
 	Synchronous string
 	// BusyTimeout is how long a SQLite write waits for another process's.
@@ -70,7 +74,7 @@ type Settings struct {
 func Open(ctx context.Context, location string, s Settings) (checkpoint.Backend, error) {
 	if IsURL(location) {
 		cfg := s.postgres(location)
-		cfg.MustExist = s.MustExist
+		cfg.MustExist, cfg.NoMigrate = s.MustExist, s.NoMigrate
 		cfg.Targets = s.fileTargets
 		st, err := postgres.Open(ctx, cfg)
 		if err != nil {
@@ -82,7 +86,7 @@ func Open(ctx context.Context, location string, s Settings) (checkpoint.Backend,
 		return nil, fmt.Errorf("stores: %s: no store for this kind of URL; use a postgres:// URL or a SQLite file path", Redact(location))
 	}
 	cfg := s.sqlite(location)
-	cfg.MustExist = s.MustExist
+	cfg.MustExist, cfg.NoMigrate = s.MustExist, s.NoMigrate
 	cfg.Targets = s.databaseTargets
 	st, err := sqlite.Open(ctx, cfg)
 	if err != nil {

@@ -264,8 +264,8 @@ func TestDashboardInBrowser(t *testing.T) {
 	shown := textOf("#op-error")
 	viewShot("refusal.png")
 	run("cancel", chromedp.Click(chromedp.CSS("[data-cancel]")))
-	if shown != refusal.Error() {
-		t.Errorf("the refusal shown is %q; want the command line's %q", shown, refusal.Error())
+	if want := ops.UserText(refusal.Error()); shown != want || strings.Contains(shown, "checkpoint:") {
+		t.Errorf("the refusal shown is %q; want the command line's %q", shown, want)
 	}
 
 	run("the runs list", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.ID("runs")))

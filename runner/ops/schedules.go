@@ -21,6 +21,12 @@ type ScheduleView struct {
 	LeaseOwner       string     `json:"lease_owner,omitempty"`
 	LeaseUntil       *time.Time `json:"lease_until,omitempty"`
 	Next             []FireView `json:"next"`
+	// Missed, MissedMore and CatchUp are filled in by AddMissed: the fires
+	// past their time waiting to catch up, whether more follow, and what
+	// the misfire policy will do with them.
+	Missed     []time.Time `json:"missed,omitempty"`
+	MissedMore bool        `json:"missed_more,omitempty"`
+	CatchUp    string      `json:"catch_up,omitempty"`
 }
 
 // FireView is one upcoming fire.

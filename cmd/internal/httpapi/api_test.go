@@ -388,7 +388,7 @@ func TestOperationsRefuseAsTheCLIAndAreAudited(t *testing.T) {
 	rec := a.do("POST", run+"/recover", operateToken, reason("runner gone"))
 	expect(t, "recover a failed run", rec, http.StatusConflict, "needs_decision")
 	_, want := ops.Recover(ctx, a.st, ops.Who{Operator: "x", Reason: "y"}, "report/2026-11-28", false, time.Now())
-	if want == nil || rec.str("error") != want.Error() {
+	if want == nil || rec.str("error") != ops.UserText(want.Error()) { // the CLI's words, without Go package prefixes
 		t.Errorf("recover refusal %q; want the CLI's %v", rec.str("error"), want)
 	}
 	// Reset of a step whose effects applied: the CLI's words, then the
@@ -417,7 +417,7 @@ func TestOperationsRefuseAsTheCLIAndAreAudited(t *testing.T) {
 	rr := a.do("POST", run+"/rerun", operateToken, reason("try again"))
 	expect(t, "rerun an abandoned run", rr, http.StatusConflict, "needs_decision")
 	_, want = ops.PlanRerun(ctx, a.st, "report/2026-11-28", "", false)
-	if want == nil || !strings.HasPrefix(rr.str("error"), want.Error()) {
+	if want == nil || !strings.HasPrefix(rr.str("error"), ops.UserText(want.Error())) {
 		t.Errorf("rerun refusal %q; want the CLI's %v", rr.str("error"), want)
 	}
 	expect(t, "rerun --force", a.do("POST", run+"/rerun", operateToken, reason("it was the right day", "force", true)), http.StatusOK)

@@ -53,7 +53,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		e = &apiError{Status: http.StatusInternalServerError, Code: "internal",
 			Message: "internal error; the server's log has it under request id " + RequestID(r)}
 	}
-	writeJSON(w, e.Status, ErrorView{Error: e.Message, Code: e.Code, Field: e.Field, Limit: e.Limit, Holders: e.Holders, RequestID: RequestID(r)})
+	writeJSON(w, e.Status, ErrorView{Error: ops.UserText(e.Message), Code: e.Code, Field: e.Field, Limit: e.Limit, Holders: e.Holders, RequestID: RequestID(r)})
 }
 
 // classify maps an error to its answer; nil for an unexpected one.

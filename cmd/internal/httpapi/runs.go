@@ -181,9 +181,9 @@ func (s *Server) runGet(w http.ResponseWriter, r *http.Request) {
 	case !ok:
 		s.noRoute(w, r)
 	case p.Verb == "" && p.Step == "":
-		s.getRun(w, r, p.RunID)
+		s.takes(func(w http.ResponseWriter, r *http.Request) { s.getRun(w, r, p.RunID) }, "limit")(w, r)
 	case p.Verb == "items" && p.Step != "":
-		s.getItems(w, r, p)
+		s.takes(func(w http.ResponseWriter, r *http.Request) { s.getItems(w, r, p) }, "status", "limit", "cursor")(w, r)
 	default:
 		s.noRoute(w, r)
 	}

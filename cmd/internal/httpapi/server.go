@@ -192,16 +192,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) routes() {
-	s.mux.HandleFunc("POST /api/v1/login", s.login)
-	s.mux.HandleFunc("POST /api/v1/logout", s.logout)
-	s.mux.Handle("GET /api/v1/session", s.auth(RoleRead, s.session))
-	s.mux.Handle("GET /api/v1/runs", s.auth(RoleRead, s.listRuns))
-	s.mux.Handle("POST /api/v1/runs", s.auth(RoleOperate, s.createRun))
+	s.mux.HandleFunc("POST /api/v1/login", s.takes(s.login))
+	s.mux.HandleFunc("POST /api/v1/logout", s.takes(s.logout))
+	s.mux.Handle("GET /api/v1/session", s.auth(RoleRead, s.takes(s.session)))
+	s.mux.Handle("GET /api/v1/runs", s.auth(RoleRead, s.takes(s.listRuns, "job", "status", "key_prefix", "since", "until", "limit", "cursor")))
+	s.mux.Handle("POST /api/v1/runs", s.auth(RoleOperate, s.takes(s.createRun)))
 	s.mux.Handle("GET /api/v1/runs/{rest...}", s.auth(RoleRead, s.runGet))
-	s.mux.Handle("POST /api/v1/runs/{rest...}", s.auth(RoleOperate, s.runPost))
-	s.mux.Handle("GET /api/v1/schedules", s.auth(RoleRead, s.schedules))
-	s.mux.Handle("GET /api/v1/outbox", s.auth(RoleRead, s.listOutbox))
-	s.mux.Handle("POST /api/v1/outbox/requeue", s.auth(RoleOperate, s.requeueOutbox))
+	s.mux.Handle("POST /api/v1/runs/{rest...}", s.auth(RoleOperate, s.takes(s.runPost)))
+	s.mux.Handle("GET /api/v1/schedules", s.auth(RoleRead, s.takes(s.schedules, "next", "from")))
+	s.mux.Handle("GET /api/v1/outbox", s.auth(RoleRead, s.takes(s.listOutbox, "status", "run", "limit")))
+	s.mux.Handle("POST /api/v1/outbox/requeue", s.auth(RoleOperate, s.takes(s.requeueOutbox)))
 	s.mux.HandleFunc("/api/v1/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, &apiError{Status: http.StatusNotFound, Code: "not_found", Message: "no such endpoint: " + r.Method + " " + r.URL.Path})
 	})

@@ -19,6 +19,10 @@ const timeLayout = "2006-01-02 15:04:05 MST"
 
 func (h *Handler) funcs() template.FuncMap {
 	return template.FuncMap{
+		// usertext and sentence are an error's text for an operator:
+		// without Go package prefixes, and (sentence) as a sentence.
+		"usertext": ops.UserText,
+		"sentence": ops.Sentence,
 		"when": func(t any) string {
 			switch t := t.(type) {
 			case time.Time:
