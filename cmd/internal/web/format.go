@@ -72,7 +72,7 @@ func (h *Handler) funcs() template.FuncMap {
 		"rate":    func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
 		"raw":     rawJSON,
 		"short":   func(s string, n int) string { return shorten(s, n) },
-		"misfire": misfireNote,
+		"misfire": ops.MisfireNote,
 		"overlap": overlapNote,
 		"attr":    func(n int) string { return strconv.Itoa(n) },
 		"query":   func(q string) template.URL { return template.URL("?" + q) },
@@ -156,19 +156,6 @@ func shorten(s string, n int) string {
 		return s
 	}
 	return s[:n-1] + "…"
-}
-
-// misfireNote says what a misfire policy does with missed fires.
-func misfireNote(policy string) string {
-	switch runner.MisfirePolicy(policy) {
-	case runner.MisfireSkip:
-		return "missed fires are skipped; firing resumes with the next one"
-	case runner.MisfireRunOnce:
-		return "of the missed fires, only the latest runs"
-	case runner.MisfireRunAll:
-		return "every missed fire runs, oldest first"
-	}
-	return ""
 }
 
 // overlapNote says what happens to a fire while the last run still runs.

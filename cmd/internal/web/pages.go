@@ -442,22 +442,16 @@ type schedulesPage struct {
 	Threshold time.Duration
 }
 
-// scheduleRow is a schedule with its misfire state.
+// scheduleRow is a schedule with its misfire state: its view's Missed
+// fires (ops.AddMissed, as `schedules` lists them) and what the
+// scheduler is doing with it.
 type scheduleRow struct {
 	ops.ScheduleView
-	// Missed are the fires past their time (beyond the misfire threshold)
-	// not yet settled, oldest first, at most maxMissedListed; MissedMore
-	// says whether more are.
-	Missed     []time.Time
-	MissedMore bool
-	State      string // what the scheduler is doing with it, in words
+	State string // what the scheduler is doing with it, in words
 }
 
-// Bounds of the schedules page.
-const (
-	nextFiresListed = 5
-	maxMissedListed = 10
-)
+// nextFiresListed bounds the next fires the schedules page lists.
+const nextFiresListed = 5
 
 func (h *Handler) schedules(w http.ResponseWriter, r *http.Request, who Caller, known bool) {
 	p := schedulesPage{common: h.common("Schedules", "schedules", who, known), Threshold: h.cfg.MisfireThreshold}
@@ -500,22 +494,5 @@ func (h *Handler) misfires(row *scheduleRow, s runner.Schedule, now time.Time) {
 	default:
 		row.State = "no scheduler holds it: fires are missed until serve runs"
 	}
-	from := *row.ServedSince
-	if row.LastFire != nil {
-		from = *row.LastFire
-	}
-	fires, err := s.Fires(from, maxMissedListed+1)
-	if err != nil {
-		return
-	}
-	for _, f := range fires {
-		if !f.At.Before(now.Add(-h.cfg.MisfireThreshold)) {
-			break
-		}
-		if len(row.Missed) == maxMissedListed {
-			row.MissedMore = true
-			break
-		}
-		row.Missed = append(row.Missed, f.At)
-	}
+	_ = ops.AddMissed(&row.ScheduleView, s, now, h.cfg.MisfireThreshold) // a schedule that cannot list its fires shows none
 }
