@@ -133,7 +133,7 @@ func Reconcile(fn ReconcileFunc) Option { return func(o *doOptions) { o.reconcil
 // there is no Reconcile function, the step stops with an
 // *OutcomeUnknownError.
 func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Context, key string) (T, error), opts ...Option) (out T, err error) {
-	// Longer than 80 lines while issue 23 (transient faults) changes this retry loop: split it (intent, try, unknown outcome) once that lands.
+	// Over 80 lines: the outside-call protocol (intent, tries, unknown outcome, reconcile) in the order it happens; to be split along those lines.
 	key := r.lease.RunID + "/" + id
 	ctx, sp := r.startStep(ctx, id, kindCall)
 	defer func() { sp.end(err, attribute.String(AttrIdempotencyKey, key)) }()

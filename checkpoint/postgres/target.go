@@ -248,15 +248,7 @@ func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 			return g.fail(fmt.Errorf("postgres: write %s: key %q is written twice in one plan", g.table.Name, ws[i].Key))
 		}
 	}
-	var uk, ik []string
-	var unv, uov, inv, iov []int64
-	for _, w := range ws {
-		if w.Insert {
-			ik, inv, iov = append(ik, w.Key), append(inv, w.NewValue), append(iov, w.OldVersion)
-			continue
-		}
-		uk, unv, uov = append(uk, w.Key), append(unv, w.NewValue), append(uov, w.OldVersion)
-	}
+	uk, unv, uov, ik, inv, iov := splitWrites(ws)
 	if len(ws) == 0 {
 		return nil
 	}
@@ -318,6 +310,20 @@ func (g *pgTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
 	}
 	// What matched is written in this transaction: it must not commit.
 	return g.fail(g.conflict(ws, written))
+}
+
+// splitWrites splits writes into the updates' keys, new values and old
+// versions and the inserts' keys, new values and old versions: the array
+// arguments of Write's statements.
+func splitWrites(ws []checkpoint.Write) (uk []string, unv, uov []int64, ik []string, inv, iov []int64) {
+	for _, w := range ws {
+		if w.Insert {
+			ik, inv, iov = append(ik, w.Key), append(inv, w.NewValue), append(iov, w.OldVersion)
+			continue
+		}
+		uk, unv, uov = append(uk, w.Key), append(unv, w.NewValue), append(uov, w.OldVersion)
+	}
+	return uk, unv, uov, ik, inv, iov
 }
 
 // explainCAS turns the error of targetSQL.cas into Write's: a refusal

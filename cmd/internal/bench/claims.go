@@ -33,6 +33,7 @@ type rawClaims interface {
 // SKIP LOCKED claim + finish, with 1, 4 and 16 claimers. Every run must
 // be claimed exactly once on each side.
 func (b *bench) claims(n int) error {
+	// Over 80 lines: one timed workload, ours and its raw baseline side by side, reads best in one piece.
 	for _, c := range Claimers {
 		b.say("queue claims with %d claimers: %d queued runs, %d raw queue rows", c, n, n)
 		ours, raw, err := b.be.claimSides(b.ctx, fmt.Sprintf("claims%d", c), c, n)

@@ -260,6 +260,7 @@ func (b *bench) chunked(n int) error {
 // item keys with one SELECT into a map. Loads and reruns alternate, and
 // each side reports its best of three.
 func (b *bench) reruns(st *store, rs rawSettler, reg *jobs.Registry, req runner.Request, n int) error {
+	// Over 80 lines: one timed workload, ours and its raw baseline side by side, reads best in one piece.
 	b.say("reruns of the finished run, against a raw load of its %d item keys", n)
 	// A runner without the raw settlement's progress hook.
 	r, err := runner.New(runner.Config{Store: st, Jobs: reg})
