@@ -18,12 +18,6 @@ type Clock interface {
 	After(d time.Duration) <-chan time.Time
 }
 
-// WaitClock was the Clock the scheduler and workers could also wait on;
-// every Clock can wait now.
-//
-// Deprecated: use Clock.
-type WaitClock interface{ Clock }
-
 // SystemClock is the real clock.
 type SystemClock struct{}
 

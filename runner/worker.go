@@ -114,7 +114,7 @@ type Worker struct {
 	cfg     WorkerConfig
 	runner  *Runner
 	queue   checkpoint.QueueStore
-	clock   WaitClock
+	clock   Clock
 	log     zerolog.Logger
 	started atomic.Bool
 }
@@ -146,9 +146,9 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if cfg.Debounce == 0 {
 		cfg.Debounce = 100 * time.Millisecond
 	}
-	clock, ok := cfg.Runner.Clock.(WaitClock)
-	if !ok {
-		clock = SystemClock{}
+	var clock Clock = SystemClock{}
+	if cfg.Runner.Clock != nil {
+		clock = cfg.Runner.Clock
 	}
 	return &Worker{cfg: cfg, runner: r, queue: q, clock: clock, log: cfg.Runner.Logger}, nil
 }
