@@ -34,6 +34,9 @@ func (c *BackfillCmd) Run(env *Env) error {
 		return err
 	}
 	env.lease = c.Lease
+	if len(c.Target) > 0 || c.Targets != "" {
+		env.ownTargetCredentials = true // as run does: only the targets carry credentials
+	}
 	open := env.Store
 	if c.DryRun { // lists only: never creates the database
 		open = env.ExistingStore

@@ -26,6 +26,12 @@ func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
 	if err != nil {
 		return nil, nil, usageError{err}
 	}
+	if targets != nil {
+		// A run that names a target (one a request chose, say) connects
+		// with the target's own credentials only, never PGPASSWORD or
+		// ~/.pgpass, as in serve and worker.
+		env.ownTargetCredentials = true
+	}
 	st, err := env.Store()
 	if err != nil {
 		return nil, nil, err

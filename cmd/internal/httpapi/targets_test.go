@@ -14,6 +14,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
+	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 	"github.com/stepwise-run/stepwise/checkpoint/stores"
 	"github.com/stepwise-run/stepwise/cmd/internal/httpapi"
 	"github.com/stepwise-run/stepwise/jobs"
@@ -103,7 +104,7 @@ func mustTargets(t *testing.T, m map[string]string) *jobs.Targets {
 // all. A configured name runs, resolved in the server, and the run
 // stores the name, never the location.
 func TestStartNamesOnlyConfiguredTargets(t *testing.T) {
-	fake := newFakePG(t)
+	fake := pgtest.NewFakeServer(t)
 	st, loc := checkpointtest.OpenNew(t)
 	checkpointtest.CreateTable(t, loc, accounts, map[string]int64{"a": 100, "b": 0})
 	dir := t.TempDir()
@@ -214,7 +215,7 @@ func TestStartNamesOnlyConfiguredTargets(t *testing.T) {
 // holds no password sends neither to its server, and its error names the
 // target by its name.
 func TestTargetTakesNoPasswordFromTheEnvironment(t *testing.T) {
-	fake := newFakePG(t)
+	fake := pgtest.NewFakeServer(t)
 	const envSecret, fileSecret = "env-secret-hunter2", "passfile-secret-hunter2"
 	passfile := filepath.Join(t.TempDir(), "pgpass")
 	if err := os.WriteFile(passfile, []byte("*:*:*:*:"+fileSecret+"\n"), 0o600); err != nil {

@@ -1,4 +1,4 @@
-package httpapi_test
+package pgtest
 
 import (
 	"bufio"
@@ -10,12 +10,12 @@ import (
 	"time"
 )
 
-// fakePG is a PostgreSQL server on loopback that speaks just enough of
+// FakeServer is a PostgreSQL server on loopback that speaks just enough of
 // the protocol to ask every client for a clear-text password
 // (AuthenticationCleartextPassword), record what it sends, and refuse it:
 // what a caller who picks the host of a connection would run to collect
 // the server's credentials.
-type fakePG struct {
+type FakeServer struct {
 	ln        net.Listener
 	mu        sync.Mutex
 	conns     int
@@ -23,13 +23,15 @@ type fakePG struct {
 	wg        sync.WaitGroup
 }
 
-func newFakePG(t *testing.T) *fakePG {
+// NewFakeServer starts a FakeServer on a free loopback port, stopped when
+// t ends.
+func NewFakeServer(t *testing.T) *FakeServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakePG{ln: ln}
+	f := &FakeServer{ln: ln}
 	f.wg.Add(1)
 	go f.serve()
 	t.Cleanup(func() { ln.Close(); f.wg.Wait() })
@@ -37,19 +39,19 @@ func newFakePG(t *testing.T) *fakePG {
 }
 
 // Port is the port it listens on.
-func (f *fakePG) Port() string {
+func (f *FakeServer) Port() string {
 	_, port, _ := net.SplitHostPort(f.ln.Addr().String())
 	return port
 }
 
 // Seen is how many connections it accepted and the passwords sent.
-func (f *fakePG) Seen() (int, []string) {
+func (f *FakeServer) Seen() (int, []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.conns, append([]string(nil), f.passwords...)
 }
 
-func (f *fakePG) serve() {
+func (f *FakeServer) serve() {
 	defer f.wg.Done()
 	for {
 		c, err := f.ln.Accept()
@@ -77,7 +79,7 @@ const (
 // session answers one connection: SSL and GSS encryption refused, the
 // startup message read, a clear-text password asked for and read, then
 // refused as a wrong password.
-func (f *fakePG) session(r *bufio.Reader, w io.Writer) {
+func (f *FakeServer) session(r *bufio.Reader, w io.Writer) {
 	for {
 		var hdr [8]byte
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
