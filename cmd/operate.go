@@ -173,6 +173,7 @@ func (c *RerunCmd) Run(env *Env) error {
 	if err := c.check("rerun", c.Reason, c.identity()); err != nil {
 		return err
 	}
+	c.configure(env)
 	st, err := env.ExistingStore()
 	if err != nil {
 		return err

@@ -21,16 +21,22 @@ type runFlags struct {
 	Deliver      string        `env:"STEPWISE_DELIVER" placeholder:"TARGET" help:"After the run, deliver queued notifications (at least once, with stable keys) to stdout, file:PATH or an http(s):// webhook URL."`
 }
 
+// configure sets what the store must be opened with, before anything
+// opens it: the lease its session timeouts follow and, when targets are
+// configured, that a target connects with its own credentials only, never
+// PGPASSWORD or ~/.pgpass (as in serve and worker): a run naming a target
+// may have been started by a request.
+func (f runFlags) configure(env *Env) {
+	env.lease = f.Lease
+	if len(f.Target) > 0 || f.Targets != "" {
+		env.ownTargetCredentials = true
+	}
+}
+
 func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
 	targets, err := f.targets()
 	if err != nil {
 		return nil, nil, usageError{err}
-	}
-	if targets != nil {
-		// A run that names a target (one a request chose, say) connects
-		// with the target's own credentials only, never PGPASSWORD or
-		// ~/.pgpass, as in serve and worker.
-		env.ownTargetCredentials = true
 	}
 	st, err := env.Store()
 	if err != nil {
@@ -64,7 +70,7 @@ type RunCmd struct {
 
 // Run implements the run command.
 func (c *RunCmd) Run(env *Env) error {
-	env.lease = c.Lease
+	c.configure(env)
 	file, err := readParamsFile(c.ParamsFile)
 	if err != nil {
 		return err
@@ -107,7 +113,7 @@ type ResumeCmd struct {
 
 // Run implements the resume command.
 func (c *ResumeCmd) Run(env *Env) error {
-	env.lease = c.Lease
+	c.configure(env)
 	if _, err := env.ExistingStore(); err != nil { // the run is recorded there
 		return err
 	}
