@@ -310,6 +310,31 @@ func (e *Env) openStoreFor(mustExist, noMigrate bool) (checkpoint.Backend, error
 	return st, nil
 }
 
+// DaemonStore is Store for the long-running commands (serve, worker): a
+// store that does not answer yet (its server starting up, shutting down or
+// restarting: checkpoint.ErrTransient) is tried again, with a backoff up to
+// 10s, until it answers or the command is stopped, so a pool whose
+// processes start while the server is down comes up by itself. Any other
+// error (a bad URL, a refused password, a missing database) is returned at
+// once.
+func (e *Env) DaemonStore() (checkpoint.Backend, error) {
+	delay := 250 * time.Millisecond
+	for {
+		st, err := e.Store()
+		if err == nil || !errors.Is(err, checkpoint.ErrTransient) {
+			return st, err
+		}
+		log := e.Logger()
+		log.Warn().Err(err).Float64("retry_in_seconds", delay.Seconds()).Msg("the checkpoint store does not answer yet; trying again")
+		select {
+		case <-e.Ctx.Done():
+			return nil, err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 10*time.Second)
+	}
+}
+
 // Logger returns the logger the global flags ask for, writing to stderr.
 func (e *Env) Logger() zerolog.Logger { return e.Globals.logger(e.Stderr) }
 

@@ -48,7 +48,7 @@ func (c *ServeCmd) Run(env *Env) error {
 	}
 	env.ownTargetCredentials = true // only the targets carry credentials
 	env.lease = c.Lease
-	st, err := env.Store()
+	st, err := env.DaemonStore()
 	if err != nil {
 		return err
 	}

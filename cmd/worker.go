@@ -110,7 +110,7 @@ func (c *WorkerCmd) Run(env *Env) error {
 	}
 	env.ownTargetCredentials = true // only the targets carry credentials
 	env.lease = c.Lease
-	st, err := env.Store()
+	st, err := env.DaemonStore()
 	if err != nil {
 		return err
 	}
