@@ -341,7 +341,9 @@ func (s *Server) auth(need Role, next http.HandlerFunc) http.Handler {
 // bearer token, or its session cookie (then also the session's ID). A
 // request without either, or with a wrong one, is answered (401; 429 once
 // its address failed too often) and false returned; a failure is logged,
-// counted and throttled.
+// counted and throttled. A right token is never throttled: tokens are too
+// long to guess, and refusing the right one would let anyone sharing an
+// address (a NAT, a proxy) lock the operators out.
 func (s *Server) identify(w http.ResponseWriter, r *http.Request) (Identity, string, bool) {
 	h := r.Header.Get("Authorization")
 	c, _ := r.Cookie(s.cookieName(r))
@@ -350,12 +352,12 @@ func (s *Server) identify(w http.ResponseWriter, r *http.Request) (Identity, str
 		s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "no token: send Authorization: Bearer TOKEN, or log in"})
 		return Identity{}, "", false
 	}
-	if s.throttled(w, r) {
-		return Identity{}, "", false
-	}
 	if h != "" {
 		scheme, t, _ := strings.Cut(h, " ")
 		if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(t) == "" {
+			if s.throttled(w, r) {
+				return Identity{}, "", false
+			}
 			s.authFailed(r, reasonBadHeader, "")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="stepwise"`)
 			s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "the Authorization header is not \"Bearer TOKEN\""})
@@ -363,6 +365,9 @@ func (s *Server) identify(w http.ResponseWriter, r *http.Request) (Identity, str
 		}
 		id, ok := s.tokens.Load().Lookup(strings.TrimSpace(t))
 		if !ok {
+			if s.throttled(w, r) {
+				return Identity{}, "", false
+			}
 			s.authFailed(r, reasonUnknownToken, "")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="stepwise", error="invalid_token"`)
 			s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "the token is not one this server accepts"})
@@ -424,12 +429,12 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if s.throttled(w, r) {
-		return
-	}
 	tokens := s.tokens.Load()
 	id, ok := tokens.Lookup(b.Token)
 	if !ok {
+		if s.throttled(w, r) {
+			return
+		}
 		if !s.open {
 			s.authFailed(r, reasonUnknownToken, "")
 		}
