@@ -245,7 +245,16 @@ func serveHTTP(env *Env, addr string, maxConns int, sched firing, reg *prometheu
 	tokenless := !api.HasTokens()
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", api.Auth(httpapi.RoleRead, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { healthz(w, sched.Status()) })
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if tokenless {
+			healthz(w, sched.Status())
+			return
+		}
+		// Answered to anyone (a load balancer sends no token, and may
+		// name any Host), so it says only whether serve is up: the
+		// schedules are the API's, for a read token.
+		healthzBrief(w, sched.Status())
+	})
 	mux.Handle(httpapi.Prefix, api)
 	mux.Handle("/", dash)
 	var h http.Handler = mux
@@ -275,6 +284,20 @@ type scheduleHealthVw struct {
 	Next    *time.Time `json:"next,omitempty"`
 	Running int        `json:"running"`
 	Queued  int        `json:"queued"`
+}
+
+// healthzBrief is healthz without the schedules: {"status": "ok"} (200),
+// or "stopping" (503).
+func healthzBrief(w http.ResponseWriter, st runner.SchedulerStatus) {
+	v, code := struct {
+		Status string `json:"status"`
+	}{"ok"}, http.StatusOK
+	if st.Stopping {
+		v.Status, code = "stopping", http.StatusServiceUnavailable
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
 }
 
 // healthz answers 200 while the scheduler fires and 503 once it is
