@@ -50,14 +50,8 @@ func TestForEachOverflowFailsTheChunk(t *testing.T) {
 			}
 			// Chunk 1 (T0..T2) committed, one version per chunk; nothing of
 			// chunk 2 (T3..T5).
-			applied := func(items []xfer) (ts []checkpointtest.Transfer) {
-				for _, x := range items {
-					ts = append(ts, checkpointtest.Transfer{ID: x.ID, From: x.From, To: x.To, Amount: x.Amount})
-				}
-				return ts
-			}
 			checkpointtest.CheckLedger(t, db, accountsTable, checkpointtest.LedgerCheck{Opening: opening,
-				Applied: applied(items[:3]), Versions: map[string]int64{"a": 1, "b": 1, "max": 0}})
+				Applied: xferTransfers(items[:3]), Versions: map[string]int64{"a": 1, "b": 1, "max": 0}})
 			got := itemStatuses(t, run, "post")
 			if len(got) != 3 || got["T0"] != checkpoint.StepCompleted || got["T2"] != checkpoint.StepCompleted {
 				t.Errorf("items recorded %v; want T0..T2 completed and nothing of the failed chunk", got)
@@ -81,7 +75,7 @@ func TestForEachOverflowFailsTheChunk(t *testing.T) {
 			// fix and chunk 2.
 			fixed := map[string]int64{"a": 1000, "b": 0, "max": 0}
 			checkpointtest.CheckLedger(t, db, accountsTable, checkpointtest.LedgerCheck{Opening: fixed,
-				Applied: applied(items), Versions: map[string]int64{"a": 3, "b": 3, "max": 2}})
+				Applied: xferTransfers(items), Versions: map[string]int64{"a": 3, "b": 3, "max": 2}})
 		})
 	}
 }
