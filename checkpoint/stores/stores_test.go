@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres"
 	"github.com/stepwise-run/stepwise/checkpoint/postgres/pgtest"
 	"github.com/stepwise-run/stepwise/checkpoint/sqlite"
@@ -23,8 +24,8 @@ var t0 = time.Date(2031, 3, 14, 15, 9, 26, 0, time.UTC)
 
 var ledger = checkpoint.Table{Name: "ledger", Key: "id", Value: "balance", Version: "version"}
 
-const ledgerDDL = `CREATE TABLE ledger (id TEXT PRIMARY KEY, balance BIGINT NOT NULL, version BIGINT NOT NULL)`
-const ledgerRows = `INSERT INTO ledger (id, balance, version) VALUES ('acct:1', 100, 1), ('acct:2', 0, 1)`
+// opening is the ledger table's accounts: acct:1 holds the money.
+var opening = map[string]int64{"acct:1": 100, "acct:2": 0}
 
 // open opens a store at loc, closed when t ends.
 func open(t *testing.T, loc string, s stores.Settings) checkpoint.Backend {
@@ -41,16 +42,7 @@ func open(t *testing.T, loc string, s stores.Settings) checkpoint.Backend {
 func sqliteLedger(t *testing.T) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	db, err := sqlite.OpenTarget(context.Background(), sqlite.Config{Path: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	for _, q := range []string{ledgerDDL, ledgerRows} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	checkpointtest.CreateTable(t, path, ledger, opening)
 	return path
 }
 
@@ -58,8 +50,7 @@ func sqliteLedger(t *testing.T) string {
 func pgLedger(t *testing.T) string {
 	t.Helper()
 	loc := pgtest.Database(t)
-	pgtest.Exec(t, loc, ledgerDDL)
-	pgtest.Exec(t, loc, ledgerRows)
+	checkpointtest.CreateTable(t, loc, ledger, opening)
 	return loc
 }
 
@@ -103,9 +94,10 @@ func balance(t *testing.T, db *sql.DB, acct string) int64 {
 	return v
 }
 
-// roundTrip applies a transfer to et, checks it through ReadDB and
-// IsApplied, then a stale plan's conflict.
-func roundTrip(t *testing.T, et checkpoint.EffectTarget) {
+// roundTrip applies a transfer to et (the ledger table at loc), checks it
+// through ReadDB and IsApplied, then a stale plan's conflict, then the
+// ledger.
+func roundTrip(t *testing.T, et checkpoint.EffectTarget, loc string) {
 	t.Helper()
 	ctx := context.Background()
 	if et.Same() {
@@ -127,15 +119,15 @@ func roundTrip(t *testing.T, et checkpoint.EffectTarget) {
 		t.Errorf("IsApplied after MarkApplied = %v, %v; want true", ok, err)
 	}
 	err := et.Update(ctx, func(v checkpoint.Target) error {
-		return v.Write(ctx, []checkpoint.Write{{Key: "acct:1", OldVersion: 1, OldValue: 100, NewValue: 0}})
+		return v.Write(ctx, []checkpoint.Write{{Key: "acct:1", OldVersion: 0, OldValue: 100, NewValue: 0}})
 	})
 	var vc *checkpoint.VersionConflictError
-	if !errors.As(err, &vc) || vc.Found != 2 {
-		t.Errorf("a stale plan = %v; want a VersionConflictError finding version 2", err)
+	if !errors.As(err, &vc) || vc.Found != 1 {
+		t.Errorf("a stale plan = %v; want a VersionConflictError finding version 1", err)
 	}
-	if a := balance(t, db, "acct:1"); a != 60 {
-		t.Errorf("acct:1 after the conflict = %d; want 60", a)
-	}
+	// The transfer applied once, the stale plan not at all.
+	checkpointtest.CheckLedger(t, loc, ledger, checkpointtest.LedgerCheck{Opening: opening,
+		Applied: []checkpointtest.Transfer{{ID: "x/1/pay@1.0", From: "acct:1", To: "acct:2", Amount: 40}}})
 }
 
 func TestPostgresStoreWithSQLiteFileTarget(t *testing.T) {
@@ -146,7 +138,7 @@ func TestPostgresStoreWithSQLiteFileTarget(t *testing.T) {
 		t.Fatalf("open a SQLite file target from a PostgreSQL store: %v", err)
 	}
 	defer et.Close()
-	roundTrip(t, et)
+	roundTrip(t, et, path)
 	// The file is opened with the settings' SQLite durability and lock wait.
 	var busy, sync int
 	db := readDB(t, et)
@@ -175,7 +167,7 @@ func TestSQLiteStoreWithPostgresDatabaseTarget(t *testing.T) {
 		t.Fatalf("open a PostgreSQL database target from a SQLite store: %v", err)
 	}
 	defer et.Close()
-	roundTrip(t, et)
+	roundTrip(t, et, loc)
 	sessionSettings(t, readDB(t, et), "2500ms", "sqlite-store")
 
 	u, _ := url.Parse(loc)

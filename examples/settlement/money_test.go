@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/steps"
@@ -156,33 +157,38 @@ func TestBalanceOverflowFailsTheRun(t *testing.T) {
 			if _, ok := items[id]; ok {
 				t.Errorf("the overflowing transfer %s was recorded", id)
 			}
-			// Replay the first 100 transfers by the settlement rules.
-			want := map[string]int64{}
+			// Replay the first 100 transfers by the settlement rules: the
+			// ones it accepts are the first chunk's postings, each account
+			// they touch written once (one chunk).
+			want, check := map[string]int64{}, checkpointtest.LedgerCheck{Opening: map[string]int64{}, Versions: map[string]int64{}}
 			for k, v := range opening {
-				want[k] = v[0]
+				want[k], check.Opening[k] = v[0], v[0]
 			}
 			db := openLedger(t, s.ledgerLoc())
-			rows, err := db.Query(`SELECT from_account, to_account, amount FROM transfers WHERE business_date = $1 ORDER BY id LIMIT 100`, testDate)
+			rows, err := db.Query(`SELECT id, from_account, to_account, amount FROM transfers WHERE business_date = $1 ORDER BY id LIMIT 100`, testDate)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for rows.Next() {
-				var from, to string
-				var amount int64
-				if err := rows.Scan(&from, &to, &amount); err != nil {
+				var tr checkpointtest.Transfer
+				if err := rows.Scan(&tr.ID, &tr.From, &tr.To, &tr.Amount); err != nil {
 					t.Fatal(err)
 				}
-				if want[from] >= amount {
-					want[from] -= amount
-					want[to] += amount
+				if want[tr.From] >= tr.Amount {
+					want[tr.From] -= tr.Amount
+					want[tr.To] += tr.Amount
+					check.Applied = append(check.Applied, tr)
+					check.Versions[tr.From], check.Versions[tr.To] = 1, 1
 				}
 			}
 			rows.Close()
 			db.Close()
+			got := map[string]checkpoint.State{}
 			for k, v := range readAccounts(t, s.ledgerLoc()) {
-				if v[0] != want[k] {
-					t.Errorf("%s = %d; the first chunk alone makes it %d", k, v[0], want[k])
-				}
+				got[k] = checkpoint.State{Value: v[0], Version: v[1], Exists: true}
+			}
+			for _, p := range check.Problems(got) {
+				t.Errorf("the first chunk alone: %s", p)
 			}
 
 			ldb := openLedger(t, s.ledgerLoc())

@@ -54,6 +54,19 @@ func targetRegistry() *jobs.Registry {
 	return &reg
 }
 
+// feeOpening is the ledger the load tests open: a pays each run's fee.
+var feeOpening = map[string]int64{"a": 100, "b": 0}
+
+// feesPaid is the ledger after the fees of the given runs of load (by
+// their run IDs), each moved once from a to b.
+func feesPaid(runIDs ...string) checkpointtest.LedgerCheck {
+	c := checkpointtest.LedgerCheck{Opening: feeOpening}
+	for _, id := range runIDs {
+		c.Applied = append(c.Applied, checkpointtest.Transfer{ID: id + "/fee", From: "a", To: "b", Amount: 5})
+	}
+	return c
+}
+
 // newTargetAPI starts a server running load on st, whose runs (in the
 // server, or queued for workers) name targets.
 func newTargetAPI(t *testing.T, st checkpoint.Backend, loc string, targets *jobs.Targets, queued bool) *testAPI {
@@ -106,7 +119,7 @@ func mustTargets(t *testing.T, m map[string]string) *jobs.Targets {
 func TestStartNamesOnlyConfiguredTargets(t *testing.T) {
 	fake := pgtest.NewFakeServer(t)
 	st, loc := checkpointtest.OpenNew(t)
-	checkpointtest.CreateTable(t, loc, accounts, map[string]int64{"a": 100, "b": 0})
+	checkpointtest.CreateTable(t, loc, accounts, feeOpening)
 	dir := t.TempDir()
 	input := filepath.Join(dir, "in.csv")
 	if err := os.WriteFile(input, []byte("x\n"), 0o600); err != nil {
@@ -178,9 +191,8 @@ func TestStartNamesOnlyConfiguredTargets(t *testing.T) {
 	if string(info.Run.Params) != want {
 		t.Errorf("the run stores params %s; want %s (the names, never the locations)", info.Run.Params, want)
 	}
-	if b := checkpointtest.Balance(t, loc, accounts, "a"); b.Value != 95 {
-		t.Errorf("account a is %d; want 95: the fee lands in the ledger the name resolves to", b.Value)
-	}
+	// The fee lands in the ledger the name resolves to.
+	checkpointtest.CheckLedger(t, loc, accounts, feesPaid("load/2026-11-28"))
 	view := a.do("GET", "/api/v1/runs/load/2026-11-28", operateToken, nil)
 	var v struct {
 		Params json.RawMessage `json:"params"`
@@ -263,7 +275,7 @@ func TestTargetTakesNoPasswordFromTheEnvironment(t *testing.T) {
 // target and the worker's names, not a crash.
 func TestQueuedRunResolvesTargetOnWorker(t *testing.T) {
 	st, loc := checkpointtest.OpenNew(t)
-	checkpointtest.CreateTable(t, loc, accounts, map[string]int64{"a": 100, "b": 0})
+	checkpointtest.CreateTable(t, loc, accounts, feeOpening)
 	a := newTargetAPI(t, st, loc, mustTargets(t, map[string]string{"ledger": loc}), true)
 
 	queue := func(date string) {
@@ -294,8 +306,9 @@ func TestQueuedRunResolvesTargetOnWorker(t *testing.T) {
 		t.Fatalf("on a worker without the target the run is %s: %q; want failed naming target \"ledger\" and the worker's targets",
 			info.Run.Status, info.Run.Error)
 	}
-	if b := checkpointtest.Balance(t, loc, accounts, "a"); b.Value != 100 {
-		t.Fatalf("account a is %d after the refused run; want 100", b.Value)
+	checkpointtest.CheckLedger(t, loc, accounts, feesPaid()) // the refused run moved nothing
+	if t.Failed() {
+		t.FailNow()
 	}
 
 	// A worker with the name (its own location for it) runs the next.
@@ -308,9 +321,8 @@ func TestQueuedRunResolvesTargetOnWorker(t *testing.T) {
 	if info.Run.Status != checkpoint.RunSucceeded {
 		t.Fatalf("on a worker with the target the run is %s: %q; want succeeded", info.Run.Status, info.Run.Error)
 	}
-	if b := checkpointtest.Balance(t, loc, accounts, "a"); b.Value != 95 {
-		t.Errorf("account a is %d; want 95: the worker posts into its own ledger target", b.Value)
-	}
+	// The worker posts into its own ledger target.
+	checkpointtest.CheckLedger(t, loc, accounts, feesPaid("load/2026-11-28"))
 
 	// The refused run, resumed over the API, runs in the server, which
 	// resolves the stored name from its own targets.
@@ -324,9 +336,8 @@ func TestQueuedRunResolvesTargetOnWorker(t *testing.T) {
 	if info.Run.Status != checkpoint.RunSucceeded || string(info.Run.Params) != `{"date":"2026-11-27","ledger":"target:ledger","input":"","out":""}` {
 		t.Fatalf("resumed over the API the run is %s (%q) with params %s; want succeeded, still naming the target", info.Run.Status, info.Run.Error, info.Run.Params)
 	}
-	if b := checkpointtest.Balance(t, loc, accounts, "a"); b.Value != 90 {
-		t.Errorf("account a is %d; want 90 after the resumed run's fee", b.Value)
-	}
+	// The resumed run's fee lands too, the earlier one not again.
+	checkpointtest.CheckLedger(t, loc, accounts, feesPaid("load/2026-11-28", "load/2026-11-27"))
 }
 
 // work runs a worker with targets on st until runID has ended.
