@@ -87,6 +87,17 @@ func TestServeReloadsTokensOnHangup(t *testing.T) {
 		t.Fatalf("bob's session: %d %s", resp.StatusCode, body)
 	}
 
+	// /healthz on --listen answers anyone (a load balancer), whatever the
+	// Host, but says only whether serve is up: the schedules are for
+	// --metrics-listen (loopback) and the API.
+	if resp, body := request(t, "GET", base+"/healthz", "", "", "Host", "evil.example"); resp.StatusCode != http.StatusOK ||
+		strings.TrimSpace(body) != `{"status":"ok"}` {
+		t.Errorf("GET /healthz with tokens, another Host: %d %s; want 200 and only the status", resp.StatusCode, body)
+	}
+	if resp, body := request(t, "GET", metrics+"/healthz", "", ""); resp.StatusCode != http.StatusOK || !strings.Contains(body, `"schedules"`) {
+		t.Errorf("GET --metrics-listen's /healthz: %d %s; want 200 with the schedules", resp.StatusCode, body)
+	}
+
 	// /metrics: a read token on --listen, none on --metrics-listen.
 	request(t, "GET", base+"/api/v1/runs", "wrong-token-wrong-token-wrong-token", "")
 	if resp, _ := request(t, "GET", base+"/metrics", "", ""); resp.StatusCode != http.StatusUnauthorized {
