@@ -59,7 +59,11 @@ func Multiline(field string) bool {
 
 // CheckText is the rule for every text field of a request: valid UTF-8,
 // no control character (C0, DEL, C1; NUL never), except newlines, tabs
-// and carriage returns in a reason (Multiline). It returns a *TextError naming field, or nil.
+// and carriage returns in a reason (Multiline), and no invisible
+// formatting character that makes text read otherwise than it is stored
+// (bidirectional overrides and isolates U+202A–U+202E, U+2066–U+2069,
+// zero-width characters and marks U+200B–U+200F): an audit trail must read
+// as written. It returns a *TextError naming field, or nil.
 func CheckText(field, s string) error {
 	multiline := Multiline(field)
 	for i, r := range s {
@@ -71,9 +75,17 @@ func CheckText(field, s string) error {
 		case multiline && (r == '\n' || r == '\t' || r == '\r'):
 		case unicode.IsControl(r):
 			return &TextError{Field: field, Problem: fmt.Sprintf("holds the control character %s (byte %d)", strconv.QuoteRune(r), i)}
+		case invisible(r):
+			return &TextError{Field: field, Problem: fmt.Sprintf("holds the invisible formatting character %s (byte %d)", strconv.QuoteRune(r), i)}
 		}
 	}
 	return nil
+}
+
+// invisible reports whether r is a bidirectional override or isolate, or a
+// zero-width character or mark: it changes how text reads without showing.
+func invisible(r rune) bool {
+	return r >= 0x200B && r <= 0x200F || r >= 0x202A && r <= 0x202E || r >= 0x2066 && r <= 0x2069
 }
 
 // Check applies CheckText to who's operator and reason, named as in the

@@ -27,6 +27,9 @@ func TestCheckText(t *testing.T) {
 		{"--reason", "two\nlines", true},
 		{"--output", "{\n\t\"id\": \"rcpt-77\"\n}", true},
 		{"--output", "{\"id\": \"\x00\"}", false},
+		{"reason", "approved\u202e", false},  // a right-to-left override
+		{"reason", "ok\u2066x\u2069", false}, // an isolate
+		{"operator", "ali\u200bce", false},   // a zero-width space
 	} {
 		err := ops.CheckText(c.field, c.text)
 		if c.ok != (err == nil) {
