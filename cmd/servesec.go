@@ -42,7 +42,7 @@ const (
 func newHTTPServer(h http.Handler, ln net.Listener, maxConns int) (*http.Server, net.Listener) {
 	lim := httpapi.NewConnLimit(maxConns)
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout,
-		WriteTimeout: httpWriteTimeout, IdleTimeout: httpIdleTimeout, ConnState: lim.ConnState}
+		WriteTimeout: httpWriteTimeout, IdleTimeout: httpIdleTimeout, ConnState: lim.ConnState, ConnContext: lim.ConnContext}
 	return srv, lim.Listener(ln)
 }
 

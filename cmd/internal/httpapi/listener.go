@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"sync"
@@ -14,11 +15,15 @@ import (
 // the operators out until the idle timeout. ConnLimit instead, when a
 // connection arrives at the cap, closes the connection that has waited
 // longest without a request in flight (idle between requests first, then
-// one that has sent nothing yet) and takes the new one; only when every
-// connection is busy serving a request does it wait for one to end.
+// one that has sent nothing yet), else the one busy longest with a request
+// from a caller who has not shown a right token (a body trickling in, a
+// refused request whose body is drained), and takes the new one; only
+// when every connection is busy serving an authenticated caller
+// (TrustConn) does it wait for one to end. So neither idle nor slow
+// connections from anyone without a token can lock the operators out.
 //
 // Wrap the listener with Listener and set the server's ConnState to
-// ConnState.
+// ConnState and its ConnContext to ConnContext.
 type ConnLimit struct {
 	max   int
 	now   func() time.Time
@@ -28,8 +33,9 @@ type ConnLimit struct {
 }
 
 type connInfo struct {
-	state http.ConnState
-	since time.Time
+	state   http.ConnState
+	since   time.Time
+	trusted bool // a request on it showed a right token (TrustConn)
 }
 
 // NewConnLimit returns a limit of n connections (at least 1).
@@ -56,6 +62,30 @@ func (l *ConnLimit) ConnState(c net.Conn, st http.ConnState) {
 		// close this one.
 		l.freed.Signal()
 	}
+}
+
+// connKey is the context key of a request's connection (ConnContext).
+type connKey struct{}
+
+// ConnContext is the http.Server's ConnContext hook: it lets TrustConn
+// find a request's connection.
+func (l *ConnLimit) ConnContext(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
+
+// TrustConn marks the connection r came on as an authenticated caller's:
+// busy, it is not closed for a new connection. A request on a server
+// without a ConnLimit is left alone.
+func TrustConn(r *http.Request) {
+	c, ok := r.Context().Value(connKey{}).(*limitConn)
+	if !ok {
+		return
+	}
+	c.l.mu.Lock()
+	if ci := c.l.conns[c]; ci != nil {
+		ci.trusted = true
+	}
+	c.l.mu.Unlock()
 }
 
 // Open is how many connections are open now.
@@ -98,26 +128,29 @@ func (l *ConnLimit) admit(c net.Conn) {
 }
 
 // victim is the connection to close for a new one: the longest idle
-// between requests, else the longest open without a request; nil when
-// all are busy.
+// between requests, else the longest open without a request, else the
+// longest busy with a caller not known to hold a right token; nil when
+// all are busy with authenticated callers.
 func (l *ConnLimit) victim() net.Conn {
 	var best net.Conn
 	var bestInfo *connInfo
-	rank := func(st http.ConnState) int {
-		switch st {
-		case http.StateIdle:
+	rank := func(ci *connInfo) int {
+		switch {
+		case ci.state == http.StateIdle:
+			return 3
+		case ci.state == http.StateNew:
 			return 2
-		case http.StateNew:
+		case !ci.trusted:
 			return 1
 		}
 		return 0
 	}
 	for c, ci := range l.conns {
-		r := rank(ci.state)
+		r := rank(ci)
 		if r == 0 {
 			continue
 		}
-		if best == nil || r > rank(bestInfo.state) || (r == rank(bestInfo.state) && ci.since.Before(bestInfo.since)) {
+		if best == nil || r > rank(bestInfo) || (r == rank(bestInfo) && ci.since.Before(bestInfo.since)) {
 			best, bestInfo = c, ci
 		}
 	}

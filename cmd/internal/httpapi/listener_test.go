@@ -21,7 +21,7 @@ func serveLimited(t *testing.T, n int, h http.Handler) (string, *httpapi.ConnLim
 		t.Fatal(err)
 	}
 	lim := httpapi.NewConnLimit(n)
-	srv := &http.Server{Handler: h, ConnState: lim.ConnState, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: h, ConnState: lim.ConnState, ConnContext: lim.ConnContext, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(lim.Listener(ln))
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String(), lim
@@ -91,6 +91,7 @@ func TestConnLimitTakesTheNewWhenABusyOneGoesIdle(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	addr, _ := serveLimited(t, 1, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("hold") != "" {
+			httpapi.TrustConn(r) // an authenticated caller's request
 			close(entered)
 			<-release
 		}
@@ -109,5 +110,32 @@ func TestConnLimitTakesTheNewWhenABusyOneGoesIdle(t *testing.T) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("the waiting connection was not taken when the busy one went idle")
+	}
+}
+
+// Connections busy with callers who showed no right token (a body that
+// trickles in, a refused request whose body the server drains) are closed
+// for a new connection at the cap, the longest busy first: at the cap of
+// slow unauthenticated bodies, a fresh request is answered at once.
+func TestConnLimitClosesSlowUnauthenticatedForTheNew(t *testing.T) {
+	const n = 8
+	addr, lim := serveLimited(t, n, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // reads the body before any auth, as login does
+	}))
+	slow := make([]net.Conn, n)
+	for i := range slow {
+		slow[i] = dial(t, addr)
+		fmt.Fprintf(slow[i], "POST /login HTTP/1.1\r\nHost: %s\r\nContent-Length: 100000\r\n\r\n{\"tok", addr)
+	}
+	for deadline := time.Now().Add(5 * time.Second); lim.Open() < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d slow connections open", lim.Open(), n)
+		}
+		runtime.Gosched()
+	}
+	time.Sleep(50 * time.Millisecond) // let the server read their headers: they are busy now
+	fresh := dial(t, addr)
+	if err := getOn(fresh, addr, time.Second); err != nil {
+		t.Fatalf("a fresh request at the cap of slow unauthenticated bodies: %v; want it answered within a second", err)
 	}
 }

@@ -373,6 +373,7 @@ func (s *Server) identify(w http.ResponseWriter, r *http.Request) (Identity, str
 			s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "the token is not one this server accepts"})
 			return Identity{}, "", false
 		}
+		TrustConn(r)
 		return id, "", true
 	}
 	id, name, reason := s.sessions.use(c.Value, s.tokens.Load())
@@ -385,6 +386,7 @@ func (s *Server) identify(w http.ResponseWriter, r *http.Request) (Identity, str
 		s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: sessionEnded[reason]})
 		return Identity{}, "", false
 	}
+	TrustConn(r)
 	return id, c.Value, true
 }
 
@@ -441,6 +443,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated", Field: "token", Message: "the token is not one this server accepts"})
 		return
 	}
+	TrustConn(r)
 	sid, err := s.sessions.open(sha256.Sum256([]byte(b.Token)), id.Name)
 	if err != nil {
 		s.fail(w, r, fmt.Errorf("httpapi: a session ID: %w", err))
