@@ -1,9 +1,11 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"path/filepath"
 	"reflect"
@@ -261,8 +263,34 @@ func (r resolved) wrap(err error) error {
 		if red := checkpoint.RedactLocation(loc); red != loc {
 			pairs = append(pairs, red, named)
 		}
+		pairs = append(pairs, serverParts(loc, named)...)
 	}
 	return &TargetFailedError{Targets: r.names, err: err, repl: strings.NewReplacer(pairs...)}
+}
+
+// serverParts are the replacements, for a PostgreSQL location, of how the
+// store and the driver name its server in their errors (the store's
+// "server HOST:PORT, database DB", the driver's "user=U database=DB" and
+// "HOST:PORT (IP)"): the target's name instead, so a run's error shows no
+// host, port, user or database of a target.
+func serverParts(loc, named string) []string {
+	if !checkpoint.IsPostgresURL(loc) {
+		return nil
+	}
+	u, err := url.Parse(loc)
+	if err != nil || u.Hostname() == "" {
+		return nil
+	}
+	host, port := u.Hostname(), cmp.Or(u.Port(), "5432")
+	hostPort := net.JoinHostPort(host, port)
+	db := strings.TrimPrefix(u.Path, "/")
+	server := "the server of " + named
+	return []string{
+		"server " + hostPort + ", database " + db, server,
+		"`user=" + u.User.Username() + " database=" + db + "`", named,
+		hostPort + " (" + host + ")", server,
+		hostPort, server,
+	}
 }
 
 // resolveTargets replaces each target reference among v's resource
