@@ -91,7 +91,7 @@ func ReadTokens(path string) (*Tokens, error) {
 
 // ParseTokens parses a tokens file: one NAME:ROLE:TOKEN a line, ROLE read
 // or operate, TOKEN at least MinTokenLength characters that do not look
-// made by hand (few distinct characters, or a short run repeated, are
+// made by hand (few distinct characters, a run repeated, characters in sequence, are
 // refused); blank lines and lines
 // starting with # are skipped. Names and tokens are unique. An error
 // names the line and what is wrong with it (never the token).
@@ -121,7 +121,7 @@ func ParseTokens(b []byte) (*Tokens, error) {
 		case len(value) < MinTokenLength:
 			return nil, bad("the token of %s is %d characters; use at least %d random ones: make one with %s", name, len(value), MinTokenLength, MakeTokenHint)
 		case lowVariety(value):
-			return nil, bad("the token of %s does not look random (few distinct characters, or a short run repeated); make one with %s", name, MakeTokenHint)
+			return nil, bad("the token of %s does not look random (few distinct characters, a run repeated, or characters in sequence); make one with %s", name, MakeTokenHint)
 		}
 		if first, dup := names[name]; dup {
 			return nil, bad("name %s is already used on line %d", name, first)
@@ -143,21 +143,58 @@ func ParseTokens(b []byte) (*Tokens, error) {
 }
 
 // lowVariety reports whether a token is visibly not random: fewer than
-// minTokenVariety distinct characters, or a shorter string repeated.
+// minTokenVariety distinct characters, a shorter string repeated, one
+// character making up a quarter of it, a run of 8 or more characters in
+// sequence (abcdefgh, 12345678, and their reverse), or a piece of 8 or more
+// characters that appears twice (passwordpassword). A token from
+// `openssl rand -hex 32` or `-base64 32` passes.
 func lowVariety(v string) bool {
-	distinct := map[rune]bool{}
+	count := map[rune]int{}
 	for _, c := range v {
-		distinct[c] = true
+		count[c]++
 	}
-	if len(distinct) < minTokenVariety {
+	if len(count) < minTokenVariety {
 		return true
+	}
+	for _, n := range count {
+		if n*4 > len(v) {
+			return true
+		}
 	}
 	for p := 1; p <= len(v)/2; p++ {
 		if strings.Repeat(v[:p], len(v)/p+1)[:len(v)] == v {
 			return true
 		}
 	}
+	up, down := 1, 1
+	for i := 1; i < len(v); i++ {
+		if up = next(up, v[i] == v[i-1]+1); up >= 8 {
+			return true
+		}
+		if down = next(down, v[i] == v[i-1]-1); down >= 8 {
+			return true
+		}
+	}
+	const piece = 8
+	seen := map[string]int{}
+	for i := 0; i+piece <= len(v); i++ {
+		if j, ok := seen[v[i:i+piece]]; ok && i-j >= piece {
+			return true
+		}
+		if _, ok := seen[v[i:i+piece]]; !ok {
+			seen[v[i:i+piece]] = i
+		}
+	}
 	return false
+}
+
+// next is a run's length after one more character: one longer if it goes
+// on, else 1.
+func next(run int, goesOn bool) int {
+	if goesOn {
+		return run + 1
+	}
+	return 1
 }
 
 // Len is how many tokens t holds.

@@ -281,7 +281,7 @@ func TestRunsListFilters(t *testing.T) {
 // with one it shows who is signed in; no page leaves this origin.
 func TestPagesSitBehindTheAPIsAuth(t *testing.T) {
 	st := checkpointtest.Open(t)
-	tokens, err := httpapi.ParseTokens([]byte("alice:operate:0123456789abcdef0123a1b2c3d4e5f6a7b8\nbob:read:fedcba9876543210fedc7e6d5c4b3a2f1e\n"))
+	tokens, err := httpapi.ParseTokens([]byte("alice:operate:56531e6824b0640f320bff27a9efc20ca600026a8acd1f68\nbob:read:8f25ece68cd10e0c7a029eec2044c9b981191e9f18b43616\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,16 +302,16 @@ func TestPagesSitBehindTheAPIsAuth(t *testing.T) {
 	if res.StatusCode != http.StatusSeeOther {
 		t.Errorf("a page with a wrong token: %s; want 303 to the login page", res.Status)
 	}
-	res, body := get(t, srv, "/", "Authorization", "Bearer fedcba9876543210fedc7e6d5c4b3a2f1e")
+	res, body := get(t, srv, "/", "Authorization", "Bearer 8f25ece68cd10e0c7a029eec2044c9b981191e9f18b43616")
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("a page with a read token: %s", res.Status)
 	}
 	wantIn(t, "runs page for bob", text(body), "Signed in as bob read only")
 	// Alice logs in through the API; its session cookie opens the pages.
 	login := httptest.NewRecorder()
-	api.ServeHTTP(login, httptest.NewRequest(http.MethodPost, "/api/v1/login", strings.NewReader(`{"token":"0123456789abcdef0123a1b2c3d4e5f6a7b8"}`)))
+	api.ServeHTTP(login, httptest.NewRequest(http.MethodPost, "/api/v1/login", strings.NewReader(`{"token":"56531e6824b0640f320bff27a9efc20ca600026a8acd1f68"}`)))
 	cookie, _, _ := strings.Cut(login.Header().Get("Set-Cookie"), ";")
-	if login.Code != http.StatusOK || strings.Contains(cookie, "0123456789abcdef0123") {
+	if login.Code != http.StatusOK || strings.Contains(cookie, "56531e6824b0640f320b") {
 		t.Fatalf("login: %d, cookie %q; want 200 and a session ID, not the token", login.Code, cookie)
 	}
 	_, body = get(t, srv, "/", "Cookie", cookie)
