@@ -157,7 +157,7 @@ func lowVariety(v string) bool {
 		return true
 	}
 	for _, n := range count {
-		if n*4 > len(v) {
+		if n*4 > len(v) && n >= 12 { // 12: never by chance in 32 random hex digits
 			return true
 		}
 	}
