@@ -244,3 +244,31 @@ func TestImportsFlowOneWay(t *testing.T) {
 		t.Error(v)
 	}
 }
+
+// TestTopLevelIsTheDesignCards fails on a file or directory git tracks at
+// the top of the repository that the design card does not name (a stray
+// log committed by mistake, a package outside the layout).
+func TestTopLevelIsTheDesignCards(t *testing.T) {
+	gitTool, err := exec.LookPath("git")
+	if err != nil {
+		t.Fatalf("listing the repository's files needs git: %v", err)
+	}
+	cmd := exec.Command(gitTool, "ls-files")
+	cmd.Dir = ".."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("git ls-files: %v", err)
+	}
+	allowed := append([]string{"go.mod", "go.sum", "README.md", ".ci", ".gitignore"}, topLevel...)
+	seen := map[string]bool{}
+	for _, f := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		top, _, _ := strings.Cut(f, "/")
+		if !seen[top] && !slices.Contains(allowed, top) {
+			t.Errorf("%s is at the top level; the design card names only %s", top, strings.Join(allowed, ", "))
+		}
+		seen[top] = true
+	}
+	if !seen["go.mod"] || !seen["runner"] {
+		t.Fatalf("git ls-files listed %d top-level entries without go.mod and runner: not this repository?", len(seen))
+	}
+}
