@@ -34,6 +34,9 @@ type Inspector interface {
 	// on the caller's clock (SQLite, whose clock is the local one; a
 	// PostgreSQL store with Config.CallerClock): the caller uses its own.
 	StoreNow(ctx context.Context) (time.Time, error)
+	// RunCounts counts every run by job and status in one pass over the
+	// runs (see RunCount), for the gauges an operator alerts on.
+	RunCounts(ctx context.Context, now time.Time) ([]RunCount, error)
 }
 
 // Backend is the one typed handle on a store: everything it offers the

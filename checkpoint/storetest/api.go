@@ -10,10 +10,12 @@ import (
 )
 
 // testAPI checks what the HTTP API needs of a store: a create-only claim,
-// the run listing's filters and cursor, and the Idempotency-Keys.
+// the run listing's filters and cursor, the runs' counts and the
+// Idempotency-Keys.
 func testAPI(t *testing.T, h Harness) {
 	t.Run("CreateOnlyClaim", func(t *testing.T) { apiCreateOnlyClaim(t, h) })
 	callerClock(t, h, "RunFilters", apiRunFilters)
+	callerClock(t, h, "RunCounts", apiRunCounts)
 	t.Run("IdempotencyKeys", func(t *testing.T) { apiIdempotencyKeys(t, h) })
 	t.Run("IdempotencyKeyScopes", func(t *testing.T) { apiIdempotencyKeyScopes(t, h) })
 }
