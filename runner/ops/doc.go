@@ -5,7 +5,8 @@
 // schedules, and the manual operations (recover, abandon, reset a step,
 // rerun, resume, accept changed items, resolve an outside call, requeue
 // dead outbox messages, prune old runs; a backfill's plan and pool), each recorded in the run's audit trail with who
-// did it and why.
+// did it and why. The runs' counts by status (CountRuns) are also served
+// to Prometheus, read from the store at scrape time (NewStoreCollector).
 //
 // Import rule: ops imports runner, jobs, steps and checkpoint (the
 // contract: it is handed a checkpoint.Backend); cmd and httpapi import it.
