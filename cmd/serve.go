@@ -58,6 +58,9 @@ func (c *ServeCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
+	if err := registerStoreMetrics(env, reg, st); err != nil {
+		return err
+	}
 	sched, err := newFiring(runner.SchedulerConfig{
 		Runner: runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
 			TracerProvider: env.tracing(false), Targets: f.targets},
@@ -184,7 +187,10 @@ func (c *ServeCmd) serveAPI(env *Env, st checkpoint.Backend, f serveFlags, sched
 		return "", nil, err
 	}
 	served.Store(api)
-	srv, addr, err := serveHTTP(env, c.Listen, c.MaxConns, sched, reg, api, dash)
+	srv, addr, err := serveHTTP(env, "serve", c.Listen, c.MaxConns, sched.Status, reg, api, func(mux *http.ServeMux) {
+		mux.Handle(httpapi.Prefix, api)
+		mux.Handle("/", dash)
+	})
 	if err != nil {
 		return "", nil, usageError{err}
 	}
@@ -230,14 +236,15 @@ func checkGrace(grace time.Duration) error {
 	return nil
 }
 
-// serveHTTP serves /healthz, /metrics, the API and the dashboard (every
-// other path) on addr in the background and returns the server and the
-// address it listens on. /metrics needs a read token when the API has
-// tokens. Without tokens (anonymous reads), only requests addressed to
-// loopback or to the listen address are answered, on every path: others
-// are 421, so a page that points its own name at this machine (DNS
-// rebinding) reads nothing.
-func serveHTTP(env *Env, addr string, maxConns int, sched firing, reg *prometheus.Registry, api *httpapi.Server, dash http.Handler) (*http.Server, string, error) {
+// serveHTTP serves /healthz, /metrics and what routes adds (serve's API
+// and dashboard) on addr in the background for the command named what
+// (serve, worker), and returns the server and the address it listens on.
+// /metrics needs a read token when api has tokens. Without tokens
+// (anonymous reads), only requests addressed to loopback or to the listen
+// address are answered, on every path: others are 421, so a page that
+// points its own name at this machine (DNS rebinding) reads nothing.
+func serveHTTP(env *Env, what, addr string, maxConns int, status func() runner.SchedulerStatus, reg *prometheus.Registry,
+	api *httpapi.Server, routes func(*http.ServeMux)) (*http.Server, string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", fmt.Errorf("--listen %s: %w", addr, err)
@@ -247,16 +254,17 @@ func serveHTTP(env *Env, addr string, maxConns int, sched firing, reg *prometheu
 	mux.Handle("GET /metrics", api.Auth(httpapi.RoleRead, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		if tokenless {
-			healthz(w, sched.Status())
+			healthz(w, status())
 			return
 		}
 		// Answered to anyone (a load balancer sends no token, and may
-		// name any Host), so it says only whether serve is up: the
-		// schedules are the API's, for a read token.
-		healthzBrief(w, sched.Status())
+		// name any Host), so it says only whether the process is up:
+		// the schedules are the API's, for a read token.
+		healthzBrief(w, status())
 	})
-	mux.Handle(httpapi.Prefix, api)
-	mux.Handle("/", dash)
+	if routes != nil {
+		routes(mux)
+	}
 	var h http.Handler = mux
 	if tokenless {
 		h = httpapi.GuardHost(mux, addr, ln.Addr().String())
@@ -264,7 +272,7 @@ func serveHTTP(env *Env, addr string, maxConns int, sched firing, reg *prometheu
 	srv, lln := newHTTPServer(h, ln, maxConns)
 	go func() {
 		if err := srv.Serve(lln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			fmt.Fprintf(env.Stderr, "%s serve: http: %v\n", env.Name, err)
+			fmt.Fprintf(env.Stderr, "%s %s: http: %v\n", env.Name, what, err)
 		}
 	}()
 	return srv, ln.Addr().String(), nil

@@ -114,6 +114,7 @@ func (r *Runner) claimRun(ctx context.Context, job jobs.Job, dec jobs.Decoded, r
 // parameters no longer decode is recorded failed.
 func (r *Runner) Drive(ctx context.Context, claim checkpoint.Claim, claimedAt time.Time) (Result, error) {
 	run := claim.Run
+	r.cfg.Metrics.runStarted(run.Job, claim)
 	job, err := r.cfg.Jobs.Lookup(run.Job)
 	if err == nil {
 		var dec jobs.Decoded
@@ -137,6 +138,7 @@ func (r *Runner) Drive(ctx context.Context, claim checkpoint.Claim, claimedAt ti
 		res.Status = checkpoint.RunRunning
 		return res, fmt.Errorf("%w; and its end could not be recorded: %w", err, ferr)
 	}
+	r.cfg.Metrics.runEnded(run.Job, res)
 	return res, err
 }
 
@@ -318,8 +320,8 @@ func (r *Runner) claim(ctx context.Context, req checkpoint.ClaimRequest, log zer
 	for {
 		req.Now = r.cfg.Clock.Now()
 		c, err := r.cfg.Store.Claim(ctx, req)
-		if err == nil && r.onClaim != nil {
-			r.onClaim(req.Job, c)
+		if err == nil {
+			r.cfg.Metrics.runStarted(req.Job, c)
 		}
 		if err != nil && ctx.Err() != nil {
 			return c, req.Now, fmt.Errorf("%w while claiming %s: %w", ErrInterrupted, req.RunID, context.Cause(ctx))

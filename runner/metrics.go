@@ -1,20 +1,20 @@
 package runner
 
 import (
-	"context"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/steps"
 )
 
-// Metrics are the Prometheus series of a Scheduler and the runs it starts.
-// Create them with NewMetrics and give them to SchedulerConfig.Metrics; a
-// nil *Metrics records nothing.
+// Metrics are the Prometheus series of what one process executes: the
+// runs its Runners claim and end, however they were started (Run, Resume,
+// Claim, a Worker taking the queue, a Scheduler firing), and its
+// Scheduler's fires. Create them with NewMetrics and give them to
+// Config.Metrics (or SchedulerConfig.Metrics, which its runner then
+// uses); a nil *Metrics records nothing.
 //
 // Series (all counters are _total):
 //
@@ -39,21 +39,18 @@ import (
 //	stepwise_attempt_duration_seconds{job,status}  histogram: an attempt, from its claim request to its end
 //	stepwise_step_duration_seconds{job,step}  histogram: a step that ran (replayed ones are not observed);
 //	                                          step is the step ID's name, before its first "/"
-//	stepwise_job_last_success_timestamp_seconds{job}  unix time the job's latest run succeeded
 //
-// The last-success gauge is what an alert such as "settlement did not
-// finish by 06:00" reads: time() - stepwise_job_last_success_timestamp_seconds{job="settle"}
-// > 86400, or a comparison with today's 06:00. It is seeded from the store
-// (LoadLastSuccess, which a Scheduler calls as it starts), so a restart
-// does not forget it; a job that never succeeded has no series (alert on
-// absent()). The counters and histograms are this process's.
+// The counters and histograms are this process's: a pool of workers and
+// serve processes each count their own, and Prometheus sums them. What
+// the whole deployment recorded (each job's last success, the runs by
+// status) is read from the store when scraped: see ops.NewStoreCollector.
 type Metrics struct {
 	runsStarted, runsSucceeded, runsFailed, runsInterrupted *prometheus.CounterVec
 	stepsExecuted, stepsSkipped, stepsFailed                *prometheus.CounterVec
 	effectsApplied, casConflicts, replans                   *prometheus.CounterVec
 	duplicateFires, misfiresSkipped, overlapSkipped         *prometheus.CounterVec
 	fireErrors, leaseTakeovers, storeFaults                 *prometheus.CounterVec
-	lag, leader, lastSuccess                                *prometheus.GaugeVec
+	lag, leader                                             *prometheus.GaugeVec
 	attemptDuration, stepDuration                           *prometheus.HistogramVec
 }
 
@@ -104,8 +101,6 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		storeFaults:     counter("store_faults_total", "Transient store faults (a dropped connection, a server restart, a deadlock) an attempt went on from its checkpoints after.", "job"),
 		lag:             gauge("schedule_lag_seconds", "How late after its fire time the schedule's latest run started.", "schedule"),
 		leader:          gauge("schedule_leader", "1 while this scheduler holds the schedule's lease and fires it.", "schedule"),
-		lastSuccess: gauge("job_last_success_timestamp_seconds",
-			"Unix time at which the job's latest run succeeded (seeded from the store at start).", "job"),
 		attemptDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "stepwise", Name: "attempt_duration_seconds",
 			Help:    "How long an attempt of the job took, from its claim request to its end, by the status it ended with.",
 			Buckets: attemptBuckets}, []string{"job", "status"}),
@@ -116,7 +111,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, c := range []prometheus.Collector{m.runsStarted, m.runsSucceeded, m.runsFailed, m.runsInterrupted,
 		m.stepsExecuted, m.stepsSkipped, m.stepsFailed, m.effectsApplied, m.casConflicts, m.replans,
 		m.duplicateFires, m.misfiresSkipped, m.overlapSkipped,
-		m.fireErrors, m.leaseTakeovers, m.storeFaults, m.lag, m.leader, m.lastSuccess, m.attemptDuration, m.stepDuration} {
+		m.fireErrors, m.leaseTakeovers, m.storeFaults, m.lag, m.leader, m.attemptDuration, m.stepDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -133,10 +128,7 @@ func (m *Metrics) known(schedule, job string) {
 	if m == nil {
 		return
 	}
-	for _, c := range []*prometheus.CounterVec{m.runsStarted, m.runsSucceeded, m.runsFailed, m.runsInterrupted,
-		m.stepsExecuted, m.stepsSkipped, m.stepsFailed, m.effectsApplied, m.casConflicts, m.replans} {
-		c.WithLabelValues(job)
-	}
+	m.knownJob(job)
 	for _, c := range []*prometheus.CounterVec{m.duplicateFires, m.overlapSkipped, m.fireErrors} {
 		c.WithLabelValues(schedule)
 	}
@@ -144,6 +136,18 @@ func (m *Metrics) known(schedule, job string) {
 	m.misfiresSkipped.WithLabelValues(schedule, misfireReasonDeadline)
 	m.lag.WithLabelValues(schedule)
 	m.leader.WithLabelValues(schedule)
+}
+
+// knownJob creates the run and step counters of job at zero, so a rate()
+// sees their first increase.
+func (m *Metrics) knownJob(job string) {
+	if m == nil {
+		return
+	}
+	for _, c := range []*prometheus.CounterVec{m.runsStarted, m.runsSucceeded, m.runsFailed, m.runsInterrupted,
+		m.stepsExecuted, m.stepsSkipped, m.stepsFailed, m.effectsApplied, m.casConflicts, m.replans} {
+		c.WithLabelValues(job)
+	}
 }
 
 func (m *Metrics) runStarted(job string, c checkpoint.Claim) {
@@ -232,15 +236,11 @@ func (m *Metrics) setLeader(schedule string, leader bool) {
 	m.leader.WithLabelValues(schedule).Set(v)
 }
 
-// attemptEnded records an attempt's duration and, when it ended its run
-// succeeded, the job's last success at end.
-func (m *Metrics) attemptEnded(job, status string, took time.Duration, end time.Time) {
-	if m == nil {
-		return
-	}
-	m.attemptDuration.WithLabelValues(job, status).Observe(took.Seconds())
-	if status == checkpoint.RunSucceeded {
-		m.lastSuccess.WithLabelValues(job).Set(float64(end.UnixNano()) / 1e9)
+// attemptEnded records an attempt's duration by the status it ended
+// with.
+func (m *Metrics) attemptEnded(job, status string, took time.Duration) {
+	if m != nil {
+		m.attemptDuration.WithLabelValues(job, status).Observe(took.Seconds())
 	}
 }
 
@@ -255,44 +255,4 @@ func (m *Metrics) stepHook(job string) func(steps.StepEnd) {
 			m.stepDuration.WithLabelValues(job, e.Name).Observe(e.Took.Seconds())
 		}
 	}
-}
-
-// LoadLastSuccess seeds stepwise_job_last_success_timestamp_seconds of
-// each of jobs from st: the latest end among the job's most recently
-// created succeeded runs (a page of them), so a restarted process reports
-// the success an earlier one recorded. A job without a succeeded run gets
-// no series; a later success in this process is never moved back.
-func (m *Metrics) LoadLastSuccess(ctx context.Context, st checkpoint.Store, jobs []string) error {
-	if m == nil {
-		return nil
-	}
-	for _, job := range jobs {
-		runs, err := st.Runs(ctx, checkpoint.RunFilter{Job: job, Status: checkpoint.RunSucceeded})
-		if err != nil {
-			return fmt.Errorf("runner: load the last success of job %s: %w", job, err)
-		}
-		var last time.Time
-		for _, run := range runs {
-			if run.FinishedAt.After(last) {
-				last = run.FinishedAt
-			}
-		}
-		if last.IsZero() {
-			continue
-		}
-		g := m.lastSuccess.WithLabelValues(job)
-		if v := float64(last.UnixNano()) / 1e9; v > gaugeValue(g) {
-			g.Set(v)
-		}
-	}
-	return nil
-}
-
-// gaugeValue reads a gauge's current value.
-func gaugeValue(g prometheus.Gauge) float64 {
-	var pb dto.Metric
-	if g.Write(&pb) != nil {
-		return 0
-	}
-	return pb.GetGauge().GetValue()
 }

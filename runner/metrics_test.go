@@ -53,11 +53,10 @@ func wantHistogram(t *testing.T, reg *prometheus.Registry, name string, labels m
 	}
 }
 
-// TestMetricsDurationsAndLastSuccess runs a job on a fake clock whose
-// steps take known times and checks the duration histograms (steps by
-// their ID's name, replayed steps not observed) and the last-success
-// gauge, then seeds a fresh process's gauge from the store.
-func TestMetricsDurationsAndLastSuccess(t *testing.T) {
+// TestMetricsDurations runs a job on a fake clock whose steps take known
+// times and checks the duration histograms: steps by their ID's name,
+// replayed steps not observed.
+func TestMetricsDurations(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	start := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
@@ -85,14 +84,10 @@ func TestMetricsDurationsAndLastSuccess(t *testing.T) {
 	const (
 		stepHist    = "stepwise_step_duration_seconds"
 		attemptHist = "stepwise_attempt_duration_seconds"
-		lastSuccess = "stepwise_job_last_success_timestamp_seconds"
 	)
 	wantHistogram(t, reg, stepHist, map[string]string{"job": "job", "step": "load"}, 1, 5)
 	wantHistogram(t, reg, stepHist, map[string]string{"job": "job", "step": "post"}, 2, 5)
 	wantHistogram(t, reg, attemptHist, map[string]string{"job": "job", "status": "succeeded"}, 1, 10)
-	if g := series(t, reg, lastSuccess, map[string]string{"job": "job"}); g.GetGauge().GetValue() != float64(start.Add(10*time.Second).Unix()) {
-		t.Errorf("last success = %v, want %d", g.GetGauge().GetValue(), start.Add(10*time.Second).Unix())
-	}
 
 	// A forced rerun replays every step: no step is observed again.
 	clock.Advance(time.Hour)
@@ -101,25 +96,79 @@ func TestMetricsDurationsAndLastSuccess(t *testing.T) {
 	}
 	wantHistogram(t, reg, stepHist, map[string]string{"job": "job", "step": "load"}, 1, 5)
 	wantHistogram(t, reg, attemptHist, map[string]string{"job": "job", "status": "succeeded"}, 2, 10)
-	finished := h.info().Run.FinishedAt
-	if g := series(t, reg, lastSuccess, map[string]string{"job": "job"}); g.GetGauge().GetValue() != float64(finished.Unix()) {
-		t.Errorf("last success after the rerun = %v, want %d", g.GetGauge().GetValue(), finished.Unix())
-	}
+}
 
-	// A restarted process seeds the gauge from the store; a job that
-	// never succeeded gets no series.
-	reg2 := prometheus.NewRegistry()
-	m2, err := runner.NewMetrics(reg2)
+// counter is the value of a counter series of reg, or -1 without one.
+func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	if m := series(t, reg, name, labels); m != nil {
+		return m.GetCounter().GetValue()
+	}
+	return -1
+}
+
+// TestMetricsCountEveryWayARunExecutes counts the runs a runner executes
+// however they were started, not only a scheduler's fires: Run, Claim
+// and Execute (the API's start), Resume, and a Worker taking the queue.
+// Each counts as started once and as ended by its status, with its steps;
+// the job's counters exist at zero before any run.
+func TestMetricsCountEveryWayARunExecutes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	reg := prometheus.NewRegistry()
+	m, err := runner.NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m2.LoadLastSuccess(context.Background(), h.st, []string{"job", "other"}); err != nil {
+	h.body = func(ctx context.Context, run *steps.Run, p jobParams) error { return h.step(ctx, run, "one") }
+	job := map[string]string{"job": "job"}
+	r := h.runner(func(c *runner.Config) { c.Metrics = m })
+	if got := counter(t, reg, "stepwise_runs_started_total", job); got != 0 {
+		t.Fatalf("before any run, runs started = %v; want a series at 0", got)
+	}
+	ctx := context.Background()
+	if _, err := r.Run(ctx, runner.Request{Job: "job", Values: map[string]string{"date": "2026-11-01"}}); err != nil {
 		t.Fatal(err)
 	}
-	if g := series(t, reg2, lastSuccess, map[string]string{"job": "job"}); g == nil || g.GetGauge().GetValue() != float64(finished.UnixNano())/1e9 {
-		t.Errorf("seeded last success = %v, want %d", g, finished.Unix())
+	c, err := r.Claim(ctx, runner.Request{Job: "job", Values: map[string]string{"date": "2026-11-02"}, CreateOnly: true})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if g := series(t, reg2, lastSuccess, map[string]string{"job": "other"}); g != nil {
-		t.Errorf("a job that never succeeded has last success %v", g)
+	if _, err := c.Execute(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Resume(ctx, "job/2026-11-02", runner.Request{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	enqueueDates(t, h, func(string) string { return "" }, "2026-11-03", "2026-11-04")
+	done := make(chan runner.Result, 2)
+	stop := startWorker(t, h, func(c *runner.WorkerConfig) {
+		c.Runner.Metrics = m
+		c.OnDone = func(res runner.Result, _ error) { done <- res }
+	})
+	for range 2 {
+		select {
+		case res := <-done:
+			if res.Status != "succeeded" {
+				t.Fatalf("a queued run ended %s", res.Status)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the worker did not end two queued runs within 30s")
+		}
+	}
+	stop()
+	for name, want := range map[string]float64{
+		"stepwise_runs_started_total":   5,
+		"stepwise_runs_succeeded_total": 5,
+		"stepwise_runs_failed_total":    0,
+		"stepwise_steps_executed_total": 4, // the forced resume replays
+		"stepwise_steps_skipped_total":  1,
+	} {
+		if got := counter(t, reg, name, job); got != want {
+			t.Errorf("%s = %v; want %v", name, got, want)
+		}
+	}
+	if a := series(t, reg, "stepwise_attempt_duration_seconds", map[string]string{"job": "job", "status": "succeeded"}); a.GetHistogram().GetSampleCount() != 5 {
+		t.Errorf("attempts observed: %v; want 5", a)
 	}
 }

@@ -108,9 +108,11 @@ type Config struct {
 	// configure fails with a *jobs.UnknownTargetError. Nil configures
 	// none.
 	Targets *jobs.Targets
-	// Metrics, if set, receives each attempt's duration, its steps'
-	// durations and, when a run succeeds, the job's last-success time.
-	// A Scheduler gives its own SchedulerConfig.Metrics when this is nil.
+	// Metrics, if set, counts the runs this runner executes, however they
+	// were started (Run, Resume, Claim, a Worker's queue or a Scheduler's
+	// fire): each claim, each end by status, its steps and effects, and
+	// the attempt's and its steps' durations. A Scheduler gives its own
+	// SchedulerConfig.Metrics when this is nil.
 	Metrics *Metrics
 }
 
@@ -156,9 +158,6 @@ func (c *Config) validate() error {
 type Runner struct {
 	cfg    Config
 	tracer trace.Tracer
-	// onClaim, if set, sees each run this runner claims the moment the
-	// claim is recorded (a Scheduler's metrics count it as started).
-	onClaim func(job string, c checkpoint.Claim)
 }
 
 // New returns a Runner for cfg.
@@ -169,6 +168,9 @@ func New(cfg Config) (*Runner, error) {
 	tp := cfg.TracerProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
+	}
+	for _, j := range cfg.Jobs.Jobs() {
+		cfg.Metrics.knownJob(j.Name())
 	}
 	return &Runner{cfg: cfg, tracer: tp.Tracer(steps.TracerName)}, nil
 }

@@ -159,10 +159,6 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Metrics != nil {
-		// Each claimed run is counted as started the moment it is claimed.
-		r.onClaim = cfg.Metrics.runStarted
-	}
 	s := &Scheduler{cfg: cfg, runner: r, store: cfg.Store, clock: cfg.Clock, m: cfg.Metrics, owner: r.cfg.Owner,
 		log: r.cfg.Logger.With().Str("component", "scheduler").Logger()}
 	now := s.clock.Now()
@@ -244,19 +240,4 @@ func (s *Scheduler) enqueue(ctx context.Context, job string, params map[string]s
 		s.log.Info().Str(steps.FieldRunID, res.Run.ID).Str("queue", res.Run.Queue).Msg("fire's run enqueued for the workers")
 	}
 	return out, nil
-}
-
-// loadLastSuccess seeds the metrics' last success of every registered job
-// from the store; a failure leaves the gauges to this process's runs.
-func (s *Scheduler) loadLastSuccess(ctx context.Context) {
-	if s.m == nil {
-		return
-	}
-	var names []string
-	for _, j := range s.runner.cfg.Jobs.Jobs() {
-		names = append(names, j.Name())
-	}
-	if err := s.m.LoadLastSuccess(ctx, s.runner.cfg.Store, names); err != nil {
-		s.log.Warn().Err(err).Msg("could not load the jobs' last successes; the gauge shows this process's runs only")
-	}
 }

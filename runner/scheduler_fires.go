@@ -199,7 +199,6 @@ func (l *loop) start(sc *scheduled, pf *pendingFire, now time.Time) {
 func (l *loop) ended(e ended, now time.Time) {
 	s, sc, pf := l.s, e.sc, e.pf
 	sc.running--
-	s.m.runEnded(e.job, e.res)
 	log := s.log.With().Str(fieldSchedule, sc.Name).Time(fieldFire, pf.At).Str(steps.FieldRunID, e.res.RunID).Logger()
 	var held *checkpoint.LeaseHeldError
 	switch {

@@ -30,7 +30,6 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	defer cancelRuns(nil)
 	l := &loop{s: s, ctx: context.WithoutCancel(ctx), runsCtx: runsCtx, done: make(chan ended)}
 	s.log.Info().Str("owner", s.owner).Int("schedules", len(s.scheds)).Msg("scheduler started")
-	s.loadLastSuccess(ctx)
 
 	for ctx.Err() == nil {
 		now := s.clock.Now()

@@ -30,7 +30,7 @@ const (
 const outcomeRefused = "refused"
 
 // execute runs one attempt of the run (attempt) under its span, the
-// parent of its steps' spans, and records its duration in Metrics.
+// parent of its steps' spans, and counts it in Metrics.
 func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, req Request) (Result, error) {
 	return r.traced(ctx, job, jobs.RunID(job.Name(), dec.RunKey), func(ctx context.Context) (Result, error) {
 		return r.attempt(ctx, job, dec, req)
@@ -38,15 +38,15 @@ func (r *Runner) execute(ctx context.Context, job jobs.Job, dec jobs.Decoded, re
 }
 
 // traced runs one attempt of runID (claim included, when fn claims) in the
-// attempt's span and observes its duration.
+// attempt's span and counts it: its duration, its end and its steps.
 func (r *Runner) traced(ctx context.Context, job jobs.Job, runID string, fn func(context.Context) (Result, error)) (Result, error) {
 	ctx, span := r.tracer.Start(ctx, "attempt "+job.Name(),
 		trace.WithAttributes(attribute.String(steps.AttrRunID, runID), attribute.String(steps.AttrJob, job.Name())))
 	began := r.cfg.Clock.Now()
 	res, err := fn(ctx)
 	if res.Attempt > 0 {
-		end := r.cfg.Clock.Now()
-		r.cfg.Metrics.attemptEnded(job.Name(), res.Status, end.Sub(began), end)
+		r.cfg.Metrics.attemptEnded(job.Name(), res.Status, r.cfg.Clock.Now().Sub(began))
+		r.cfg.Metrics.runEnded(job.Name(), res)
 	}
 	endAttempt(span, res, err)
 	return res, err
