@@ -67,10 +67,10 @@ func trustedProxies(flags []string) ([]netip.Prefix, error) {
 // checkServeHTTPFlags refuses serve's HTTP flags that do not fit
 // together, naming the flag and what to do.
 func (c *ServeCmd) checkServeHTTPFlags() error {
+	if err := checkListen(c.Listen, c.Tokens); err != nil {
+		return err
+	}
 	switch {
-	case c.Listen != "" && c.Tokens == "" && !loopback(c.Listen):
-		return fmt.Errorf("--listen %s is not a loopback address, and without --tokens anyone who reaches it could read every run: "+
-			"give --tokens FILE (lines NAME:ROLE:TOKEN), or listen on 127.0.0.1", c.Listen)
 	case c.MetricsListen != "" && !loopback(c.MetricsListen):
 		return fmt.Errorf("--metrics-listen %s is not a loopback address: /metrics there needs no token, so it is for this machine only; "+
 			"listen on 127.0.0.1:PORT, or scrape --listen's /metrics with a read token", c.MetricsListen)
@@ -82,13 +82,23 @@ func (c *ServeCmd) checkServeHTTPFlags() error {
 	return nil
 }
 
+// checkListen refuses a --listen address other than loopback without
+// --tokens: its anonymous reads would be anyone's.
+func checkListen(listen, tokens string) error {
+	if listen != "" && tokens == "" && !loopback(listen) {
+		return fmt.Errorf("--listen %s is not a loopback address, and without --tokens anyone who reaches it could read every run: "+
+			"give --tokens FILE (lines NAME:ROLE:TOKEN), or listen on 127.0.0.1", listen)
+	}
+	return nil
+}
+
 // reloadTokens reads the tokens file again and makes api accept its
 // tokens: the sessions of removed tokens end at once. A file that cannot
 // be read or is refused leaves the tokens as they were. Both are logged.
 func reloadTokens(env *Env, path string, api *httpapi.Server) error {
 	log := env.Logger()
 	if path == "" {
-		log.Warn().Msg("SIGHUP: serve has no --tokens file to reload; ignored")
+		log.Warn().Msg("SIGHUP: no --tokens file to reload; ignored")
 		return nil
 	}
 	t, err := httpapi.ReadTokens(path)

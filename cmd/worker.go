@@ -90,6 +90,7 @@ type WorkerCmd struct {
 	Poll         time.Duration `default:"1s" nonzero:"" help:"How often an idle worker looks for due runs and claimable partitions, jittered by a fifth: the only wake-up on SQLite; on PostgreSQL the fallback to LISTEN/NOTIFY, which wakes workers at each enqueue and when partitions are recorded or released."`
 	targetFlags
 	Grace time.Duration `default:"20s" help:"After SIGTERM or SIGINT: claim nothing more, let the runs in flight finish for this long, then interrupt them (recorded interrupted, leases released: due again for any worker). Keep it under STEPWISE_GRACE, after which the process exits anyway."`
+	workerListenFlags
 }
 
 // Run implements the worker command.
@@ -99,6 +100,14 @@ func (c *WorkerCmd) Run(env *Env) error {
 	}
 	if err := checkGrace(c.Grace); err != nil {
 		return usageError{err}
+	}
+	tokens, err := c.workerListenFlags.check()
+	if err != nil {
+		return usageError{err}
+	}
+	wm, err := c.newWorkerMetrics()
+	if err != nil {
+		return err
 	}
 	// Each run in flight may hold a connection for a write and another
 	// for its heartbeat, and a partition of it two more (its chunk's
@@ -117,7 +126,7 @@ func (c *WorkerCmd) Run(env *Env) error {
 	warnMaintenance(env, st)
 	w, err := runner.NewWorker(runner.WorkerConfig{
 		Runner: runner.Config{Store: st, Jobs: env.Registry, Logger: env.Logger(), Lease: c.Lease,
-			TracerProvider: env.tracing(false), Targets: targets},
+			TracerProvider: env.tracing(false), Targets: targets, Metrics: wm.metrics},
 		Queues:       c.Queues,
 		Concurrency:  c.Concurrency,
 		Poll:         c.Poll,
@@ -139,7 +148,12 @@ func (c *WorkerCmd) Run(env *Env) error {
 	if c.NoPartitions {
 		what = "runs of " + queues
 	}
-	fmt.Fprintf(env.Stdout, "%s worker: taking %s from %s, %d at a time (%s)\n", env.Name, what, env.storeName(), c.Concurrency, wake)
+	where, stopListen, err := c.workerListenFlags.serve(env, st, tokens, wm)
+	if err != nil {
+		return err
+	}
+	defer stopListen()
+	fmt.Fprintf(env.Stdout, "%s worker: taking %s from %s, %d at a time (%s)%s\n", env.Name, what, env.storeName(), c.Concurrency, wake, where)
 	if err := w.Run(env.Ctx); err != nil {
 		return err
 	}
