@@ -29,6 +29,8 @@ import (
 //	stepwise_cas_conflicts_total{job}         writes that found another writer's version
 //	stepwise_replans_total{job}               plans made again after a conflict
 //	stepwise_store_faults_total{job}          transient store faults (a dropped connection, a deadlock) an attempt went on from
+//	stepwise_partitions_worked_total{job}     partitions of batch steps of other runners' runs this process worked
+//	stepwise_partitions_released_total{job}   such partitions handed back unworked (their replay stopped, their lease lost)
 //	stepwise_duplicate_fires_total{schedule}  fires whose run had already succeeded or was running elsewhere
 //	stepwise_misfires_skipped_total{schedule,reason}  missed fires not run: reason "policy" or "deadline"
 //	stepwise_overlap_skipped_total{schedule}  fires skipped under OverlapForbid
@@ -50,6 +52,7 @@ type Metrics struct {
 	effectsApplied, casConflicts, replans                   *prometheus.CounterVec
 	duplicateFires, misfiresSkipped, overlapSkipped         *prometheus.CounterVec
 	fireErrors, leaseTakeovers, storeFaults                 *prometheus.CounterVec
+	partitionsWorked, partitionsReleased                    *prometheus.CounterVec
 	lag, leader                                             *prometheus.GaugeVec
 	attemptDuration, stepDuration                           *prometheus.HistogramVec
 }
@@ -99,8 +102,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		fireErrors:      counter("fire_errors_total", "Fires whose run could not be started or recorded.", "schedule"),
 		leaseTakeovers:  counter("lease_takeovers_total", "Leases taken over from a dead or stalled owner.", "kind"),
 		storeFaults:     counter("store_faults_total", "Transient store faults (a dropped connection, a server restart, a deadlock) an attempt went on from its checkpoints after.", "job"),
-		lag:             gauge("schedule_lag_seconds", "How late after its fire time the schedule's latest run started.", "schedule"),
-		leader:          gauge("schedule_leader", "1 while this scheduler holds the schedule's lease and fires it.", "schedule"),
+		partitionsWorked: counter("partitions_worked_total",
+			"Partitions of batch steps of other runners' runs that this process claimed and worked to their end.", "job"),
+		partitionsReleased: counter("partitions_released_total",
+			"Partitions this process claimed and handed back unworked (their replay stopped, or their lease was lost).", "job"),
+		lag:    gauge("schedule_lag_seconds", "How late after its fire time the schedule's latest run started.", "schedule"),
+		leader: gauge("schedule_leader", "1 while this scheduler holds the schedule's lease and fires it.", "schedule"),
 		attemptDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "stepwise", Name: "attempt_duration_seconds",
 			Help:    "How long an attempt of the job took, from its claim request to its end, by the status it ended with.",
 			Buckets: attemptBuckets}, []string{"job", "status"}),
@@ -111,7 +118,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, c := range []prometheus.Collector{m.runsStarted, m.runsSucceeded, m.runsFailed, m.runsInterrupted,
 		m.stepsExecuted, m.stepsSkipped, m.stepsFailed, m.effectsApplied, m.casConflicts, m.replans,
 		m.duplicateFires, m.misfiresSkipped, m.overlapSkipped,
-		m.fireErrors, m.leaseTakeovers, m.storeFaults, m.lag, m.leader, m.attemptDuration, m.stepDuration} {
+		m.fireErrors, m.leaseTakeovers, m.storeFaults, m.partitionsWorked, m.partitionsReleased, m.lag, m.leader, m.attemptDuration, m.stepDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -145,9 +152,27 @@ func (m *Metrics) knownJob(job string) {
 		return
 	}
 	for _, c := range []*prometheus.CounterVec{m.runsStarted, m.runsSucceeded, m.runsFailed, m.runsInterrupted,
-		m.stepsExecuted, m.stepsSkipped, m.stepsFailed, m.effectsApplied, m.casConflicts, m.replans} {
+		m.stepsExecuted, m.stepsSkipped, m.stepsFailed, m.effectsApplied, m.casConflicts, m.replans,
+		m.partitionsWorked, m.partitionsReleased} {
 		c.WithLabelValues(job)
 	}
+}
+
+// partitionEnded counts a partition this process worked (or released
+// unworked) and the writes its chunks made; the steps its replay returned
+// from their checkpoints are the run's owner's, not counted here.
+func (m *Metrics) partitionEnded(job string, worked bool, st steps.Stats) {
+	if m == nil {
+		return
+	}
+	if worked {
+		m.partitionsWorked.WithLabelValues(job).Inc()
+	} else {
+		m.partitionsReleased.WithLabelValues(job).Inc()
+	}
+	m.effectsApplied.WithLabelValues(job).Add(float64(st.Effects))
+	m.casConflicts.WithLabelValues(job).Add(float64(st.Conflicts))
+	m.replans.WithLabelValues(job).Add(float64(st.Replans))
 }
 
 func (m *Metrics) runStarted(job string, c checkpoint.Claim) {

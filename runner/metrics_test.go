@@ -2,6 +2,7 @@ package runner_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -170,5 +171,79 @@ func TestMetricsCountEveryWayARunExecutes(t *testing.T) {
 	}
 	if a := series(t, reg, "stepwise_attempt_duration_seconds", map[string]string{"job": "job", "status": "succeeded"}); a.GetHistogram().GetSampleCount() != 5 {
 		t.Errorf("attempts observed: %v; want 5", a)
+	}
+}
+
+// TestMetricsCountPartitionsWorked: a process that works a partition of
+// another runner's run counts it as worked, and not as a run it started
+// or ended; the run's owner counts the run.
+func TestMetricsCountPartitionsWorked(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	gate := make(chan struct{})    // the owner's first item waits for it
+	ownerIn := make(chan struct{}) // closed: the owner is in its first item
+	var ownerOnce sync.Once
+	h.body = func(ctx context.Context, run *steps.Run, _ jobParams) error {
+		_, err := steps.ForEach(ctx, run, "items", steps.Slice(partitionKeys(), func(k string) string { return k }),
+			func(ctx context.Context, k string, _ *steps.Effects) (string, error) {
+				if k == "k00" { // partition 0: the owner's (it claims first)
+					ownerOnce.Do(func() { close(ownerIn) })
+					<-gate
+				}
+				return k, nil
+			}, steps.Partitions(2), steps.ChunkSize(5))
+		return err
+	}
+	newMetrics := func() (*prometheus.Registry, *runner.Metrics) {
+		reg := prometheus.NewRegistry()
+		m, err := runner.NewMetrics(reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reg, m
+	}
+	ownerReg, ownerM := newMetrics()
+	workerReg, workerM := newMetrics()
+	owner := h.runner(func(c *runner.Config) { c.Owner, c.PartitionSlots, c.Metrics = "owner", 1, ownerM })
+	ownerDone := make(chan error, 1)
+	go func() {
+		_, err := owner.Run(context.Background(), runner.Request{Job: "job", Values: testValues})
+		ownerDone <- err
+	}()
+	select {
+	case <-ownerIn:
+	case err := <-ownerDone:
+		t.Fatalf("the owner ended before working its partition: %v", err)
+	}
+	w := h.runner(func(c *runner.Config) { c.Owner, c.Metrics = "worker", workerM })
+	worked, err := w.WorkPartition(context.Background(), "")
+	close(gate)
+	if !worked || err != nil {
+		t.Fatalf("WorkPartition = %v, %v; want partition 1 worked", worked, err)
+	}
+	if err := <-ownerDone; err != nil {
+		t.Fatalf("owner: %v", err)
+	}
+	job := map[string]string{"job": "job"}
+	for _, c := range []struct {
+		reg  *prometheus.Registry
+		name string
+		want float64
+	}{
+		{workerReg, "stepwise_partitions_worked_total", 1},
+		{workerReg, "stepwise_partitions_released_total", 0},
+		{workerReg, "stepwise_runs_started_total", 0},
+		{workerReg, "stepwise_runs_succeeded_total", 0},
+		{ownerReg, "stepwise_partitions_worked_total", 0},
+		{ownerReg, "stepwise_runs_started_total", 1},
+		{ownerReg, "stepwise_runs_succeeded_total", 1},
+	} {
+		who := "worker"
+		if c.reg == ownerReg {
+			who = "owner"
+		}
+		if got := counter(t, c.reg, c.name, job); got != c.want {
+			t.Errorf("%s: %s = %v; want %v", who, c.name, got, c.want)
+		}
 	}
 }

@@ -104,6 +104,7 @@ func (r *Runner) workPartition(ctx context.Context, pl checkpoint.PartitionLease
 	if cerr := run.Close(); jobErr == nil {
 		jobErr = cerr
 	}
+	r.cfg.Metrics.partitionEnded(job.Name(), errors.Is(jobErr, steps.ErrPartitionWorked), run.Stats())
 	switch {
 	case errors.Is(jobErr, steps.ErrPartitionWorked):
 		log.Info().Msg("partition worked")
