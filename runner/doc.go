@@ -31,6 +31,9 @@
 // Config.TracerProvider (by default the global provider, a no-op unless
 // the program set one), the parent of its steps' and batch chunks' spans
 // (see steps.AttrRunID for their attributes); a step replayed from its
-// checkpoint keeps its span, marked stepwise.replayed. Config.Metrics adds
-// attempt and step duration histograms and each job's last-success time.
+// checkpoint keeps its span, marked stepwise.replayed. Config.Metrics
+// counts the runs the runner executes, however they were started, with
+// attempt and step duration histograms; what the whole deployment
+// recorded (each job's last success, the runs by status) is read from
+// the store instead (ops.NewStoreCollector).
 package runner
