@@ -222,7 +222,7 @@ func takeoverScenario(t *testing.T, l layout, otherNS bool) {
 	took := time.Since(killed)
 	if otherNS {
 		// Each lease moved only once expired.
-		if early := before.latestUntil().Sub(time.Now()); early > 100*time.Millisecond {
+		if early := time.Until(before.latestUntil()); early > 100*time.Millisecond {
 			t.Errorf("A's work in another PID namespace was taken %s before its last lease expired: its owner was guessed gone", early)
 		}
 	}
