@@ -40,15 +40,22 @@ func (w *Worker) takeOverGone(jobNames []string) WorkSource {
 			looked = now
 			held, err := w.cfg.Runner.Store.HeldLeases(ctx, details, now)
 			if err != nil {
-				return nil, err
+				// Not the queue's error: the next sources are still tried.
+				w.warnTakeover(ctx, err)
+				return nil, nil
 			}
 			found = w.goneLeases(held, jobNames)
 		}
 		for len(found) > 0 {
 			h := found[0]
 			found = found[1:]
-			if t, err := w.takeOver(ctx, h); err != nil || t != nil {
-				return t, err
+			t, err := w.takeOver(ctx, h)
+			if err != nil {
+				w.warnTakeover(ctx, err)
+				return nil, nil
+			}
+			if t != nil {
+				return t, nil
 			}
 		}
 		return nil, nil
@@ -108,6 +115,15 @@ func (w *Worker) takeOver(ctx context.Context, h checkpoint.HeldLease) (Task, er
 	}
 	w.logTakeover(h).Str(steps.FieldStepID, h.Step).Int("partition", h.Index).Msg("took over at once a partition whose runner's process is gone")
 	return w.partitionTask(pl, claimedAt), nil
+}
+
+// warnTakeover logs why looking for, or taking over, a gone runner's work
+// failed (unless the worker is stopping): the leases still expire, and the
+// next poll looks again.
+func (w *Worker) warnTakeover(ctx context.Context, err error) {
+	if ctx.Err() == nil {
+		w.log.Warn().Err(err).Msg("could not take over the work of a runner gone on this host; trying again at the next poll (its leases still expire)")
+	}
 }
 
 // logTakeover is the warning that h was taken over before its lease ended.

@@ -106,7 +106,8 @@ type WorkerConfig struct {
 	OnPartitionDone func(checkpoint.PartitionLease, error)
 }
 
-// Worker claims queued runs, and runs whose runner's lease expired, and
+// Worker claims queued runs, and runs whose runner's lease expired (or,
+// on this host, whose runner's process is surely gone: OwnerGone), and
 // drives them, up to Concurrency at once, until its context ends. Many
 // workers on many hosts may share one store: ClaimNext gives each run to
 // one of them, and the fence stops any stale one.
