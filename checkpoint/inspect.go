@@ -43,8 +43,9 @@ type Inspector interface {
 // runner, steps, workers, runner/ops and the operator surfaces (the
 // Store contract, the operator and inspection methods, the outbox,
 // partitions, schedules, idempotency keys, the run queue and its
-// maintenance check). Both stores implement all of it, and each asserts
-// it at compile time: var _ checkpoint.Backend = (*Store)(nil). Code
+// maintenance check, the take-over of a gone runner's leases). Both
+// stores implement all of it, and each asserts it at compile time:
+// var _ checkpoint.Backend = (*Store)(nil). Code
 // above checkpoint takes a Backend and never looks for a capability by
 // type assertion. Its one optional part is QueueWaker, probed in one
 // place: Waker.
@@ -58,4 +59,5 @@ type Backend interface {
 	IdempotencyStore
 	QueueStore
 	MaintenanceChecker
+	TakeoverStore
 }

@@ -141,7 +141,7 @@ func (c *RunsCmd) Run(env *Env) error {
 		status := col.status(r, statusText(r, now), now)
 		if r.Status == checkpoint.RunRunning {
 			// A running run's partitioned step: how far its partitions got.
-			if ps, err := ops.RunPartitions(env.Ctx, st, r.ID); err == nil && len(ps) > 0 {
+			if ps, err := ops.RunPartitions(env.Ctx, st, r.ID, now); err == nil && len(ps) > 0 {
 				status += partitionsNote(ps)
 			}
 		}
@@ -253,7 +253,11 @@ func partitionsNote(ps []ops.PartitionView) string {
 			done++
 		}
 		if p.State == checkpoint.PartitionRunning {
-			owners[p.Owner]++
+			owner := p.Owner
+			if p.Stale {
+				owner += " (stale)"
+			}
+			owners[owner]++
 		}
 		items += p.Done
 		total += p.Total

@@ -149,7 +149,11 @@ func (c *ShowCmd) print(env *Env, r checkpoint.Run, v ops.ShowView, now time.Tim
 	if len(v.Partitions) > 0 {
 		fmt.Fprintln(tw, "\nPARTITION\tSTATE\tOWNER\tASSIGNS\tDONE/TOTAL\tREJECTED\tSKIPPED\tERROR")
 		for _, p := range v.Partitions {
-			fmt.Fprintf(tw, "%s#%d\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%s\n", p.Step, p.Index, p.State, p.Owner, p.Range,
+			state := p.State
+			if p.Stale {
+				state = "stale"
+			}
+			fmt.Fprintf(tw, "%s#%d\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%s\n", p.Step, p.Index, state, p.Owner, p.Range,
 				p.Done, p.Total, p.Rejected, p.Skipped, preview(p.Error, 60))
 		}
 	}

@@ -106,7 +106,8 @@ type WorkerConfig struct {
 	OnPartitionDone func(checkpoint.PartitionLease, error)
 }
 
-// Worker claims queued runs, and runs whose runner's lease expired, and
+// Worker claims queued runs, and runs whose runner's lease expired (or,
+// on this host, whose runner's process is surely gone: OwnerGone), and
 // drives them, up to Concurrency at once, until its context ends. Many
 // workers on many hosts may share one store: ClaimNext gives each run to
 // one of them, and the fence stops any stale one.
@@ -188,21 +189,26 @@ func (w *Worker) claimPartitions() WorkSource {
 		if err != nil || !ok {
 			return nil, err
 		}
-		return func(ctx context.Context) {
-			err := w.runner.workPartition(ctx, pl, claimedAt)
-			log := w.log.With().Str(steps.FieldRunID, pl.RunID).Str(steps.FieldStepID, pl.Step).Int("partition", pl.Index).Logger()
-			switch {
-			case err == nil:
-			case errors.Is(err, checkpoint.ErrFenced), errors.Is(err, steps.ErrPartitionLeaseLost), errors.Is(err, ErrInterrupted),
-				errors.Is(err, checkpoint.ErrTransient):
-				log.Warn().Err(err).Msg("stopped working a partition; it is left to the runner holding it, or to the next claim")
-			default:
-				log.Error().Err(err).Msg("partition not worked")
-			}
-			if w.cfg.OnPartitionDone != nil {
-				w.cfg.OnPartitionDone(pl, err)
-			}
-		}, nil
+		return w.partitionTask(pl, claimedAt), nil
+	}
+}
+
+// partitionTask works the partition claimed as pl at claimedAt.
+func (w *Worker) partitionTask(pl checkpoint.PartitionLease, claimedAt time.Time) Task {
+	return func(ctx context.Context) {
+		err := w.runner.workPartition(ctx, pl, claimedAt)
+		log := w.log.With().Str(steps.FieldRunID, pl.RunID).Str(steps.FieldStepID, pl.Step).Int("partition", pl.Index).Logger()
+		switch {
+		case err == nil:
+		case errors.Is(err, checkpoint.ErrFenced), errors.Is(err, steps.ErrPartitionLeaseLost), errors.Is(err, ErrInterrupted),
+			errors.Is(err, checkpoint.ErrTransient):
+			log.Warn().Err(err).Msg("stopped working a partition; it is left to the runner holding it, or to the next claim")
+		default:
+			log.Error().Err(err).Msg("partition not worked")
+		}
+		if w.cfg.OnPartitionDone != nil {
+			w.cfg.OnPartitionDone(pl, err)
+		}
 	}
 }
 
@@ -227,7 +233,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	if len(names) == 0 {
 		return errors.New("runner: the worker's job registry is empty; it could run nothing")
 	}
-	sources := []WorkSource{w.claimRuns(names)}
+	var sources []WorkSource
+	if gone := w.takeOverGone(names); gone != nil {
+		sources = append(sources, gone)
+	}
+	sources = append(sources, w.claimRuns(names))
 	if !w.cfg.NoPartitions {
 		sources = append(sources, w.claimPartitions())
 	}

@@ -130,19 +130,20 @@ const (
 	ErrorsAndClock Concept = "ErrorsAndClock"
 	API            Concept = "API"
 	PartitionsOf   Concept = "Partitions"
+	Takeover       Concept = "Takeover"
 )
 
 var concepts = map[Concept]func(*testing.T, Harness){
 	Migration: testMigration, ClaimAndLease: testClaimAndLease, FenceRace: testFenceRace,
 	Steps: testSteps, Items: testItems, ChunkPlans: testChunkPlans, Targets: testTargets,
 	Outbox: testOutbox, Queue: testQueue, Schedules: testSchedules, Operations: testOperations, ErrorsAndClock: testErrorsAndClock,
-	API: testAPI, PartitionsOf: testPartitions,
+	API: testAPI, PartitionsOf: testPartitions, Takeover: testTakeover,
 }
 
 // Concepts returns every concept of the suite: what a complete store
 // passes.
 func Concepts() []Concept {
-	return []Concept{Migration, ClaimAndLease, FenceRace, Steps, Items, ChunkPlans, Targets, Outbox, Queue, Schedules, Operations, ErrorsAndClock, API, PartitionsOf}
+	return []Concept{Migration, ClaimAndLease, FenceRace, Steps, Items, ChunkPlans, Targets, Outbox, Queue, Schedules, Operations, ErrorsAndClock, API, PartitionsOf, Takeover}
 }
 
 // RunConcepts runs the named concepts only: for a store still being

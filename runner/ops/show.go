@@ -170,7 +170,7 @@ func Show(ctx context.Context, st checkpoint.Backend, runID string, opt ShowOpti
 	for _, m := range msgs {
 		v.Outbox = append(v.Outbox, ViewMessage(m))
 	}
-	if v.Partitions, err = RunPartitions(ctx, st, runID); err != nil {
+	if v.Partitions, err = RunPartitions(ctx, st, runID, now); err != nil {
 		return v, err
 	}
 	if opt.Effects {
