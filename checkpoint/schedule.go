@@ -32,6 +32,20 @@ type ScheduleStore interface {
 	ReleaseSchedule(ctx context.Context, l ScheduleLease, now time.Time) error
 	// Schedules lists the stored state of every schedule, by name.
 	Schedules(ctx context.Context) ([]ScheduleState, error)
+	// PauseSchedule pauses the schedule at a.At, with a (whose RunID is
+	// ScheduleAuditID(name)) recorded in the same transaction: a record
+	// that cannot be written pauses nothing. No scheduler sharing the
+	// store fires it until UnpauseSchedule. A schedule never served gets
+	// its row (settle mark a.At, no lease). A pause in force is refused
+	// with ErrSchedulePaused.
+	PauseSchedule(ctx context.Context, name string, a Audit) error
+	// UnpauseSchedule ends the schedule's pause at a.At, recording a in
+	// the same transaction. Without catchUp the fires since the pause
+	// began are skipped for it (ScheduleState.Skip, see NextPauseSkip);
+	// with catchUp they are left to the misfire policy, as fires missed
+	// in downtime are. A schedule not paused is refused with
+	// ErrScheduleNotPaused.
+	UnpauseSchedule(ctx context.Context, name string, a Audit, catchUp bool) error
 }
 
 // ScheduleClaimRequest says which scheduler claims which schedule, when.
@@ -77,6 +91,11 @@ type ScheduleState struct {
 	LeaseUntil time.Time // zero when no lease is held
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
+	// Pause is the pause in force; the zero value when not paused.
+	Pause SchedulePause
+	// Skip is the window of fires the last unpause without catch-up
+	// skipped for its pause.
+	Skip PauseSkip
 }
 
 // ScheduleHeldError is returned by ClaimSchedule while another scheduler

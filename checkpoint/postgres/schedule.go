@@ -15,7 +15,8 @@ import (
 // fence, every write is checked against it in the statement that makes
 // it. Times are coalesce($now, now()), durations microseconds.
 const (
-	scheduleCols = `name, last_fire, fence, lease_owner, lease_until, created_at, updated_at`
+	scheduleCols = `name, last_fire, fence, lease_owner, lease_until, created_at, updated_at,
+    paused_at, paused_by, paused_reason, skip_from, skip_until`
 	// sqlCreateSchedule creates the schedule's row, held by the claimer
 	// with fence 1 and its settle mark at the claim's time, or does nothing
 	// when it exists.
@@ -52,11 +53,14 @@ var _ checkpoint.ScheduleStore = (*Store)(nil)
 func scanSchedule(row pgx.Row, extra ...any) (checkpoint.ScheduleState, error) {
 	var s checkpoint.ScheduleState
 	var owner pgtype.Text
-	var last, until, created, updated pgtype.Timestamptz
-	dest := append([]any{&s.Name, &last, &s.Fence, &owner, &until, &created, &updated}, extra...)
+	var last, until, created, updated, pausedAt, skipFrom, skipUntil pgtype.Timestamptz
+	dest := append([]any{&s.Name, &last, &s.Fence, &owner, &until, &created, &updated,
+		&pausedAt, &s.Pause.By, &s.Pause.Reason, &skipFrom, &skipUntil}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return checkpoint.ScheduleState{}, err
 	}
+	s.Pause.At = tm(pausedAt)
+	s.Skip = checkpoint.PauseSkip{From: tm(skipFrom), Until: tm(skipUntil)}
 	s.LastFire = tm(last)
 	s.LeaseOwner = owner.String
 	s.LeaseUntil = tm(until)

@@ -13,10 +13,10 @@ import (
 var _ checkpoint.ScheduleStore = (*Store)(nil)
 
 const (
-	sqlSelectSchedule = `SELECT name, last_fire, fence, lease_owner, lease_until, created_at, updated_at
-FROM schedules WHERE name = ?`
-	sqlListSchedules = `SELECT name, last_fire, fence, lease_owner, lease_until, created_at, updated_at
-FROM schedules ORDER BY name`
+	scheduleCols = `name, last_fire, fence, lease_owner, lease_until, created_at, updated_at,
+    paused_at, paused_by, paused_reason, skip_from, skip_until`
+	sqlSelectSchedule = `SELECT ` + scheduleCols + ` FROM schedules WHERE name = ?`
+	sqlListSchedules  = `SELECT ` + scheduleCols + ` FROM schedules ORDER BY name`
 	sqlInsertSchedule = `INSERT INTO schedules (name, last_fire, fence, lease_owner, lease_until, created_at, updated_at)
 VALUES (?1, ?2, 1, ?3, ?4, ?2, ?2)`
 	sqlTakeSchedule = `UPDATE schedules SET fence = fence + 1, lease_owner = ?, lease_until = ?, updated_at = ?
@@ -32,10 +32,13 @@ WHERE name = ? AND fence = ?`
 
 func scanSchedule(row rowScanner) (checkpoint.ScheduleState, error) {
 	var s checkpoint.ScheduleState
-	var last, owner, until, created, updated sql.NullString
-	if err := row.Scan(&s.Name, &last, &s.Fence, &owner, &until, &created, &updated); err != nil {
+	var last, owner, until, created, updated, pausedAt, skipFrom, skipUntil sql.NullString
+	if err := row.Scan(&s.Name, &last, &s.Fence, &owner, &until, &created, &updated,
+		&pausedAt, &s.Pause.By, &s.Pause.Reason, &skipFrom, &skipUntil); err != nil {
 		return checkpoint.ScheduleState{}, err
 	}
+	s.Pause.At = parseTime(pausedAt)
+	s.Skip = checkpoint.PauseSkip{From: parseTime(skipFrom), Until: parseTime(skipUntil)}
 	s.LastFire = parseTime(last)
 	s.LeaseOwner = owner.String
 	s.LeaseUntil = parseTime(until)
