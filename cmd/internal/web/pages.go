@@ -495,4 +495,7 @@ func (h *Handler) misfires(row *scheduleRow, s runner.Schedule, now time.Time) {
 		row.State = "no scheduler holds it: fires are missed until serve runs"
 	}
 	_ = ops.AddMissed(&row.ScheduleView, s, now, h.cfg.MisfireThreshold) // a schedule that cannot list its fires shows none
+	if row.Paused != nil {
+		row.State = "paused: its fires are held; " + row.State
+	}
 }
