@@ -32,6 +32,11 @@ type runsPage struct {
 	Statuses            []string
 	Jobs                []string
 	Runs                []ops.RunView
+	// Counts are the runs the job and key filters select, by status;
+	// Total is their sum (CountMore: at least).
+	Counts    []statusCount
+	Total     int
+	CountMore bool
 	// Next is the query of the next page ("" on the last one); First
 	// says whether this is the first page.
 	Next  string
@@ -57,7 +62,13 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request, who Caller, known
 		}
 		rq.After = &c
 	}
-	page, err := ops.ListRuns(r.Context(), h.cfg.Store, rq, ops.Now(r.Context(), h.cfg.Store, p.Now))
+	now := ops.Now(r.Context(), h.cfg.Store, p.Now)
+	page, err := ops.ListRuns(r.Context(), h.cfg.Store, rq, now)
+	var counts ops.RunCounts
+	if err == nil {
+		counts, err = ops.CountRuns(r.Context(), h.cfg.Store, ops.RunsQuery{Job: p.Job, RunKeyPrefix: p.Prefix}, now)
+		p.Counts, p.Total, p.CountMore = statusCounts(counts, p.Job, p.Prefix, p.Status), counts.Total, counts.More
+	}
 	if err != nil {
 		h.fail(w, r, http.StatusInternalServerError, "Runs unavailable", "The runs could not be read; the server's log has why.", err)
 		return
