@@ -208,6 +208,7 @@ func (s *Server) routes() {
 	s.mux.Handle("POST /api/v1/runs/{rest...}", s.auth(RoleOperate, s.takes(s.runPost)))
 	s.mux.Handle("GET /api/v1/schedules", s.auth(RoleRead, s.takes(s.schedules, "next", "from")))
 	s.mux.Handle("POST /api/v1/schedules/{name}/{verb}", s.auth(RoleOperate, s.takes(s.schedulePost)))
+	s.mux.Handle("GET /api/v1/jobs/{job}/history", s.auth(RoleRead, s.takes(s.jobHistory, "limit")))
 	s.mux.Handle("GET /api/v1/outbox", s.auth(RoleRead, s.takes(s.listOutbox, "status", "run", "limit")))
 	s.mux.Handle("POST /api/v1/outbox/requeue", s.auth(RoleOperate, s.takes(s.requeueOutbox)))
 	s.mux.HandleFunc("/api/v1/", func(w http.ResponseWriter, r *http.Request) {
