@@ -20,6 +20,7 @@ const (
 	chartBottom = 18 // room below the bars for the first and last run keys
 	chartLeft   = 56 // room for the scale's labels
 	barGap      = 2
+	minSlots    = 12 // the fewest bars the width is shared by
 )
 
 // chart is one bar chart: a bar per run, oldest left, each of one or more
@@ -33,6 +34,7 @@ type chart struct {
 	Max, Mid    string // the scale's labels, at the top and the middle
 	MidY        int
 	First, Last string // the first and last run keys, under the bars
+	LastX       int    // where the last run's key ends
 	Bars        []chartBar
 	Legend      []chartLegend
 }
@@ -73,9 +75,15 @@ func newChart(id, label string, runs []ops.RunPoint) chart {
 	if len(runs) > 0 {
 		c.First, c.Last = runs[0].Key, runs[len(runs)-1].Key
 	}
-	slot := (chartWidth - chartLeft) / max(len(runs), 1)
+	// Bars are never wider than a twelfth of the chart: a job with two
+	// runs so far shows two bars at the left, not two slabs.
+	slot := (chartWidth - chartLeft) / max(len(runs), minSlots)
 	for i, r := range runs {
 		c.Bars = append(c.Bars, chartBar{Href: runURL(r.ID), X: chartLeft + i*slot + barGap/2, W: max(slot-barGap, 1), Title: r.Key})
+	}
+	c.LastX = chartLeft + len(runs)*slot
+	if len(runs) < 3 { // no room for two keys apart
+		c.Last = ""
 	}
 	return c
 }
