@@ -36,7 +36,8 @@ type ScheduleStore interface {
 	// ScheduleAuditID(name)) recorded in the same transaction: a record
 	// that cannot be written pauses nothing. No scheduler sharing the
 	// store fires it until UnpauseSchedule. A schedule never served gets
-	// its row (settle mark a.At, no lease). A pause in force is refused
+	// its row (fence 0, no lease); its first claim starts its settle mark
+	// then, as creating the row would. A pause in force is refused
 	// with ErrSchedulePaused.
 	PauseSchedule(ctx context.Context, name string, a Audit) error
 	// UnpauseSchedule ends the schedule's pause at a.At, recording a in
@@ -74,7 +75,8 @@ type ScheduleClaim struct {
 	// State is the schedule's row after the claim; State.LastFire is
 	// where firing resumes.
 	State ScheduleState
-	// Created is true when this claim created the schedule's row.
+	// Created is true when this claim created the schedule's row, or is
+	// the first claim of the row a pause made (PauseSchedule).
 	Created bool
 	// TookOverFrom names the owner whose unreleased lease this claim
 	// replaced (a crashed or stalled scheduler), if any.

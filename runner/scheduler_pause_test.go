@@ -99,3 +99,27 @@ func TestUnpauseWithCatchUpRunsThePausedFires(t *testing.T) {
 		})
 	}
 }
+
+// A schedule paused before any serve fired it is not thereby served: the
+// first scheduler starts it afresh, as it does a schedule with no row,
+// and the fires before it are not caught up.
+func TestPauseBeforeAnyServeLeavesNothingToCatchUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k, st := newTicks(0), openStore(t)
+		ctx := context.Background()
+		if err := st.PauseSchedule(ctx, "hourly", pauseOp("schedules pause")); err != nil {
+			t.Fatal(err)
+		}
+		sleep(10 * time.Minute)
+		if err := st.UnpauseSchedule(ctx, "hourly", pauseOp("schedules unpause --catch-up"), true); err != nil {
+			t.Fatal(err)
+		}
+		sleep(200 * time.Minute) // 03:30: no serve fired 01:00 to 03:00
+		r := startScheduler(t, k, st, "a:1", []runner.Schedule{hourly(func(s *runner.Schedule) { s.Misfire = runner.MisfireRunAll })}, nil)
+		sleep(time.Hour)
+		r.stop(t)
+		if got, want := k.ran(), hours(4); !slices.Equal(got, want) {
+			t.Errorf("ran %v; want only the fire after the first serve started, %v", got, want)
+		}
+	})
+}

@@ -19,8 +19,12 @@ const (
 	sqlListSchedules  = `SELECT ` + scheduleCols + ` FROM schedules ORDER BY name`
 	sqlInsertSchedule = `INSERT INTO schedules (name, last_fire, fence, lease_owner, lease_until, created_at, updated_at)
 VALUES (?1, ?2, 1, ?3, ?4, ?2, ?2)`
-	sqlTakeSchedule = `UPDATE schedules SET fence = fence + 1, lease_owner = ?, lease_until = ?, updated_at = ?
-WHERE name = ? AND fence = ?`
+	// sqlTakeSchedule claims the row; the first claim of a row a pause
+	// made (fence 0) starts its settle mark at the claim, as creating it
+	// would: the fires before no scheduler ever fired are not missed.
+	sqlTakeSchedule = `UPDATE schedules SET fence = fence + 1, lease_owner = ?1, lease_until = ?2, updated_at = ?3,
+    last_fire = CASE WHEN fence = 0 THEN ?3 ELSE last_fire END, created_at = CASE WHEN fence = 0 THEN ?3 ELSE created_at END
+WHERE name = ?4 AND fence = ?5`
 	sqlRenewSchedule = `UPDATE schedules SET lease_until = ?, updated_at = ?
 WHERE name = ? AND fence = ? AND lease_owner IS NOT NULL`
 	// The settle mark is fixed-width UTC text, so MAX compares times.
@@ -87,6 +91,7 @@ func claimScheduleTx(ctx context.Context, tx *sql.Tx, req checkpoint.ScheduleCla
 		if err != nil {
 			return checkpoint.ScheduleClaim{}, err
 		}
+		c.Created = st.Fence == 0
 		if n, _ := res.RowsAffected(); n != 1 {
 			return checkpoint.ScheduleClaim{}, fmt.Errorf("%w: schedule %s changed while being claimed", checkpoint.ErrFenced, req.Name)
 		}

@@ -48,9 +48,16 @@ func schedulePauseIsRecordedWithItsAudit(t *testing.T, h Harness) {
 		t.Errorf("audit = %+v; want the one pause (the refused one records nothing)", as)
 	}
 	// A claim keeps the pause: it is the store's, not the scheduler's.
-	c := claimSchedule(t, e, b, schedReq("nightly", ownerB, t0.Add(time.Minute)))
-	if c.Created || !c.State.Pause.Paused() {
-		t.Errorf("claim of a paused schedule = %+v; want the existing row, still paused", c)
+	// The first claim of the row starts its settle mark then, as
+	// creating the row would: no fire before it was ever missed.
+	t1 := t0.Add(time.Hour)
+	c := claimSchedule(t, e, b, schedReq("nightly", ownerB, t1))
+	if !c.Created || !c.State.Pause.Paused() || !sameTime(c.State.LastFire, t1) || !sameTime(c.State.CreatedAt, t1) || c.Lease.Fence != 1 {
+		t.Errorf("first claim of a schedule paused before it was served = %+v; want it counted created, still paused, settled at %s, fence 1", c, t1)
+	}
+	c = claimSchedule(t, e, a, schedReq("nightly", ownerA, t1.Add(2*lease)))
+	if c.Created || !sameTime(c.State.LastFire, t1) || c.TookOverFrom != ownerB {
+		t.Errorf("next claim = %+v; want the row as it was (settled at %s), taken over from %s", c, t1, ownerB)
 	}
 }
 

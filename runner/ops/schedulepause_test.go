@@ -96,6 +96,10 @@ func TestPauseScheduleRulesAndView(t *testing.T) {
 	if _, err := ops.UnpauseSchedule(ctx, st, alice, scheds, "nightly", false, now); !errors.Is(err, ops.ErrNeedsDecision) {
 		t.Errorf("unpause of a schedule not paused = %v; want ErrNeedsDecision", err)
 	}
+	// A serve fired it (and stopped); then it is paused.
+	if _, err := st.ClaimSchedule(ctx, checkpoint.ScheduleClaimRequest{Name: "nightly", Owner: "serve:1", Now: now.Add(-time.Hour), LeaseFor: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := ops.PauseSchedule(ctx, st, alice, scheds, "nightly", now); err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,9 @@ func ViewSchedule(s runner.Schedule, states []checkpoint.ScheduleState, now, aft
 	}
 	for _, st := range states {
 		if st.Name == s.Name {
-			v.ServedSince = OptTime(st.CreatedAt)
+			if st.Fence > 0 { // a row a pause made (fence 0) was never served
+				v.ServedSince = OptTime(st.CreatedAt)
+			}
 			if st.LastFire.After(st.CreatedAt) {
 				v.LastFire = OptTime(st.LastFire)
 			}

@@ -22,6 +22,10 @@ func TestSchedulePauseThroughTheAPI(t *testing.T) {
 		c.Now = clk.Now
 		c.Schedules = func() ([]runner.Schedule, error) { return []runner.Schedule{sched}, nil }
 	})
+	// A serve fired it (and stopped).
+	if _, err := a.st.ClaimSchedule(context.Background(), checkpoint.ScheduleClaimRequest{Name: "nightly", Owner: "serve:1", Now: clk.Now(), LeaseFor: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
 	pause := "/api/v1/schedules/nightly/pause"
 	expect(t, "read token", a.do("POST", pause, readToken, map[string]any{"reason": "x"}), http.StatusForbidden, "forbidden")
 	expect(t, "no reason", a.do("POST", pause, operateToken, map[string]any{}), http.StatusBadRequest, "bad_request", "reason")

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/cmd/internal/web"
 	"github.com/stepwise-run/stepwise/runner"
@@ -39,6 +40,10 @@ func TestSchedulesPageShowsThePause(t *testing.T) {
 	body := page()
 	if !strings.Contains(body, `data-pause-op="pause" data-schedule="settle-nightly"`) || strings.Contains(body, `data-pause-op="unpause"`) {
 		t.Errorf("schedules page of a schedule not paused lacks its Pause button (only):\n%s", body)
+	}
+	// A serve fired it (and stopped); then it is paused.
+	if _, err := st.ClaimSchedule(ctx, checkpoint.ScheduleClaimRequest{Name: s.Name, Owner: "serve:1", Now: paused.Add(-time.Hour), LeaseFor: time.Minute}); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := ops.PauseSchedule(ctx, st, ops.Who{Operator: "alice", Reason: "bank holiday"}, scheds, s.Name, paused); err != nil {
 		t.Fatal(err)
