@@ -28,6 +28,10 @@ type Inspector interface {
 	// ChunkPlanCounts counts a run's chunk plans by step and status (the
 	// Count of an ItemCount is then a number of plans).
 	ChunkPlanCounts(ctx context.Context, runID string) ([]ItemCount, error)
+	// CountRuns counts the runs f selects by status (its Status, After
+	// and Limit are ignored): one aggregate query, for the dashboard's
+	// counts above the runs list. A status no run has is absent.
+	CountRuns(ctx context.Context, f RunFilter) (map[string]int64, error)
 	// StoreNow is the store's clock, for judging times as the store
 	// judges leases (a run's staleness, how long ago it was updated):
 	// PostgreSQL's now(). It is the zero time when the store keeps times

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 func testAPI(t *testing.T, h Harness) {
 	t.Run("CreateOnlyClaim", func(t *testing.T) { apiCreateOnlyClaim(t, h) })
 	callerClock(t, h, "RunFilters", apiRunFilters)
+	callerClock(t, h, "RunCounts", apiRunCounts)
 	t.Run("IdempotencyKeys", func(t *testing.T) { apiIdempotencyKeys(t, h) })
 	t.Run("IdempotencyKeyScopes", func(t *testing.T) { apiIdempotencyKeyScopes(t, h) })
 }
@@ -261,6 +263,37 @@ func apiIdempotencyKeyScopes(t *testing.T, h Harness) {
 	for _, k := range []checkpoint.IdempotencyKey{a, legacy} {
 		if rec, begun, _ := ik.BeginIdempotency(e.ctx, k, t0.Add(-time.Minute)); begun || rec.RunID != k.RunID {
 			t.Errorf("key k in scope %q after token:b's drop: %+v, begun %v; want its record kept", k.Scope, rec, begun)
+		}
+	}
+}
+
+// apiRunCounts is the API test RunCounts: CountRuns counts by status what
+// the run listing's job, key prefix and creation filters select.
+func apiRunCounts(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	st := e.open()
+	ins := capability[listings](t, st, "inspector")
+	for i, id := range []string{"f/a-1", "f/a-2", "f/b-1", "g/a-3"} {
+		c := e.claim(st, id, ownerA, t0.Add(time.Duration(i)*time.Second))
+		if i < 2 {
+			if err := st.Finish(e.ctx, c.Lease, checkpoint.Ending{Status: checkpoint.RunSucceeded, At: t0.Add(time.Minute)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		f    checkpoint.RunFilter
+		want map[string]int64
+	}{
+		{checkpoint.RunFilter{}, map[string]int64{checkpoint.RunSucceeded: 2, checkpoint.RunRunning: 2}},
+		{checkpoint.RunFilter{Job: "f", Status: checkpoint.RunFailed, Limit: 1}, map[string]int64{checkpoint.RunSucceeded: 2, checkpoint.RunRunning: 1}},
+		{checkpoint.RunFilter{Job: "f", RunKeyPrefix: "a-"}, map[string]int64{checkpoint.RunSucceeded: 2}},
+		{checkpoint.RunFilter{CreatedFrom: t0.Add(time.Second), CreatedBefore: t0.Add(3 * time.Second)}, map[string]int64{checkpoint.RunSucceeded: 1, checkpoint.RunRunning: 1}},
+		{checkpoint.RunFilter{Job: "none"}, map[string]int64{}},
+	} {
+		got, err := ins.CountRuns(e.ctx, tc.f)
+		if err != nil || !maps.Equal(got, tc.want) {
+			t.Errorf("CountRuns(%+v) = %v, %v; want %v", tc.f, got, err, tc.want)
 		}
 	}
 }

@@ -8,58 +8,54 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
-// MaxCounted bounds the runs CountRuns reads.
-const MaxCounted = 100_000
-
 // StatusCount is how many runs have one status.
 type StatusCount struct {
 	Status string `json:"status"`
-	Count  int    `json:"count"`
+	Count  int64  `json:"count"`
 }
 
 // RunCounts is how many runs a listing selects, by status.
 type RunCounts struct {
 	// Counts has every status of RunStatuses, in its order, 0 too.
 	Counts []StatusCount `json:"counts"`
-	Total  int           `json:"total"`
-	// More says the count stopped at MaxCounted runs: there are more.
-	More bool `json:"more,omitempty"`
+	Total  int64         `json:"total"`
 }
 
 // CountRuns counts the runs q selects (its Status, After and Limit
 // ignored) by status as operators see them at now: a running run whose
-// runner is gone counts as StatusStale. It reads the runs a page at a
-// time, at most MaxCounted of them.
+// runner is gone counts as StatusStale. The store counts them in one
+// query; only the running runs are read, to tell the stale ones apart.
 func CountRuns(ctx context.Context, st checkpoint.Backend, q RunsQuery, now time.Time) (RunCounts, error) {
-	const page = 1000
-	f := checkpoint.RunFilter{Job: q.Job, RunKeyPrefix: q.RunKeyPrefix, CreatedFrom: q.Since, CreatedBefore: q.Until, Limit: page}
-	by := map[string]int{}
-	var c RunCounts
-	for {
-		runs, err := st.Runs(ctx, f)
-		if err != nil {
-			return c, err
-		}
-		for _, r := range runs {
-			s := r.Status
-			if s == checkpoint.RunRunning && Stale(r, now) {
-				s = StatusStale
-			}
-			by[s]++
-			c.Total++
-		}
-		if len(runs) < page {
-			break
-		}
-		if c.Total >= MaxCounted {
-			c.More = true
-			break
-		}
-		last := runs[len(runs)-1]
-		f.After = &checkpoint.RunCursor{CreatedAt: last.CreatedAt, ID: last.ID}
+	f := checkpoint.RunFilter{Job: q.Job, RunKeyPrefix: q.RunKeyPrefix, CreatedFrom: q.Since, CreatedBefore: q.Until}
+	by, err := st.CountRuns(ctx, f)
+	if err != nil {
+		return RunCounts{}, err
 	}
+	if by[checkpoint.RunRunning] > 0 {
+		const page = 1000
+		f.Status, f.Limit = checkpoint.RunRunning, page
+		for {
+			runs, err := st.Runs(ctx, f)
+			if err != nil {
+				return RunCounts{}, err
+			}
+			for _, r := range runs {
+				if Stale(r, now) {
+					by[checkpoint.RunRunning]--
+					by[StatusStale]++
+				}
+			}
+			if len(runs) < page {
+				break
+			}
+			last := runs[len(runs)-1]
+			f.After = &checkpoint.RunCursor{CreatedAt: last.CreatedAt, ID: last.ID}
+		}
+	}
+	var c RunCounts
 	for _, s := range RunStatuses {
-		c.Counts = append(c.Counts, StatusCount{Status: s, Count: by[s]})
+		c.Counts = append(c.Counts, StatusCount{Status: s, Count: max(by[s], 0)})
+		c.Total += max(by[s], 0)
 	}
 	return c, nil
 }

@@ -92,12 +92,23 @@ func TestHistoryAndCounts(t *testing.T) {
 	if h, err := ops.History(ctx, st, "batch", 2, clk.Now()); err != nil || len(h.Runs) != 2 || h.Runs[1].ID != "batch/2026-11-30" {
 		t.Errorf("history of 2 = %+v, %v; want the latest two, oldest first", h, err)
 	}
+	// Two runs left running: one whose lease expired an hour ago (stale),
+	// one whose runner holds it.
+	for _, c := range []struct {
+		key   string
+		lease time.Duration
+	}{{"2026-12-01", -time.Hour}, {"2026-12-02", time.Hour}} {
+		if _, err := st.Claim(ctx, checkpoint.ClaimRequest{RunID: "batch/" + c.key, Job: "batch", RunKey: c.key, Params: []byte(`{}`),
+			ParamsHash: "h", Owner: "elsewhere:1", Now: clk.Now().Add(c.lease - time.Minute), LeaseFor: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	c, err := ops.CountRuns(ctx, st, ops.RunsQuery{Job: "batch"}, clk.Now())
-	if err != nil || c.Total != 3 || len(c.Counts) != len(ops.RunStatuses) {
-		t.Fatalf("counts = %+v, %v; want 3 runs, every status listed", c, err)
+	if err != nil || c.Total != 5 || len(c.Counts) != len(ops.RunStatuses) {
+		t.Fatalf("counts = %+v, %v; want 5 runs, every status listed", c, err)
 	}
 	for _, sc := range c.Counts {
-		if want := map[string]int{checkpoint.RunSucceeded: 3}[sc.Status]; sc.Count != want {
+		if want := map[string]int64{checkpoint.RunSucceeded: 3, ops.StatusStale: 1, checkpoint.RunRunning: 1}[sc.Status]; sc.Count != want {
 			t.Errorf("count of %s = %d; want %d", sc.Status, sc.Count, want)
 		}
 	}

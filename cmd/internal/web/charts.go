@@ -173,7 +173,7 @@ func (h *Handler) job(w http.ResponseWriter, r *http.Request, who Caller, known 
 // listing those runs.
 type statusCount struct {
 	Status  string
-	Count   int
+	Count   int64
 	Query   string
 	Current bool // the list is filtered by this status
 }

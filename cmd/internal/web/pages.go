@@ -33,10 +33,9 @@ type runsPage struct {
 	Jobs                []string
 	Runs                []ops.RunView
 	// Counts are the runs the job and key filters select, by status;
-	// Total is their sum (CountMore: at least).
-	Counts    []statusCount
-	Total     int
-	CountMore bool
+	// Total is their sum.
+	Counts []statusCount
+	Total  int64
 	// Next is the query of the next page ("" on the last one); First
 	// says whether this is the first page.
 	Next  string
@@ -67,7 +66,7 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request, who Caller, known
 	var counts ops.RunCounts
 	if err == nil {
 		counts, err = ops.CountRuns(r.Context(), h.cfg.Store, ops.RunsQuery{Job: p.Job, RunKeyPrefix: p.Prefix}, now)
-		p.Counts, p.Total, p.CountMore = statusCounts(counts, p.Job, p.Prefix, p.Status), counts.Total, counts.More
+		p.Counts, p.Total = statusCounts(counts, p.Job, p.Prefix, p.Status), counts.Total
 	}
 	if err != nil {
 		h.fail(w, r, http.StatusInternalServerError, "Runs unavailable", "The runs could not be read; the server's log has why.", err)
