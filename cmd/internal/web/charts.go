@@ -178,20 +178,27 @@ type statusCount struct {
 	Current bool // the list is filtered by this status
 }
 
+// filterQuery is the runs list's query for the given filters.
+func filterQuery(job, prefix, status string) string {
+	q := url.Values{}
+	if job != "" {
+		q.Set("job", job)
+	}
+	if prefix != "" {
+		q.Set("key", prefix)
+	}
+	if status != "" {
+		q.Set("status", status)
+	}
+	return q.Encode()
+}
+
 // statusCounts are the counts at the top of the runs list: the runs the
 // list's job and key filters select, by status, each linking to them.
 func statusCounts(c ops.RunCounts, job, prefix, current string) []statusCount {
 	out := make([]statusCount, 0, len(c.Counts))
 	for _, sc := range c.Counts {
-		q := url.Values{}
-		if job != "" {
-			q.Set("job", job)
-		}
-		if prefix != "" {
-			q.Set("key", prefix)
-		}
-		q.Set("status", sc.Status)
-		out = append(out, statusCount{Status: sc.Status, Count: sc.Count, Query: q.Encode(), Current: sc.Status == current})
+		out = append(out, statusCount{Status: sc.Status, Count: sc.Count, Query: filterQuery(job, prefix, sc.Status), Current: sc.Status == current})
 	}
 	return out
 }

@@ -107,6 +107,10 @@ func TestRunCountsAndJobCharts(t *testing.T) {
 	if !strings.Contains(body, `href="/jobs/nightly"`) {
 		t.Errorf("the runs list of job nightly does not link its page")
 	}
+	_, body = get(t, srv, "/?job=a%26status%3Dfailed")
+	if !strings.Contains(body, `href="?job=a%26status%3Dfailed&amp;status=succeeded"`) || !strings.Contains(body, `href="?job=a%26status%3Dfailed"`) {
+		t.Errorf("the counts' links do not keep a job filter holding & and = as one value:\n%s", body)
+	}
 	_, body = get(t, srv, "/?job=other")
 	if count("") != "0" || count("succeeded") != "0" {
 		t.Errorf("counts of a job with no runs: all %s, succeeded %s; want 0", count(""), count("succeeded"))

@@ -36,6 +36,9 @@ type runsPage struct {
 	// Total is their sum.
 	Counts []statusCount
 	Total  int64
+	// AllQuery is the query of the runs the job and key filters select,
+	// of any status.
+	AllQuery string
 	// Next is the query of the next page ("" on the last one); First
 	// says whether this is the first page.
 	Next  string
@@ -67,6 +70,7 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request, who Caller, known
 	if err == nil {
 		counts, err = ops.CountRuns(r.Context(), h.cfg.Store, ops.RunsQuery{Job: p.Job, RunKeyPrefix: p.Prefix}, now)
 		p.Counts, p.Total = statusCounts(counts, p.Job, p.Prefix, p.Status), counts.Total
+		p.AllQuery = filterQuery(p.Job, p.Prefix, "")
 	}
 	if err != nil {
 		h.fail(w, r, http.StatusInternalServerError, "Runs unavailable", "The runs could not be read; the server's log has why.", err)
