@@ -71,7 +71,10 @@ func (s *Server) schedulePost(w http.ResponseWriter, r *http.Request) {
 		v.Result = "paused: no scheduler sharing the store fires it until it is unpaused"
 	} else {
 		a, err = ops.UnpauseSchedule(r.Context(), s.cfg.Store, who, scheds, name, b.CatchUp, s.cfg.Now())
-		v.Result = "unpaused: " + a.Details
+		v.Result = "unpaused: the fires the pause held are skipped"
+		if b.CatchUp {
+			v.Result = "unpaused: the fires the pause held catch up under the schedule's misfire policy"
+		}
 	}
 	if errors.Is(err, ops.ErrUnknownSchedule) {
 		err = &apiError{Status: http.StatusNotFound, Code: "not_found", Field: "name", Message: err.Error()}
