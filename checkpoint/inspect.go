@@ -34,9 +34,12 @@ type Inspector interface {
 	// on the caller's clock (SQLite, whose clock is the local one; a
 	// PostgreSQL store with Config.CallerClock): the caller uses its own.
 	StoreNow(ctx context.Context) (time.Time, error)
-	// RunCounts counts every run by job and status in one pass over the
-	// runs (see RunCount), for the gauges an operator alerts on.
-	RunCounts(ctx context.Context, now time.Time) ([]RunCount, error)
+	// RunCounts counts the runs f selects (its Job, RunKeyPrefix,
+	// CreatedFrom and CreatedBefore; Status, After and Limit are ignored)
+	// by job and status in one aggregate query (see RunCount): the
+	// gauges an operator alerts on read every run with the zero filter,
+	// the dashboard's counts above the runs list read its filters.
+	RunCounts(ctx context.Context, f RunFilter, now time.Time) ([]RunCount, error)
 }
 
 // Backend is the one typed handle on a store: everything it offers the

@@ -32,6 +32,21 @@ type ScheduleStore interface {
 	ReleaseSchedule(ctx context.Context, l ScheduleLease, now time.Time) error
 	// Schedules lists the stored state of every schedule, by name.
 	Schedules(ctx context.Context) ([]ScheduleState, error)
+	// PauseSchedule pauses the schedule at a.At, with a (whose RunID is
+	// ScheduleAuditID(name)) recorded in the same transaction: a record
+	// that cannot be written pauses nothing. No scheduler sharing the
+	// store fires it until UnpauseSchedule. A schedule never served gets
+	// its row (fence 0, no lease); its first claim starts its settle mark
+	// then, as creating the row would. A pause in force is refused
+	// with ErrSchedulePaused.
+	PauseSchedule(ctx context.Context, name string, a Audit) error
+	// UnpauseSchedule ends the schedule's pause at a.At, recording a in
+	// the same transaction. Without catchUp the fires since the pause
+	// began are skipped for it (ScheduleState.Skip, see NextPauseSkip);
+	// with catchUp they are left to the misfire policy, as fires missed
+	// in downtime are. A schedule not paused is refused with
+	// ErrScheduleNotPaused.
+	UnpauseSchedule(ctx context.Context, name string, a Audit, catchUp bool) error
 }
 
 // ScheduleClaimRequest says which scheduler claims which schedule, when.
@@ -60,7 +75,8 @@ type ScheduleClaim struct {
 	// State is the schedule's row after the claim; State.LastFire is
 	// where firing resumes.
 	State ScheduleState
-	// Created is true when this claim created the schedule's row.
+	// Created is true when this claim created the schedule's row, or is
+	// the first claim of the row a pause made (PauseSchedule).
 	Created bool
 	// TookOverFrom names the owner whose unreleased lease this claim
 	// replaced (a crashed or stalled scheduler), if any.
@@ -77,6 +93,11 @@ type ScheduleState struct {
 	LeaseUntil time.Time // zero when no lease is held
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
+	// Pause is the pause in force; the zero value when not paused.
+	Pause SchedulePause
+	// Skip is the window of fires the last unpause without catch-up
+	// skipped for its pause.
+	Skip PauseSkip
 }
 
 // ScheduleHeldError is returned by ClaimSchedule while another scheduler

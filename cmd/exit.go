@@ -26,7 +26,7 @@ const exitCodesHelp = `Exit codes (each means one thing):
   0  the run succeeded (or had already succeeded), or the operation was done.
   1  the run failed (an error in a step beyond its retries, an int64 overflow):
      rerun or resume it.
-  2  bad usage or input: an unknown job, run, step or outbox message; bad or
+  2  bad usage or input: an unknown job, run, step, schedule or outbox message; bad or
      changed parameters; a database file that is missing, not a database,
      read-only or too new; a PostgreSQL store that cannot be opened: a bad URL,
      the server down, the login refused, a missing database or privilege, too
@@ -48,7 +48,8 @@ const exitCodesHelp = `Exit codes (each means one thing):
      made, without --force; recover of a run that is not running; resolve of a
      step awaiting no decision, or resolve --replace of a resolution a later
      attempt used; abandon of
-     an abandoned or succeeded run; outbox requeue of a message that is not dead.
+     an abandoned or succeeded run; outbox requeue of a message that is not dead;
+     schedules pause of a paused schedule, schedules unpause of one not paused.
 
 SIGINT/SIGTERM: the current step or chunk finishes or rolls back within $STEPWISE_GRACE (30s),
 the attempt is recorded as interrupted and the process exits 3; a second signal ends it at once

@@ -36,8 +36,16 @@ func SchedulesFrom(build func() ([]runner.Schedule, error)) Option {
 	return func(o *[]kong.Option) { *o = append(*o, schedulesOption{build: build}) }
 }
 
-// SchedulesCmd lists the schedules.
+// SchedulesCmd groups the schedules' commands: listing them (the
+// default), and pausing and unpausing one.
 type SchedulesCmd struct {
+	List    SchedulesListCmd    `cmd:"" default:"withargs" help:"List the schedules: zone, policies, pause, last fire, missed and next fires (what '${name} schedules' alone does)."`
+	Pause   SchedulesPauseCmd   `cmd:"" help:"Pause a schedule: no serve sharing the database fires it until it is unpaused; audited with --reason."`
+	Unpause SchedulesUnpauseCmd `cmd:"" help:"Unpause a schedule: the fires the pause held are skipped, or run under its misfire policy with --catch-up; audited."`
+}
+
+// SchedulesListCmd lists the schedules.
+type SchedulesListCmd struct {
 	Next int    `default:"3" placeholder:"N" help:"How many next fire times to list per schedule."`
 	From string `placeholder:"TIME" help:"List the fires after this time (RFC 3339, e.g. 2026-03-07T12:00:00-05:00) instead of after now: what fires around a DST change?"`
 	JSON bool   `name:"json" help:"Print JSON instead of text."`
@@ -48,7 +56,7 @@ type SchedulesCmd struct {
 }
 
 // Run implements the schedules command.
-func (c *SchedulesCmd) Run(env *Env) error {
+func (c *SchedulesListCmd) Run(env *Env) error {
 	if c.Next < 0 || c.Next > 1000 {
 		return usageError{fmt.Errorf("--next is %d; use 0 to 1000", c.Next)}
 	}
@@ -130,6 +138,7 @@ func printSchedule(env *Env, v ops.ScheduleView) {
 		fmt.Fprintf(w, "; fired by %s, lease until %s", v.LeaseOwner, v.LeaseUntil.In(loc).Format("15:04:05"))
 	}
 	fmt.Fprintln(w)
+	printPause(env, v, loc)
 	if len(v.Missed) > 0 {
 		more := ""
 		if v.MissedMore {

@@ -175,7 +175,7 @@ func (c *ServeCmd) serveAPI(env *Env, st checkpoint.Backend, f serveFlags, sched
 		starter = &httpapi.Queued{Runner: r, Local: local, Queue: c.Queue}
 	}
 	api, err := httpapi.New(httpapi.Config{Store: st, Jobs: env.Registry, Starter: starter, Tokens: f.tokens, Targets: f.targets,
-		Schedules: c.schedules, Logger: env.Logger(), Now: env.now,
+		Schedules: c.schedules, MisfireThreshold: c.MisfireThreshold, Logger: env.Logger(), Now: env.now,
 		NoTokensHint: "start serve with --tokens FILE", SessionIdle: c.SessionIdle, SessionMax: c.SessionMax,
 		SecureCookies: c.SecureCookies, TrustedProxies: f.proxies, Registerer: reg})
 	if err != nil {

@@ -92,7 +92,7 @@ func scheduling(own []kong.Option) []kong.Option {
 	}
 	return []kong.Option{
 		kong.DynamicCommand("serve", serveHelpSchedules, "Scheduling", &ServeCmd{schedules: last.build}),
-		kong.DynamicCommand("schedules", "List the schedules: zone, policies, last fire and the next fire times.",
-			"Scheduling", &SchedulesCmd{schedules: last.build}),
+		kong.DynamicCommand("schedules", "List the schedules (zone, policies, pause, last, missed and next fires); 'schedules pause' and 'unpause' hold one.",
+			"Scheduling", newSchedulesCmd(last.build)),
 	}
 }

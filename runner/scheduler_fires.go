@@ -44,6 +44,7 @@ type scheduled struct {
 	next       Fire      // first fire after cursor
 	pending    []*pendingFire
 	running    int // runs of this schedule going in this process, of any claim
+	pc         pauseCheck
 }
 
 func (sc *scheduled) queued() int {
@@ -89,11 +90,13 @@ func (l *loop) collect(sc *scheduled, now time.Time) {
 		return
 	}
 	onTime := now.Sub(due[len(due)-1].At) <= l.s.cfg.MisfireThreshold
-	var byPolicy, byDeadline skipped
+	var byPolicy, byDeadline, byPause skipped
 	for i, f := range due {
 		latest := i == len(due)-1
 		missed := !latest || !onTime
 		switch {
+		case sc.pc.skip.Skips(f.At):
+			byPause.add(f.At)
 		case sc.StartingDeadline > 0 && now.Sub(f.At) > sc.StartingDeadline:
 			byDeadline.add(f.At)
 		case missed && (sc.Misfire == MisfireSkip || sc.Misfire == MisfireRunOnce && !latest):
@@ -106,6 +109,7 @@ func (l *loop) collect(sc *scheduled, now time.Time) {
 	}
 	byPolicy.report(l.s, sc, misfireReasonPolicy, "missed fires skipped by the misfire policy")
 	byDeadline.report(l.s, sc, misfireReasonDeadline, "missed fires past the starting deadline; not run")
+	byPause.report(l.s, sc, misfireReasonPause, "fires skipped for the schedule's pause (unpaused without catch-up); not run")
 }
 
 // skipped tallies skipped fires for one log line and one counter update.
@@ -226,7 +230,9 @@ func (l *loop) ended(e ended, now time.Time) {
 	if e.gen != sc.gen || !sc.held {
 		return
 	}
-	l.startReady(sc, now)
+	if !sc.pc.paused {
+		l.startReady(sc, now)
+	}
 	l.settle(sc, now)
 }
 

@@ -86,6 +86,10 @@ func (l *loop) tend(sc *scheduled, now time.Time) {
 	if !sc.held || !now.Before(sc.leaseUntil) {
 		return
 	}
+	if l.held(sc, now) {
+		l.settle(sc, now)
+		return
+	}
 	l.collect(sc, now)
 	l.startReady(sc, now)
 	l.settle(sc, now)
@@ -129,6 +133,10 @@ func (l *loop) wait(now time.Time) time.Duration {
 			earlier(sc.leaseAt)
 		}
 		if !sc.held || l.draining {
+			continue
+		}
+		if sc.pc.paused {
+			earlier(sc.pc.checkAt)
 			continue
 		}
 		earlier(sc.next.At)

@@ -15,7 +15,8 @@ import (
 // fence, every write is checked against it in the statement that makes
 // it. Times are coalesce($now, now()), durations microseconds.
 const (
-	scheduleCols = `name, last_fire, fence, lease_owner, lease_until, created_at, updated_at`
+	scheduleCols = `name, last_fire, fence, lease_owner, lease_until, created_at, updated_at,
+    paused_at, paused_by, paused_reason, skip_from, skip_until`
 	// sqlCreateSchedule creates the schedule's row, held by the claimer
 	// with fence 1 and its settle mark at the claim's time, or does nothing
 	// when it exists.
@@ -27,9 +28,14 @@ ON CONFLICT (name) DO NOTHING`
 	// sqlLockSchedule reads the schedule to claim, locked until the claim
 	// commits, with the time its lease is judged at.
 	sqlLockSchedule = `SELECT ` + scheduleCols + `, coalesce($2::timestamptz, now()) FROM schedules WHERE name = $1 FOR UPDATE`
+	// sqlTakeSchedule claims the row; the first claim of a row a pause
+	// made (fence 0) starts its settle mark at the claim, as creating it
+	// would: the fires before no scheduler ever fired are not missed.
 	sqlTakeSchedule = `UPDATE schedules SET fence = fence + 1, lease_owner = $2,
     lease_until = coalesce($3::timestamptz, now()) + $4::bigint * interval '1 microsecond',
-    updated_at = coalesce($3::timestamptz, now())
+    updated_at = coalesce($3::timestamptz, now()),
+    last_fire = CASE WHEN fence = 0 THEN coalesce($3::timestamptz, now()) ELSE last_fire END,
+    created_at = CASE WHEN fence = 0 THEN coalesce($3::timestamptz, now()) ELSE created_at END
 WHERE name = $1 AND fence = $5
 RETURNING ` + scheduleCols
 	sqlListSchedules = `SELECT ` + scheduleCols + ` FROM schedules ORDER BY name`
@@ -52,11 +58,14 @@ var _ checkpoint.ScheduleStore = (*Store)(nil)
 func scanSchedule(row pgx.Row, extra ...any) (checkpoint.ScheduleState, error) {
 	var s checkpoint.ScheduleState
 	var owner pgtype.Text
-	var last, until, created, updated pgtype.Timestamptz
-	dest := append([]any{&s.Name, &last, &s.Fence, &owner, &until, &created, &updated}, extra...)
+	var last, until, created, updated, pausedAt, skipFrom, skipUntil pgtype.Timestamptz
+	dest := append([]any{&s.Name, &last, &s.Fence, &owner, &until, &created, &updated,
+		&pausedAt, &s.Pause.By, &s.Pause.Reason, &skipFrom, &skipUntil}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return checkpoint.ScheduleState{}, err
 	}
+	s.Pause.At = tm(pausedAt)
+	s.Skip = checkpoint.PauseSkip{From: tm(skipFrom), Until: tm(skipUntil)}
 	s.LastFire = tm(last)
 	s.LeaseOwner = owner.String
 	s.LeaseUntil = tm(until)
@@ -116,6 +125,7 @@ func (s *Store) claimSchedule(ctx context.Context, tx pgx.Tx, req checkpoint.Sch
 		}
 		c.TookOverFrom = st.LeaseOwner
 	}
+	c.Created = st.Fence == 0 // a row a pause made, never claimed
 	c.State, err = scanSchedule(tx.QueryRow(ctx, sqlTakeSchedule, req.Name, req.Owner, now, lease, st.Fence))
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Unreachable while the row is locked FOR UPDATE; kept as a guard.

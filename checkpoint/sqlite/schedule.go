@@ -13,14 +13,18 @@ import (
 var _ checkpoint.ScheduleStore = (*Store)(nil)
 
 const (
-	sqlSelectSchedule = `SELECT name, last_fire, fence, lease_owner, lease_until, created_at, updated_at
-FROM schedules WHERE name = ?`
-	sqlListSchedules = `SELECT name, last_fire, fence, lease_owner, lease_until, created_at, updated_at
-FROM schedules ORDER BY name`
+	scheduleCols = `name, last_fire, fence, lease_owner, lease_until, created_at, updated_at,
+    paused_at, paused_by, paused_reason, skip_from, skip_until`
+	sqlSelectSchedule = `SELECT ` + scheduleCols + ` FROM schedules WHERE name = ?`
+	sqlListSchedules  = `SELECT ` + scheduleCols + ` FROM schedules ORDER BY name`
 	sqlInsertSchedule = `INSERT INTO schedules (name, last_fire, fence, lease_owner, lease_until, created_at, updated_at)
 VALUES (?1, ?2, 1, ?3, ?4, ?2, ?2)`
-	sqlTakeSchedule = `UPDATE schedules SET fence = fence + 1, lease_owner = ?, lease_until = ?, updated_at = ?
-WHERE name = ? AND fence = ?`
+	// sqlTakeSchedule claims the row; the first claim of a row a pause
+	// made (fence 0) starts its settle mark at the claim, as creating it
+	// would: the fires before no scheduler ever fired are not missed.
+	sqlTakeSchedule = `UPDATE schedules SET fence = fence + 1, lease_owner = ?1, lease_until = ?2, updated_at = ?3,
+    last_fire = CASE WHEN fence = 0 THEN ?3 ELSE last_fire END, created_at = CASE WHEN fence = 0 THEN ?3 ELSE created_at END
+WHERE name = ?4 AND fence = ?5`
 	sqlRenewSchedule = `UPDATE schedules SET lease_until = ?, updated_at = ?
 WHERE name = ? AND fence = ? AND lease_owner IS NOT NULL`
 	// The settle mark is fixed-width UTC text, so MAX compares times.
@@ -32,10 +36,13 @@ WHERE name = ? AND fence = ?`
 
 func scanSchedule(row rowScanner) (checkpoint.ScheduleState, error) {
 	var s checkpoint.ScheduleState
-	var last, owner, until, created, updated sql.NullString
-	if err := row.Scan(&s.Name, &last, &s.Fence, &owner, &until, &created, &updated); err != nil {
+	var last, owner, until, created, updated, pausedAt, skipFrom, skipUntil sql.NullString
+	if err := row.Scan(&s.Name, &last, &s.Fence, &owner, &until, &created, &updated,
+		&pausedAt, &s.Pause.By, &s.Pause.Reason, &skipFrom, &skipUntil); err != nil {
 		return checkpoint.ScheduleState{}, err
 	}
+	s.Pause.At = parseTime(pausedAt)
+	s.Skip = checkpoint.PauseSkip{From: parseTime(skipFrom), Until: parseTime(skipUntil)}
 	s.LastFire = parseTime(last)
 	s.LeaseOwner = owner.String
 	s.LeaseUntil = parseTime(until)
@@ -84,6 +91,7 @@ func claimScheduleTx(ctx context.Context, tx *sql.Tx, req checkpoint.ScheduleCla
 		if err != nil {
 			return checkpoint.ScheduleClaim{}, err
 		}
+		c.Created = st.Fence == 0
 		if n, _ := res.RowsAffected(); n != 1 {
 			return checkpoint.ScheduleClaim{}, fmt.Errorf("%w: schedule %s changed while being claimed", checkpoint.ErrFenced, req.Name)
 		}

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ func testAPI(t *testing.T, h Harness) {
 	t.Run("CreateOnlyClaim", func(t *testing.T) { apiCreateOnlyClaim(t, h) })
 	callerClock(t, h, "RunFilters", apiRunFilters)
 	callerClock(t, h, "RunCounts", apiRunCounts)
+	callerClock(t, h, "RunCountsFiltered", apiRunCountsFiltered)
 	t.Run("IdempotencyKeys", func(t *testing.T) { apiIdempotencyKeys(t, h) })
 	t.Run("IdempotencyKeyScopes", func(t *testing.T) { apiIdempotencyKeyScopes(t, h) })
 }
@@ -263,6 +265,42 @@ func apiIdempotencyKeyScopes(t *testing.T, h Harness) {
 	for _, k := range []checkpoint.IdempotencyKey{a, legacy} {
 		if rec, begun, _ := ik.BeginIdempotency(e.ctx, k, t0.Add(-time.Minute)); begun || rec.RunID != k.RunID {
 			t.Errorf("key k in scope %q after token:b's drop: %+v, begun %v; want its record kept", k.Scope, rec, begun)
+		}
+	}
+}
+
+// apiRunCountsFiltered is the API test RunCountsFiltered: RunCounts counts
+// what the run listing's job, key prefix and creation filters select (its
+// status, cursor and limit ignored).
+func apiRunCountsFiltered(t *testing.T, h Harness) {
+	e := newEnv(t, h)
+	st := e.open()
+	ins := capability[listings](t, st, "inspector")
+	for i, id := range []string{"f/a-1", "f/a-2", "f/b-1", "g/a-3"} {
+		c := e.claim(st, id, ownerA, t0.Add(time.Duration(i)*time.Second))
+		if i < 2 {
+			if err := st.Finish(e.ctx, c.Lease, checkpoint.Ending{Status: checkpoint.RunSucceeded, At: t0.Add(time.Minute)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		f    checkpoint.RunFilter
+		want map[string]int64
+	}{
+		{checkpoint.RunFilter{}, map[string]int64{checkpoint.RunSucceeded: 2, checkpoint.RunRunning: 2}},
+		{checkpoint.RunFilter{Job: "f", Status: checkpoint.RunFailed, Limit: 1}, map[string]int64{checkpoint.RunSucceeded: 2, checkpoint.RunRunning: 1}},
+		{checkpoint.RunFilter{Job: "f", RunKeyPrefix: "a-"}, map[string]int64{checkpoint.RunSucceeded: 2}},
+		{checkpoint.RunFilter{CreatedFrom: t0.Add(time.Second), CreatedBefore: t0.Add(3 * time.Second)}, map[string]int64{checkpoint.RunSucceeded: 1, checkpoint.RunRunning: 1}},
+		{checkpoint.RunFilter{Job: "none"}, map[string]int64{}},
+	} {
+		counts, err := ins.RunCounts(e.ctx, tc.f, t0)
+		got := map[string]int64{}
+		for _, c := range counts {
+			got[c.Status] += c.Count
+		}
+		if err != nil || !maps.Equal(got, tc.want) {
+			t.Errorf("RunCounts(%+v) by status = %v, %v; want %v", tc.f, got, err, tc.want)
 		}
 	}
 }

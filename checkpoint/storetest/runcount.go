@@ -17,7 +17,7 @@ func apiRunCounts(t *testing.T, h Harness) {
 	in := capability[checkpoint.Inspector](t, st, "inspection")
 	counts := func(now time.Time) []checkpoint.RunCount {
 		t.Helper()
-		c, err := in.RunCounts(e.ctx, now)
+		c, err := in.RunCounts(e.ctx, checkpoint.RunFilter{}, now)
 		if err != nil {
 			t.Fatalf("RunCounts: %v", err)
 		}

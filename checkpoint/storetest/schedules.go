@@ -52,6 +52,7 @@ func testSchedules(t *testing.T, h Harness) {
 	t.Run("SettleMarkNeverMovesBack", func(t *testing.T) { scheduleSettleMarkNeverMovesBack(t, h) })
 	t.Run("ReleasedIsClaimedAtOnce", func(t *testing.T) { scheduleReleasedIsClaimedAtOnce(t, h) })
 	t.Run("RequestIsValidated", func(t *testing.T) { scheduleRequestIsValidated(t, h) })
+	testSchedulePause(t, h)
 }
 
 // scheduleCreatedWithSettleMarkNow is the Schedules test CreatedWithSettleMarkNow.

@@ -291,11 +291,63 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	run("the new run appears in the list",
 		chromedp.Poll[chromedp.Void](`document.querySelector('#runs a[href="/runs/settle/2026-11-29"]') !== null`, chromedp.WithPollingTimeout(10*time.Second)))
+	// The counts above the list: both runs succeeded once the new one is
+	// done, nothing else.
+	run("the counts follow the new run",
+		chromedp.Poll[chromedp.Void](`document.querySelector('#counts [data-status="succeeded"]').textContent === "2"`,
+			chromedp.WithPollingTimeout(20*time.Second)))
+	if got := textOf("#counts"); !strings.Contains(got, "2 all") || !strings.Contains(got, "0 failed") || !strings.Contains(got, "0 stale") {
+		t.Errorf("the counts read %q; want 2 runs, both succeeded", got)
+	}
+
+	// The job's page charts its runs: a duration bar and a stack of
+	// batch items per run.
+	run("the job's page", chromedp.Navigate(base+"/jobs/settle"), chromedp.WaitVisible(chromedp.ID("duration-chart")))
+	bars, err := chromedp.Run(bctx, chromedp.Evaluate[[]int](`[document.querySelectorAll("#duration-chart rect.bar").length,
+		document.querySelectorAll("#items-chart a.run").length, document.querySelectorAll("#items-chart rect.seg-rejected").length,
+		Math.round(document.getElementById("duration-chart").getBoundingClientRect().width)]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bars[0] != 2 || bars[1] != 2 || bars[2] < 1 || bars[3] < 300 {
+		t.Errorf("the job page's charts have %d duration bars, %d item bars (%d with rejections), %d px wide; want 2, 2 (the failed night's rejections at least), drawn at least 300 px wide", bars[0], bars[1], bars[2], bars[3])
+	}
+	shot("job.png")
+
 	run("the schedules", chromedp.Navigate(base+"/schedules"), chromedp.WaitVisible(chromedp.CSS(".schedule")))
 	if got := textOf(".schedule"); !strings.Contains(got, "settle-nightly") || !strings.Contains(got, "Next fires") {
 		t.Errorf("the schedules page reads %q; want settle-nightly with its next fires", got)
 	}
 	shot("schedules.png")
+
+	// Pausing the schedule from its page: a reason, recorded under the
+	// token's name; the page then shows the pause and an Unpause button.
+	const holiday = "bank holiday: no settlement on 2026-12-25"
+	run("pause the schedule",
+		chromedp.Click(chromedp.CSS(`button[data-pause-op="pause"][data-schedule="settle-nightly"]`)),
+		chromedp.WaitVisible(chromedp.ID("pause-reason")),
+		chromedp.SendKeys(chromedp.ID("pause-reason"), holiday),
+		chromedp.Click(chromedp.ID("pause-submit")),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="paused"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`button[data-pause-op="unpause"]`)),
+	)
+	if got := textOf(`[data-testid="paused"]`); !strings.Contains(got, "Paused by oncall") || !strings.Contains(got, holiday) {
+		t.Errorf("the paused schedule reads %q; want paused by oncall with the reason", got)
+	}
+	shot("schedules-paused.png")
+	if as, err := st.Audits(ctx, checkpoint.ScheduleAuditID("settle-nightly")); err != nil || len(as) != 1 || as[0].Operator != "oncall" || as[0].Reason != holiday {
+		t.Errorf("the schedule's audit trail = %+v, %v; want oncall's pause", as, err)
+	}
+	run("unpause the schedule",
+		chromedp.Click(chromedp.CSS(`button[data-pause-op="unpause"]`)),
+		chromedp.WaitVisible(chromedp.ID("pause-catchup")),
+		chromedp.SendKeys(chromedp.ID("pause-reason"), "holiday over"),
+		chromedp.Click(chromedp.ID("pause-submit")),
+		chromedp.WaitVisible(chromedp.CSS(`button[data-pause-op="pause"]`)),
+	)
+	if n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('[data-testid="paused"]').length`)); err != nil || n != 0 {
+		t.Errorf("after the unpause the page shows %d pauses (%v); want none", n, err)
+	}
 
 	// Logging out (a cookie write, with the CSRF token) ends the session:
 	// a page sends the browser to log in again.

@@ -47,7 +47,7 @@ type storeCollector struct {
 
 // NewStoreCollector returns a prometheus.Collector of what the store
 // holds for the whole deployment, however many processes share it, read
-// at scrape time (one CountRuns, at most once per MaxAge, under Timeout):
+// at scrape time (one CountJobRuns, at most once per MaxAge, under Timeout):
 //
 //	stepwise_job_last_success_timestamp_seconds{job}  unix time the job's latest succeeded run ended
 //	stepwise_runs{job,status}                         runs in the store by status (running and stale apart)
@@ -101,7 +101,7 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	defer c.mu.Unlock()
 	if now := c.cfg.Now(); c.readAt.IsZero() || now.Sub(c.readAt) >= c.cfg.MaxAge || now.Before(c.readAt) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
-		c.jobs, c.err = CountRuns(ctx, c.cfg.Store, c.cfg.Jobs, Now(ctx, c.cfg.Store, now))
+		c.jobs, c.err = CountJobRuns(ctx, c.cfg.Store, c.cfg.Jobs, Now(ctx, c.cfg.Store, now))
 		c.dur = c.cfg.Now().Sub(now)
 		cancel()
 		c.readAt = now

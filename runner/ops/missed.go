@@ -13,7 +13,9 @@ const MaxMissedListed = 10
 // mark (or, never settled, after it was first served) that are later than
 // threshold allows at now, waiting for the next serve to catch them up
 // under the misfire policy; oldest first, at most MaxMissedListed
-// (MissedMore says more follow). A schedule never served has none.
+// (MissedMore says more follow). A schedule never served has none. Of a
+// paused schedule, the fires due since the pause are listed apart
+// (HeldByPause), and those the last unpause skipped are not missed.
 func AddMissed(v *ScheduleView, s runner.Schedule, now time.Time, threshold time.Duration) error {
 	if v.ServedSince == nil {
 		return nil
@@ -22,21 +24,38 @@ func AddMissed(v *ScheduleView, s runner.Schedule, now time.Time, threshold time
 	if v.LastFire != nil {
 		from = *v.LastFire
 	}
-	fires, err := s.Fires(from, MaxMissedListed+1)
+	if w := v.SkippedForPause; w != nil && !w.From.After(from) && w.Until.After(from) {
+		from = w.Until // settled as skipped, or soon: not waiting for anything
+	}
+	fires, err := s.Fires(from, 2*MaxMissedListed+1)
 	if err != nil {
 		return err
 	}
+fires:
 	for _, f := range fires {
-		if !f.At.Before(now.Add(-threshold)) {
-			break
+		switch {
+		case f.At.After(now):
+			break fires
+		case v.SkippedForPause != nil && f.At.After(v.SkippedForPause.From) && !f.At.After(v.SkippedForPause.Until):
+			continue
+		case v.Paused != nil && f.At.After(v.Paused.At):
+			if len(v.HeldByPause) == MaxMissedListed {
+				v.HeldMore = true
+				continue
+			}
+			v.HeldByPause = append(v.HeldByPause, f.At)
+			continue
+		case f.At.Before(now.Add(-threshold)):
+			if len(v.Missed) == MaxMissedListed {
+				v.MissedMore = true
+				continue
+			}
+			v.Missed = append(v.Missed, f.At)
+			continue
 		}
-		if len(v.Missed) == MaxMissedListed {
-			v.MissedMore = true
-			break
-		}
-		v.Missed = append(v.Missed, f.At)
+		break // due within the threshold: on time, not missed
 	}
-	if len(v.Missed) > 0 {
+	if len(v.Missed) > 0 || len(v.HeldByPause) > 0 {
 		v.CatchUp = MisfireNote(v.Misfire)
 	}
 	return nil

@@ -21,13 +21,13 @@ type JobRuns struct {
 	LastSuccess time.Time
 }
 
-// CountRuns counts the runs of every job in st (and of each of jobs,
+// CountJobRuns counts the runs of every job in st (and of each of jobs,
 // with none, at 0) by status at now, in one read of the store
 // (checkpoint.Inspector.RunCounts): a running run is stale as Stale
 // judges it, its lease expired or its owner surely gone. Jobs are in name
 // order.
-func CountRuns(ctx context.Context, st checkpoint.Backend, jobs []string, now time.Time) ([]JobRuns, error) {
-	counts, err := st.RunCounts(ctx, now)
+func CountJobRuns(ctx context.Context, st checkpoint.Backend, jobs []string, now time.Time) ([]JobRuns, error) {
+	counts, err := st.RunCounts(ctx, checkpoint.RunFilter{}, now)
 	if err != nil {
 		return nil, err
 	}
@@ -48,11 +48,7 @@ func CountRuns(ctx context.Context, st checkpoint.Backend, jobs []string, now ti
 	}
 	for _, c := range counts {
 		j := get(c.Job)
-		status := c.Status
-		if status == checkpoint.RunRunning && (c.Expired || runner.OwnerGone(c.Owner)) {
-			status = StatusStale
-		}
-		j.ByStatus[status] += c.Count
+		j.ByStatus[countStatus(c)] += c.Count
 		if c.Status == checkpoint.RunSucceeded && c.LastFinished.After(j.LastSuccess) {
 			j.LastSuccess = c.LastFinished
 		}
@@ -71,4 +67,14 @@ func CountRuns(ctx context.Context, st checkpoint.Backend, jobs []string, now ti
 		return 0
 	})
 	return out, nil
+}
+
+// countStatus is the status operators see for c's runs: running ones are
+// StatusStale when their lease expired or their owner is surely gone, as
+// Stale judges a run.
+func countStatus(c checkpoint.RunCount) string {
+	if c.Status == checkpoint.RunRunning && (c.Expired || runner.OwnerGone(c.Owner)) {
+		return StatusStale
+	}
+	return c.Status
 }

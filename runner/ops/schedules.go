@@ -27,6 +27,16 @@ type ScheduleView struct {
 	Missed     []time.Time `json:"missed,omitempty"`
 	MissedMore bool        `json:"missed_more,omitempty"`
 	CatchUp    string      `json:"catch_up,omitempty"`
+	// Paused is who paused the schedule, when and why; nil when it is
+	// not paused. HeldByPause (filled in by AddMissed) is the fires due
+	// since, held: an unpause skips them, an unpause with catch-up leaves
+	// them to the misfire policy.
+	Paused      *PauseView  `json:"paused,omitempty"`
+	HeldByPause []time.Time `json:"held_by_pause,omitempty"`
+	HeldMore    bool        `json:"held_more,omitempty"`
+	// SkippedForPause is the fires the last unpause without catch-up
+	// skipped.
+	SkippedForPause *PauseSkipView `json:"skipped_for_pause,omitempty"`
 }
 
 // FireView is one upcoming fire.
@@ -57,12 +67,17 @@ func ViewSchedule(s runner.Schedule, states []checkpoint.ScheduleState, now, aft
 	}
 	for _, st := range states {
 		if st.Name == s.Name {
-			v.ServedSince = OptTime(st.CreatedAt)
+			if st.Fence > 0 { // a row a pause made (fence 0) was never served
+				v.ServedSince = OptTime(st.CreatedAt)
+			}
 			if st.LastFire.After(st.CreatedAt) {
 				v.LastFire = OptTime(st.LastFire)
 			}
 			if st.LeaseUntil.After(now) {
 				v.LeaseOwner, v.LeaseUntil = st.LeaseOwner, OptTime(st.LeaseUntil)
+			}
+			if err := viewPause(&v, s, st); err != nil {
+				return ScheduleView{}, err
 			}
 		}
 	}

@@ -70,6 +70,20 @@
 // at) and "result" in words, and is recorded in the audit trail of each
 // run whose messages it requeued.
 //
+// Schedules: GET /api/v1/schedules lists them with who paused one, when
+// and why ("paused"), the fires its pause holds ("held_by_pause") and
+// those its last unpause skipped ("skipped_for_pause").
+// POST /api/v1/schedules/{name}/pause and /unpause (operate role) take
+// {"reason": ...} and, for unpause, "catch_up": true to run the held fires
+// under the schedule's misfire policy (ops.PauseSchedule,
+// ops.UnpauseSchedule); a missing reason or a catch_up on pause is 400
+// naming the field, an unknown schedule 404 (field "name"), a schedule
+// already paused (or, for unpause, not paused) 409 "needs_decision". Each
+// commits with its audit record (key checkpoint.ScheduleAuditID(name))
+// under the token's name. GET /api/v1/jobs/{job}/history?limit=N (read
+// role; default 30, at most 200) is the dashboard's job page as JSON
+// (ops.History, ops.CountRuns).
+//
 // The common case, beside /healthz and /metrics:
 //
 //	api, err := httpapi.New(httpapi.Config{Store: st, Jobs: registry, Starter: httpapi.NewLocal(r), Tokens: tokens})

@@ -61,6 +61,10 @@ func (s *Server) schedules(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, r, err)
 			return
 		}
+		if err := ops.AddMissed(&sv, sc, now, s.cfg.MisfireThreshold); err != nil {
+			s.fail(w, r, err)
+			return
+		}
 		if cut := slices.IndexFunc(sv.Next, func(f ops.FireView) bool { return f.At.After(lastListed) }); cut >= 0 {
 			sv.Next = sv.Next[:cut]
 			v.Note = "fires after 9999-12-31T23:59:59Z are not listed: RFC 3339 times end with year 9999"

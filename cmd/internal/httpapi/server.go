@@ -51,6 +51,10 @@ type Config struct {
 	// Schedules lists the schedules GET /api/v1/schedules shows; nil
 	// shows none.
 	Schedules func() ([]runner.Schedule, error)
+	// MisfireThreshold is how late a fire may be and still count as on
+	// time, as serve's --misfire-threshold: GET /api/v1/schedules lists
+	// later unsettled fires as missed. Defaults to 1m.
+	MisfireThreshold time.Duration
 	// Logger receives one line per unexpected error (with its request
 	// id) and per write. Defaults to zerolog.Nop().
 	Logger zerolog.Logger
@@ -122,6 +126,9 @@ func (c *Config) validate() error {
 	}
 	if c.MaxBody == 0 {
 		c.MaxBody = 64 << 10
+	}
+	if c.MisfireThreshold <= 0 {
+		c.MisfireThreshold = time.Minute
 	}
 	if c.AcceptTimeout == 0 {
 		c.AcceptTimeout = time.Minute
@@ -200,6 +207,8 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /api/v1/runs/{rest...}", s.auth(RoleRead, s.runGet))
 	s.mux.Handle("POST /api/v1/runs/{rest...}", s.auth(RoleOperate, s.takes(s.runPost)))
 	s.mux.Handle("GET /api/v1/schedules", s.auth(RoleRead, s.takes(s.schedules, "next", "from")))
+	s.mux.Handle("POST /api/v1/schedules/{name}/{verb}", s.auth(RoleOperate, s.takes(s.schedulePost)))
+	s.mux.Handle("GET /api/v1/jobs/{job}/history", s.auth(RoleRead, s.takes(s.jobHistory, "limit")))
 	s.mux.Handle("GET /api/v1/outbox", s.auth(RoleRead, s.takes(s.listOutbox, "status", "run", "limit")))
 	s.mux.Handle("POST /api/v1/outbox/requeue", s.auth(RoleOperate, s.takes(s.requeueOutbox)))
 	s.mux.HandleFunc("/api/v1/", func(w http.ResponseWriter, r *http.Request) {

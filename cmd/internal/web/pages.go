@@ -32,6 +32,13 @@ type runsPage struct {
 	Statuses            []string
 	Jobs                []string
 	Runs                []ops.RunView
+	// Counts are the runs the job and key filters select, by status;
+	// Total is their sum.
+	Counts []statusCount
+	Total  int64
+	// AllQuery is the query of the runs the job and key filters select,
+	// of any status.
+	AllQuery string
 	// Next is the query of the next page ("" on the last one); First
 	// says whether this is the first page.
 	Next  string
@@ -57,7 +64,14 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request, who Caller, known
 		}
 		rq.After = &c
 	}
-	page, err := ops.ListRuns(r.Context(), h.cfg.Store, rq, ops.Now(r.Context(), h.cfg.Store, p.Now))
+	now := ops.Now(r.Context(), h.cfg.Store, p.Now)
+	page, err := ops.ListRuns(r.Context(), h.cfg.Store, rq, now)
+	var counts ops.RunCounts
+	if err == nil {
+		counts, err = ops.CountRuns(r.Context(), h.cfg.Store, ops.RunsQuery{Job: p.Job, RunKeyPrefix: p.Prefix}, now)
+		p.Counts, p.Total = statusCounts(counts, p.Job, p.Prefix, p.Status), counts.Total
+		p.AllQuery = filterQuery(p.Job, p.Prefix, "")
+	}
 	if err != nil {
 		h.fail(w, r, http.StatusInternalServerError, "Runs unavailable", "The runs could not be read; the server's log has why.", err)
 		return
@@ -495,4 +509,7 @@ func (h *Handler) misfires(row *scheduleRow, s runner.Schedule, now time.Time) {
 		row.State = "no scheduler holds it: fires are missed until serve runs"
 	}
 	_ = ops.AddMissed(&row.ScheduleView, s, now, h.cfg.MisfireThreshold) // a schedule that cannot list its fires shows none
+	if row.Paused != nil {
+		row.State = "paused: its fires are held; " + row.State
+	}
 }

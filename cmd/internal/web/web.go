@@ -119,7 +119,7 @@ func New(cfg Config) (*Handler, error) {
 		return nil, err
 	}
 	h := &Handler{cfg: cfg, mux: http.NewServeMux(), pages: map[string]*template.Template{}}
-	for _, name := range []string{"runs", "run", "schedules", "login", "error"} {
+	for _, name := range []string{"runs", "run", "job", "schedules", "login", "error"} {
 		t, err := template.New("layout.html").Funcs(h.funcs()).ParseFS(assets, "assets/templates/layout.html", "assets/templates/partials.html", "assets/templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("web: page %s: %w", name, err)
@@ -141,6 +141,7 @@ func New(cfg Config) (*Handler, error) {
 	h.mux.HandleFunc("POST /login", h.login)
 	h.mux.Handle("GET /{$}", h.guard(h.runs))
 	h.mux.Handle("GET /runs/{id...}", h.guard(h.run))
+	h.mux.Handle("GET /jobs/{name}", h.guard(h.job))
 	h.mux.Handle("GET /schedules", h.guard(h.schedules))
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusNotFound, "No such page", "There is no page at "+r.URL.Path+".", nil)

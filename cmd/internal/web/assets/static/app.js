@@ -172,6 +172,55 @@
     });
   }
 
+  // Pausing a schedule: the schedules page's buttons open one dialog that
+  // posts schedules/{name}/pause or /unpause with the reason.
+  function setupPause() {
+    const dialog = document.getElementById("pause-dialog");
+    const form = document.getElementById("pause-form");
+    if (!dialog || !form) return;
+    const errorBox = document.getElementById("pause-error");
+    let verb = null, name = null;
+    function showError(text) { errorBox.textContent = text; errorBox.hidden = false; }
+    document.querySelectorAll("button[data-pause-op]").forEach(function (btn) {
+      btn.addEventListener("click", function () {
+        verb = btn.dataset.pauseOp;
+        name = btn.dataset.schedule;
+        const title = verb === "pause" ? "Pause" : "Unpause";
+        document.getElementById("pause-title").textContent = title + " schedule " + name;
+        document.getElementById("pause-what").textContent = verb === "pause" ?
+          "No serve sharing this store fires it until it is unpaused; runs already going are not touched. The fires that come due meanwhile are held." :
+          "It fires again from its next fire. The fires the pause held are skipped, unless you ask to catch up.";
+        document.getElementById("pause-catchup-field").hidden = verb !== "unpause";
+        document.getElementById("pause-submit").textContent = title;
+        form.catchup.checked = false;
+        errorBox.hidden = true;
+        dialog.showModal();
+        form.reason.focus();
+      });
+    });
+    form.querySelector("[data-cancel]").addEventListener("click", function () { dialog.close(); });
+    form.addEventListener("submit", async function (ev) {
+      ev.preventDefault();
+      if (form.reason.value.trim() === "") { showError("Say why, for the audit trail: the reason is required."); form.reason.focus(); return; }
+      const payload = { reason: form.reason.value };
+      if (verb === "unpause" && form.catchup.checked) payload.catch_up = true;
+      const submit = document.getElementById("pause-submit");
+      submit.disabled = true;
+      try {
+        const s = await apiCall("GET", "session");
+        if (!s.ok) { showError(message(s)); return; }
+        const r = await apiCall("POST", "schedules/" + encodeURIComponent(name) + "/" + verb, payload, s.data && s.data.csrf_token);
+        if (!r.ok) { showError(message(r)); return; }
+        dialog.close();
+        location.reload();
+      } catch (e) {
+        showError("The server could not be reached: " + e.message);
+      } finally {
+        submit.disabled = false;
+      }
+    });
+  }
+
   // localPath is next if it is a path on this server, else "/" (as the
   // server's localPath): browsers drop tabs and newlines from a URL and
   // read "\" as "/", so those are refused, and what is left must stay on
@@ -221,6 +270,7 @@
     filterRows(input);
   });
   setupOperations();
+  setupPause();
   setupLogin();
   setupLogout();
   schedule(Number(body.dataset.refresh || 0));
