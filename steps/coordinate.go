@@ -26,7 +26,7 @@ func (pt *partitioned[I, O]) coordinate(ctx context.Context, specs map[int]parti
 	// How often the coordinator looks at partitions others hold: its
 	// join waits at most this long past the last one done.
 	poll := min(r.partitionLease()/10, 200*time.Millisecond)
-	finish := r.watchPartitions(ctx, pt.ps, name, partitionProgressEvery)
+	finish := r.watchPartitions(ctx, pt.ps, name, r.progressEvery)
 	defer finish(false)
 	claim := checkpoint.PartitionClaim{RunID: r.lease.RunID, Step: name, Owner: r.lease.Owner, LeaseFor: r.partitionLease()}
 	for {
@@ -183,9 +183,10 @@ func (pt *partitioned[I, O]) takeOver(ctx context.Context, claim checkpoint.Part
 	return nil
 }
 
-// partitionProgressEvery is how often the run's owner reports a
-// partitioned batch step's progress, summed over its partitions.
-const partitionProgressEvery = 500 * time.Millisecond
+// DefaultProgressEvery is how often the run's owner reports a
+// partitioned batch step's progress, summed over its partitions, when
+// Config.ProgressEvery is zero.
+const DefaultProgressEvery = 500 * time.Millisecond
 
 // watchPartitions reports the progress of the partitioned batch step name
 // to the run's progress hook while its owner coordinates it: every
