@@ -116,12 +116,13 @@ func (pt *partitioned[I, O]) claimAndWork(ctx, gctx context.Context, claim check
 			continue
 		}
 		if errors.Is(err, checkpoint.ErrTransient) && ctx.Err() == nil && faults+1 < policy.MaxTries {
-			// A store fault: the partition was handed back (end), so it
-			// is claimable again, by this runner too, after a pause.
+			// A store fault, or a chunk that ran out of re-plans
+			// (*ContendedError): the partition was handed back (end), so
+			// it is claimable again, by this runner too, after a pause.
 			faults++
 			delay := policy.Backoff(faults, rand.Float64())
 			r.log.Warn().Str(FieldStepID, name).Int("partition", pl.Index).Int("try", faults).
-				Float64(FieldRetryInSeconds, delay.Seconds()).Err(err).Msg("store fault in a partition; it is claimed again after a pause")
+				Float64(FieldRetryInSeconds, delay.Seconds()).Err(err).Msg(handedBack(err))
 			if r.sleep(gctx, delay) != nil {
 				return nil
 			}
@@ -244,4 +245,13 @@ func (r *Run) watchPartitions(ctx context.Context, ps checkpoint.PartitionStore,
 			}
 		})
 	}
+}
+
+// handedBack is the log message of a partition handed back after err.
+func handedBack(err error) string {
+	var contended *ContendedError
+	if errors.As(err, &contended) {
+		return "a chunk of a partition ran out of re-plans under contention; the partition is claimed again after a pause"
+	}
+	return "store fault in a partition; it is claimed again after a pause"
 }
