@@ -41,7 +41,9 @@ func (r *Runner) progressHook(lease checkpoint.Lease, jobLog zerolog.Logger) (ho
 	)
 	return func(p steps.Progress) {
 		if user != nil {
-			user(p)
+			// After the line: a hook that waits (a paced demo) does
+			// not hold back the chunk's line.
+			defer user(p)
 		}
 		now := r.cfg.Clock.Now()
 		mu.Lock()
