@@ -60,24 +60,6 @@ func (tx planTx) PutChunkPlan(p checkpoint.ChunkPlan) error {
 	return tx.Tx.PutChunkPlan(p)
 }
 
-// syncLog is a log sink safe for the partitions' goroutines.
-type syncLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A partition's chunk on a separate target that runs out of re-plans
 // under contention does not fail its partition (and so its run, for an
 // operator): the partition is handed back and claimed again after a
@@ -104,8 +86,8 @@ func TestContendedPartitionIsHandedBackNotFailed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var log syncLog
-			logger := zerolog.New(&log)
+			var log bytes.Buffer // read once ForEach has joined the partitions' goroutines
+			logger := zerolog.New(zerolog.SyncWriter(&log))
 			run, err := steps.Begin(ctx, steps.Config{Store: hook, Lease: c.Lease, Logger: &logger,
 				Sleep: func(ctx context.Context, _ time.Duration) error { return ctx.Err() }})
 			if err != nil {

@@ -1,33 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stepwise-run/stepwise/cmd"
 )
-
-// lockedBuffer is an output the demo writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // demo --pace holds posting after each chunk, so an interrupt (the
 // README's Ctrl-C drill) lands while it posts: with a pace of an hour, the
@@ -40,7 +20,7 @@ func TestDemoPaceLandsAnInterruptMidPost(t *testing.T) {
 	args := []string{"--db", db, "--log-format", "json", "demo", "--accounts", "40", "--transfers", "3000"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out, errb lockedBuffer
+	var out, errb syncBuffer // the demo writes them while the test reads
 	exited := make(chan int, 1)
 	go func() {
 		exited <- cmd.Execute(ctx, registry(), append(args, "--pace", "1h"), &out, &errb, extraCommands()...)
