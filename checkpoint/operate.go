@@ -170,9 +170,6 @@ type Operator interface {
 	// one whose earlier resolution no later checkpoint used (see
 	// Resolution).
 	ResolveStep(ctx context.Context, a Audit, now time.Time, stepID string, done bool, output []byte, opts ...OperateOption) error
-	// RecordAudit stores a manual operation that changed nothing else (a
-	// forced rerun, say).
-	RecordAudit(ctx context.Context, a Audit) error
 	// Audits returns a run's manual operations, oldest first.
 	Audits(ctx context.Context, runID string) ([]Audit, error)
 	// Prune deletes the payloads of succeeded and abandoned runs that

@@ -427,6 +427,22 @@ func TestRunsUnknownJob(t *testing.T) {
 	}
 }
 
+func TestRunsSaysWhichRunsThereAreNoneOf(t *testing.T) {
+	t.Parallel()
+	c := newOpsCLI(t)
+	c.want(ExitOK, nil, "run", "opsledger", "-p", "key=a", "-p", "side="+c.side)
+	for args, want := range map[string]string{
+		"--status failed":                    "no failed runs; `stepwise runs` lists every run",
+		"--job crashy":                       "no runs of job crashy; `stepwise runs` lists every run",
+		"--job opsledger --status abandoned": "no abandoned runs of job opsledger;",
+	} {
+		o := c.exec(append([]string{"runs"}, strings.Fields(args)...)...)
+		if o.code != ExitOK || !strings.Contains(o.stdout, want) || strings.Contains(o.stdout, "yet") {
+			t.Errorf("runs %s on a store with one succeeded run: exit %d, want 0 and %q\n%s", args, o.code, want, o)
+		}
+	}
+}
+
 // runJSON is the JSON of run, resume and each backfill date's result.
 type runJSON struct {
 	RunID        string `json:"run_id"`

@@ -131,7 +131,7 @@ func (c *RunsCmd) Run(env *Env) error {
 		return writeJSON(env.Stdout, views)
 	}
 	if len(runs) == 0 {
-		fmt.Fprintf(env.Stdout, "no runs yet; start one with `%s run JOB -p NAME=VALUE`\n", env.Name)
+		fmt.Fprintln(env.Stdout, c.noneText(env))
 		return nil
 	}
 	col := colours(env.Stdout)
@@ -148,6 +148,22 @@ func (c *RunsCmd) Run(env *Env) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, status, ago(r.UpdatedAt, now), preview(r.Error, 60))
 	}
 	return tw.Flush()
+}
+
+// noneText is what runs prints when it lists none: "no runs yet" only
+// when nothing filtered them out, else which runs there are none of.
+func (c *RunsCmd) noneText(env *Env) string {
+	if c.Job == "" && c.Status == "" {
+		return fmt.Sprintf("no runs yet; start one with `%s run JOB -p NAME=VALUE`", env.Name)
+	}
+	what := "runs"
+	if c.Status != "" {
+		what = c.Status + " runs"
+	}
+	if c.Job != "" {
+		what += " of job " + c.Job
+	}
+	return "no " + what + "; `" + env.Name + " runs` lists every run"
 }
 
 // checkJob refuses --job naming a job this program does not register and

@@ -90,8 +90,12 @@ func TestLockMidRunWithoutWait(t *testing.T) {
 	g := newGated()
 	// A short lease: in this one process the runner's PID stays alive, so
 	// the resume takes the run over when the lease expires (a real
-	// process would be gone, and taken over at once).
-	done := startGated(t, g, db, "--lease", "300ms")
+	// process would be gone, and taken over at once). Not too short: the
+	// held lock blocks the heartbeats too, and the runner fences itself a
+	// third of the lease before it ends (with 300ms, 200ms in: under load
+	// sooner than the checkpoint write gives up on its 100ms busy
+	// timeout, and the run then reports its lease lost, not the lock).
+	done := startGated(t, g, db, "--lease", "3s")
 	release := holdWriteLock(t, db)
 	close(g.proceed)
 	var o opsOut
@@ -114,7 +118,7 @@ func TestLockMidRunWithoutWait(t *testing.T) {
 		}
 	}
 	release()
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	for deadline := time.Now().Add(30 * time.Second); ; { // the lease runs out first
 		o = g.exec(db, "resume", "gated/k")
 		if o.code != ExitHeld || time.Now().After(deadline) {
 			break
@@ -188,14 +192,17 @@ func TestOpenLockedNewSchemaWaitsOneBusyTimeout(t *testing.T) {
 	}
 	conn.Close()
 	holdWriteLock(t, db)
+	// A busy timeout of 500ms: one busy timeout per retry (the old bug,
+	// 4s at 200ms) would take some 10s; giving up within 4s leaves a
+	// loaded machine 3.5s of slack and still tells the two apart.
 	start := time.Now()
-	o := (&opsCLI{t: t, db: db}).exec("--busy-timeout", "200ms", "runs")
+	o := (&opsCLI{t: t, db: db}).exec("--busy-timeout", "500ms", "runs")
 	took := time.Since(start)
-	if o.code != ExitHeld || !strings.Contains(o.stderr, "database is locked") || !strings.Contains(o.stderr, "busy timeout 200ms") {
+	if o.code != ExitHeld || !strings.Contains(o.stderr, "database is locked") || !strings.Contains(o.stderr, "busy timeout 500ms") {
 		t.Errorf("exit %d; want %d naming the lock and its busy timeout\n%s", o.code, ExitHeld, o)
 	}
-	if took > 1500*time.Millisecond {
-		t.Errorf("gave up after %s; want about the 200ms busy timeout (at most twice it, plus slack)", took)
+	if took > 4*time.Second {
+		t.Errorf("gave up after %s; want about the 500ms busy timeout, not one per retry", took)
 	}
 }
 

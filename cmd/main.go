@@ -20,6 +20,7 @@ import (
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/jobs"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/steps"
 )
 
 // GraceEnv names the environment variable holding how long, after SIGINT
@@ -338,10 +339,26 @@ func (e *Env) DaemonStore() (checkpoint.Backend, error) {
 // Logger returns the logger the global flags ask for, writing to stderr.
 func (e *Env) Logger() zerolog.Logger { return e.Globals.logger(e.Stderr) }
 
+// RunOption changes how Env.RunJob runs a job.
+type RunOption func(*runFlags)
+
+// AfterEachChunk has Env.RunJob call fn after each chunk a batch step of
+// the run commits, with the step's progress, before the next chunk
+// starts (and once more at the step's end, Final set). fn runs on the
+// step's goroutine, so a slow fn slows the step: the stock demo's --pace
+// waits there. A partitioned step's chunks are not reported to it one by
+// one (their sum is, every half second).
+func AfterEachChunk(fn func(steps.Progress)) RunOption {
+	return func(f *runFlags) { f.afterChunk = fn }
+}
+
 // RunJob runs a job as the run command does (progress display, the
 // one-line outcome on stdout) and returns its result.
-func (e *Env) RunJob(req runner.Request, lease time.Duration) (runner.Result, error) {
+func (e *Env) RunJob(req runner.Request, lease time.Duration, opts ...RunOption) (runner.Result, error) {
 	f := runFlags{Lease: lease, Progress: "auto", Force: req.Force, RetrySkipped: req.RetrySkipped}
+	for _, o := range opts {
+		o(&f)
+	}
 	r, prog, err := f.runner(e)
 	if err != nil {
 		return runner.Result{}, err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/steps"
 )
 
 // runFlags are the flags shared by run and resume.
@@ -19,6 +20,8 @@ type runFlags struct {
 	Lease        time.Duration `default:"30s" nonzero:"" help:"Lease length; the runner heartbeats every third of it. A crashed runner's run is taken over when it expires (at once if its process is surely gone: same machine boot and PID namespace, e.g. not another container). An outside call must finish within the lease less a fifth."`
 	Force        bool          `help:"Run a succeeded or abandoned run again; completed steps are still skipped."`
 	Deliver      string        `env:"STEPWISE_DELIVER" placeholder:"TARGET" help:"After the run, deliver queued notifications (at least once, with stable keys) to stdout, file:PATH or an http(s):// webhook URL."`
+	// afterChunk is AfterEachChunk's fn (Env.RunJob only).
+	afterChunk func(steps.Progress) `kong:"-"`
 }
 
 // configure sets what the store must be opened with, before anything
@@ -52,10 +55,21 @@ func (f runFlags) runner(env *Env) (*runner.Runner, *progress, error) {
 	}
 	r, err := runner.New(runner.Config{
 		Store: st, Jobs: env.Registry, Logger: log,
-		Lease: f.Lease, Wait: f.Wait, OnProgress: prog.hook(), ProgressLog: prog.logEvery(), Deliver: deliver,
+		Lease: f.Lease, Wait: f.Wait, OnProgress: chain(prog.hook(), f.afterChunk), ProgressLog: prog.logEvery(), Deliver: deliver,
 		TracerProvider: env.tracing(true), Targets: targets,
 	})
 	return r, prog, err
+}
+
+// chain calls a, then b, each if set; nil when neither is.
+func chain(a, b func(steps.Progress)) func(steps.Progress) {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return func(p steps.Progress) { a(p); b(p) }
 }
 
 // RunCmd starts or resumes a run of a job.

@@ -1,7 +1,6 @@
 package cmd
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -21,8 +20,7 @@ type feeParams struct {
 
 // feeRegistry has fee: one effect on the ledger's accounts table.
 func feeRegistry() *jobs.Registry {
-	var reg jobs.Registry
-	reg.MustRegister(jobs.Define("fee", func(ctx context.Context, run *steps.Run, p feeParams) error {
+	return oneJob("fee", func(ctx context.Context, run *steps.Run, p feeParams) error {
 		table := checkpoint.Table{Name: "accounts", Key: "id", Value: "balance", Version: "version"}
 		_, err := steps.Apply(ctx, run, steps.ID("fee"), steps.Target{Location: p.Ledger, Table: table},
 			func(ctx context.Context, e *steps.Effects) (string, error) {
@@ -30,8 +28,7 @@ func feeRegistry() *jobs.Registry {
 				return "charged", nil
 			})
 		return err
-	}))
-	return &reg
+	})
 }
 
 // TestShellRunOfATargetTakesNoPasswordFromTheEnvironment: a run that
@@ -54,10 +51,9 @@ func TestShellRunOfATargetTakesNoPasswordFromTheEnvironment(t *testing.T) {
 		{"resume", "fee/a", "--targets", file, "--progress", "none"},
 		{"rerun", "fee/a", "--targets", file, "--progress", "none"},
 	} {
-		var out, errb bytes.Buffer
-		code := Execute(context.Background(), feeRegistry(), append([]string{"--db", db}, args...), &out, &errb)
-		if code == ExitOK || strings.Contains(out.String()+errb.String(), secret) {
-			t.Fatalf("%v against a server refusing every password: exit %d\n%s%s", args, code, out.String(), errb.String())
+		code, text := execWith(t, feeRegistry(), append([]string{"--db", db}, args...)...)
+		if code == ExitOK || strings.Contains(text, secret) {
+			t.Fatalf("%v against a server refusing every password: exit %d\n%s", args, code, text)
 		}
 	}
 	conns, passwords := fake.Seen()

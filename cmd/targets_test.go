@@ -21,23 +21,28 @@ type reportParams struct {
 
 // reportRegistry has report: one step appending "report KEY" to out.
 func reportRegistry() *jobs.Registry {
-	var reg jobs.Registry
-	reg.MustRegister(jobs.Define("report", func(ctx context.Context, run *steps.Run, p reportParams) error {
+	return oneJob("report", func(ctx context.Context, run *steps.Run, p reportParams) error {
 		_, err := steps.Do(ctx, run, "write", func(ctx context.Context) (string, error) {
 			return p.Out, appendLine(p.Out, "report "+p.Key)
 		})
 		return err
-	}))
-	return &reg
+	})
 }
 
 func execTargets(t *testing.T, args ...string) (int, string) {
 	t.Helper()
+	return execWith(t, reportRegistry(), args...)
+}
+
+// execWith runs the command line args of a program with reg's jobs and
+// returns its exit code and output (stdout, then stderr). A serve or
+// worker that should have refused its flags stops anyway, after 5s.
+func execWith(t *testing.T, reg *jobs.Registry, args ...string) (int, string) {
+	t.Helper()
 	var out, errb bytes.Buffer
-	// A serve or worker that should have refused its flags stops anyway.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	code := Execute(ctx, reportRegistry(), args, &out, &errb, Schedules())
+	code := Execute(ctx, reg, args, &out, &errb, Schedules())
 	return code, out.String() + errb.String()
 }
 

@@ -18,13 +18,21 @@ const DefaultProgressLog = 5 * time.Second
 // to Config.OnProgress and logs a "progress" line with the run's job,
 // run_id and attempt: a step's first chunk, then at most every
 // Config.ProgressLog, and its last chunk. Nil when there is nothing to do.
-func (r *Runner) progressHook(lease checkpoint.Lease, jobLog zerolog.Logger) func(steps.Progress) {
+// Its interval is how often the hook wants a partitioned step's summed
+// progress (steps.Config.ProgressEvery): the log's, or for
+// Config.OnProgress (a bar) the steps' default if that is sooner; zero
+// for none.
+func (r *Runner) progressHook(lease checkpoint.Lease, jobLog zerolog.Logger) (hook func(steps.Progress), interval time.Duration) {
 	user, every := r.cfg.OnProgress, r.cfg.ProgressLog
 	if every == 0 {
 		every = DefaultProgressLog
 	}
 	if every < 0 || jobLog.GetLevel() > zerolog.InfoLevel {
-		return user
+		return user, 0
+	}
+	interval = every
+	if user != nil {
+		interval = min(every, steps.DefaultProgressEvery)
 	}
 	log := jobLog.With().Str(steps.FieldRunID, lease.RunID).Int(steps.FieldAttempt, lease.Attempt).Logger()
 	var (
@@ -33,12 +41,16 @@ func (r *Runner) progressHook(lease checkpoint.Lease, jobLog zerolog.Logger) fun
 	)
 	return func(p steps.Progress) {
 		if user != nil {
-			user(p)
+			// After the line: a hook that waits (a paced demo) does
+			// not hold back the chunk's line.
+			defer user(p)
 		}
 		now := r.cfg.Clock.Now()
 		mu.Lock()
 		at, logged := last[p.Step]
-		quiet := logged && now.Sub(at) < every && !p.Final
+		// A report a tenth early is on time: a partitioned step's owner
+		// reports every interval, give or take its read's jitter.
+		quiet := logged && now.Sub(at) < every-every/10 && !p.Final
 		if !quiet {
 			last[p.Step] = now
 		}
@@ -56,5 +68,5 @@ func (r *Runner) progressHook(lease checkpoint.Lease, jobLog zerolog.Logger) fun
 			}
 		}
 		ev.Msg("progress")
-	}
+	}, interval
 }

@@ -153,3 +153,55 @@ func deref(f *float64) any {
 	}
 	return *f
 }
+
+// A partitioned batch step's owner reports the step's summed progress as
+// often as the progress hook wants it: every ProgressLog when it only
+// logs (it used to read the partitions every 500ms whatever the log's
+// interval). With ProgressLog at 50ms, a step whose partitions are held
+// up in their first items logs six progress lines well within 1.5s; at
+// 500ms it would have logged four at most.
+func TestPartitionedProgressFollowsTheHooksInterval(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	h.body = func(ctx context.Context, run *steps.Run, _ jobParams) error {
+		_, err := steps.ForEach(ctx, run, "items", steps.Slice(partitionKeys(), func(k string) string { return k }),
+			func(ctx context.Context, k string, _ *steps.Effects) (string, error) {
+				if k == "k00" || k == "k10" { // each partition's first item
+					<-gate
+				}
+				return k, nil
+			}, steps.Partitions(2), steps.ChunkSize(2))
+		return err
+	}
+	var log syncBuf
+	r := h.runner(func(c *runner.Config) { c.Logger, c.ProgressLog = zerolog.New(&log), 50*time.Millisecond })
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(context.Background(), runner.Request{Job: "job", Values: testValues})
+		done <- err
+	}()
+	const want, within = 6, 1500 * time.Millisecond
+	start := time.Now()
+	n := 0
+	for time.Since(start) < within {
+		if n = len(progressLines(t, log.Bytes())); n >= want {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n < want {
+		t.Errorf("%d progress lines in %s of a partitioned step logging every 50ms; want %d at least", n, within, want)
+	}
+	lines := progressLines(t, log.Bytes())
+	if last := lines[len(lines)-1]; last.Step != "items" || last.Done != 20 || last.Total != 20 {
+		t.Errorf("last progress line %+v; want items, 20 of 20 done", last)
+	}
+}

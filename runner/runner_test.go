@@ -420,14 +420,17 @@ func TestClockControlsRecordedTimes(t *testing.T) {
 
 func TestHeartbeatKeepsLeaseAndStops(t *testing.T) {
 	h := newHarness(t)
-	const lease = 150 * time.Millisecond
+	// A lease long enough that a loaded machine's scheduling delays never
+	// outlast it; the step probes until the heartbeats have extended it
+	// by half its length (at least two of them), not for a set time.
+	const lease = 2 * time.Second
 	var firstUntil, lastUntil time.Time
 	var probes, refused atomic.Int32
 	h.body = func(ctx context.Context, run *steps.Run, p jobParams) error {
 		_, err := steps.Do(ctx, run, "work", func(context.Context) (int, error) {
 			firstUntil = h.info().Run.LeaseUntil
-			deadline := time.Now().Add(300 * time.Millisecond)
-			for time.Now().Before(deadline) {
+			deadline := time.Now().Add(30 * time.Second)
+			for time.Now().Before(deadline) && (refused.Load() < 5 || !lastUntil.After(firstUntil.Add(lease/2))) {
 				time.Sleep(25 * time.Millisecond)
 				// Another runner tries to take the run over meanwhile.
 				probes.Add(1)

@@ -29,8 +29,9 @@ func (r *Runner) dryConfig(job jobs.Job, runID string, log zerolog.Logger) steps
 func (r *Runner) stepsConfig(job jobs.Job, lease checkpoint.Lease, log zerolog.Logger) steps.Config {
 	cfg := steps.Config{Store: r.cfg.Store, Lease: lease, Logger: &log, Now: r.storeClock(), Tracer: r.tracer,
 		Write: r.writeHook(log), Retry: job.Settings().Retry, LeaseFor: r.cfg.Lease, SelfFenceMargin: r.cfg.SelfFenceMargin,
-		OnStepEnd: r.cfg.Metrics.stepHook(job.Name()), OnProgress: r.progressHook(lease, log),
+		OnStepEnd: r.cfg.Metrics.stepHook(job.Name()),
 		OwnerGone: OwnerGone, PartitionSlots: r.cfg.PartitionSlots}
+	cfg.OnProgress, cfg.ProgressEvery = r.progressHook(lease, log)
 	cfg.Sleep = func(ctx context.Context, d time.Duration) error { return sleep(ctx, r.cfg.Clock, d) }
 	return cfg
 }

@@ -16,7 +16,8 @@ import (
 
 // StoreFaultError is the error of an attempt that failed on transient
 // store faults (checkpoint.ErrTransient: a dropped connection, a server
-// restart, a deadlock) and gave up once the retry policy was exhausted.
+// restart, a deadlock; or a partition's chunk out of re-plans, a
+// *steps.ContendedError) and gave up once the retry policy was exhausted.
 // It wraps the last fault, which names the server and database.
 type StoreFaultError struct {
 	RunID string
@@ -30,12 +31,17 @@ type StoreFaultError struct {
 }
 
 func (e *StoreFaultError) Error() string {
-	if e.RetryIn > 0 {
-		return fmt.Sprintf("run %s hit a store fault %s in a row (%v); it is back in its queue and a worker tries it again "+
-			"from its checkpoints in %s (no operator needed)", e.RunID, times(e.Tries), e.Err, e.RetryIn.Round(time.Millisecond))
+	fault, cure := "a store fault", "once the database answers"
+	var contended *steps.ContendedError
+	if errors.As(e.Err, &contended) {
+		fault, cure = "contention on its target", "once fewer writers move the target's keys"
 	}
-	return fmt.Sprintf("run %s gave up after a store fault %s in a row (%v); once the database answers, "+
-		"resume it with `stepwise resume %s` (it goes on from its checkpoints)", e.RunID, times(e.Tries), e.Err, e.RunID)
+	if e.RetryIn > 0 {
+		return fmt.Sprintf("run %s hit %s %s in a row (%v); it is back in its queue and a worker tries it again "+
+			"from its checkpoints in %s (no operator needed)", e.RunID, fault, times(e.Tries), e.Err, e.RetryIn.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("run %s gave up after %s %s in a row (%v); %s, "+
+		"resume it with `stepwise resume %s` (it goes on from its checkpoints)", e.RunID, fault, times(e.Tries), e.Err, cure, e.RunID)
 }
 
 // Unwrap returns the last fault.

@@ -133,7 +133,6 @@ func Reconcile(fn ReconcileFunc) Option { return func(o *doOptions) { o.reconcil
 // there is no Reconcile function, the step stops with an
 // *OutcomeUnknownError.
 func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Context, key string) (T, error), opts ...Option) (out T, err error) {
-	// Over 80 lines: the outside-call protocol (intent, tries, unknown outcome, reconcile) in the order it happens; to be split along those lines.
 	key := r.lease.RunID + "/" + id
 	ctx, sp := r.startStep(ctx, id, kindCall)
 	defer func() { sp.end(err, attribute.String(AttrIdempotencyKey, key)) }()
@@ -142,7 +141,6 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 	if done || err != nil {
 		return out, err
 	}
-	o := newOptions(opts)
 	if r.dryRun {
 		// A dry run neither calls outside systems nor reconciles them: it
 		// plans the call and stops, as what follows needs its result.
@@ -154,125 +152,183 @@ func Call[T any](ctx context.Context, r *Run, id string, fn func(ctx context.Con
 	// tell an outside call by it, and check a resolved output against
 	// the shape.
 	cp.Call = callRecord[T](key)
-	unknown := func(cause, reconcileErr string) error {
-		return &OutcomeUnknownError{RunID: r.lease.RunID, Step: id, Key: key, Cause: cause,
-			Reconcilable: o.reconcile != nil, ReconcileErr: reconcileErr}
-	}
+	c := &outsideCall[T]{r: r, id: id, key: key, fn: fn, o: newOptions(opts), cp: cp}
 	if cp.Status == checkpoint.StepCalling {
-		// An earlier attempt recorded the intent and not the result.
-		cause := cp.Error
-		if cause == "" {
-			cause = "an earlier attempt stopped between recording the call's intent and its result"
+		if out, done, err := c.settleEarlier(ctx); done || err != nil {
+			return out, err
 		}
-		if o.reconcile == nil {
-			return zero, unknown(cause, "")
-		}
-		if err := r.waitOutPreviousLease(ctx, id); err != nil {
-			return zero, fmt.Errorf("%w while waiting to reconcile outside call %s: %w", ErrInterrupted, id, err)
-		}
-		res, found, err := o.reconcile(withStep(ctx, r, id), key)
-		if err != nil {
-			return zero, unknown(cause, err.Error())
-		}
-		r.log.Info().Str(FieldStepID, id).Bool("found", found).Msg("reconciled an outside call of unknown outcome")
-		if found {
-			return completeReconciled[T](ctx, r, cp, res)
-		}
-		// It never happened: call again, as this attempt's first try.
-		cp.Tries++
-		cp.StartedAt = r.now()
 	}
-	policy := r.policy(o)
+	policy := r.policy(c.o)
 	for try := 1; ; try++ {
-		intent := cp
-		intent.Status, intent.Error, intent.FinishedAt = checkpoint.StepCalling, "", r.now()
-		if err := r.runTx(ctx, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
-			return zero, fmt.Errorf("steps: record intent of outside call %s: %w", id, err)
+		out, done, err := c.try(ctx, try, policy)
+		if done || err != nil {
+			return out, err
 		}
-		crashStep(id, "after-intent")
-		var window time.Duration
-		err := ctx.Err()
-		if err != nil {
-			err = fmt.Errorf("%w before outside call %s: %w", ErrInterrupted, id, context.Cause(ctx))
-		} else if window, err = r.callWindow(ctx, id); errors.Is(err, checkpoint.ErrFenced) {
-			// Another runner holds the run: it finds the intent and settles
-			// it. Nothing was called.
-			return zero, err
-		}
-		if err != nil {
-			// Not called: record so, and a rerun calls.
-			r.recordFailure(context.WithoutCancel(ctx), cp, err)
-			return zero, err
-		}
-		timeout := o.timeout
-		if window > 0 && (timeout <= 0 || window < timeout) {
-			timeout = window
-		}
-		result, fnErr := callOnce(ctx, r, id, timeout, func(ctx context.Context) (T, error) { return fn(ctx, key) })
-		interrupted := ctx.Err() != nil
-		wctx := context.WithoutCancel(ctx)
-		if fnErr == nil {
-			if cp.Output, err = json.Marshal(result); err != nil {
-				return zero, fmt.Errorf("steps: step %s: encode output %T as JSON: %w", id, result, err)
-			}
-			crashStep(id, "before-result")
-			return completeStep[T](wctx, r, cp)
-		}
-		var unk *unknownOutcome
-		if errors.As(fnErr, &unk) || errors.Is(fnErr, context.DeadlineExceeded) ||
-			(interrupted && errors.Is(fnErr, context.Canceled)) {
-			// A call cut short by a timeout or an interruption may have
-			// reached the outside system: its outcome is unknown, not a
-			// failure.
-			cause := fnErr.Error()
-			if errors.Is(fnErr, context.DeadlineExceeded) && timeout == window && window > 0 {
-				cause += fmt.Sprintf(" (a call may take %s: its lease less a %s margin)", window.Round(time.Millisecond), r.callMargin)
-			}
-			intent.Error = cause
-			if err := r.runTx(wctx, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
-				r.log.Warn().Str(FieldStepID, id).Err(err).Msg("could not record the unknown outcome")
-			}
-			if o.reconcile == nil {
-				return zero, unknown(cause, "")
-			}
-			if interrupted {
-				return zero, unknown(cause, "")
-			}
-			// Give a request on its way time to land, then look.
-			r.log.Warn().Str(FieldStepID, id).Err(fnErr).Float64("reconcile_in_seconds", r.callMargin.Seconds()).
-				Msg("outside call of unknown outcome; reconciling")
-			if r.callMargin > 0 {
-				if err := r.sleep(ctx, r.callMargin); err != nil {
-					return zero, unknown(cause, "")
-				}
-			}
-			res, found, err := o.reconcile(withStep(ctx, r, id), key)
-			if err != nil {
-				return zero, unknown(cause, err.Error())
-			}
-			r.log.Info().Str(FieldStepID, id).Bool("found", found).Msg("reconciled an outside call of unknown outcome")
-			if found {
-				return completeReconciled[T](wctx, r, cp, res)
-			}
-			fnErr = Transient(fmt.Errorf("%w; reconciled: the call did not happen", fnErr))
-		}
-		class := Classify(fnErr, ClassPermanent)
-		if class != ClassTransient || try >= policy.MaxTries || interrupted {
-			if class == ClassTransient && policy.MaxTries > 1 {
-				fnErr = fmt.Errorf("%w (gave up after %s)", fnErr, plural(try, "try", "tries"))
-			}
-			return zero, r.recordFailure(wctx, cp, fnErr)
-		}
-		delay := policy.Backoff(try, rand.Float64())
-		r.recordTry(ctx, &cp, fnErr)
-		r.log.Warn().Str(FieldStepID, id).Int("try", try).Int("tries_total", cp.Tries).Float64(FieldRetryInSeconds, delay.Seconds()).Err(fnErr).
-			Msg("outside call failed; retrying with the same idempotency key")
-		cp.Tries++
-		if err := r.sleep(ctx, delay); err != nil {
-			return zero, fmt.Errorf("%w while waiting to retry outside call %s: %w", ErrInterrupted, id, err)
-		}
-		cp.StartedAt = r.now()
 	}
+}
+
+// outsideCall is the state one Call step's protocol shares across its
+// phases: the intent an earlier attempt left (settleEarlier), each try
+// (try), a try of unknown outcome (afterUnknown).
+type outsideCall[T any] struct {
+	r       *Run
+	id, key string
+	fn      func(ctx context.Context, key string) (T, error)
+	o       doOptions
+	cp      checkpoint.Step // the step's checkpoint, as the next write records it
+}
+
+// unknown is the step's *OutcomeUnknownError.
+func (c *outsideCall[T]) unknown(cause, reconcileErr string) error {
+	return &OutcomeUnknownError{RunID: c.r.lease.RunID, Step: c.id, Key: c.key, Cause: cause,
+		Reconcilable: c.o.reconcile != nil, ReconcileErr: reconcileErr}
+}
+
+// settleEarlier settles the intent an earlier attempt recorded without
+// its result: with a Reconcile function, after waiting out that attempt's
+// lease, a call found completes the step (done); one not found is called
+// again, as this attempt's first try.
+func (c *outsideCall[T]) settleEarlier(ctx context.Context) (out T, done bool, err error) {
+	r, id := c.r, c.id
+	cause := c.cp.Error
+	if cause == "" {
+		cause = "an earlier attempt stopped between recording the call's intent and its result"
+	}
+	if c.o.reconcile == nil {
+		return out, false, c.unknown(cause, "")
+	}
+	if err := r.waitOutPreviousLease(ctx, id); err != nil {
+		return out, false, fmt.Errorf("%w while waiting to reconcile outside call %s: %w", ErrInterrupted, id, err)
+	}
+	res, found, err := c.o.reconcile(withStep(ctx, r, id), c.key)
+	if err != nil {
+		return out, false, c.unknown(cause, err.Error())
+	}
+	r.log.Info().Str(FieldStepID, id).Bool("found", found).Msg("reconciled an outside call of unknown outcome")
+	if found {
+		out, err = completeReconciled[T](ctx, r, c.cp, res)
+		return out, true, err
+	}
+	// It never happened: call again, as this attempt's first try.
+	c.cp.Tries++
+	c.cp.StartedAt = r.now()
+	return out, false, nil
+}
+
+// try records the call's intent, checks the lease and calls once: done
+// with the result, an error when the step ends without one, neither when
+// a transient failure is to be tried again (after the policy's backoff,
+// slept here).
+func (c *outsideCall[T]) try(ctx context.Context, try int, policy RetryPolicy) (out T, done bool, err error) {
+	r, id := c.r, c.id
+	intent := c.cp
+	intent.Status, intent.Error, intent.FinishedAt = checkpoint.StepCalling, "", r.now()
+	if err := r.runTx(ctx, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
+		return out, false, fmt.Errorf("steps: record intent of outside call %s: %w", id, err)
+	}
+	crashStep(id, "after-intent")
+	var window time.Duration
+	err = ctx.Err()
+	if err != nil {
+		err = fmt.Errorf("%w before outside call %s: %w", ErrInterrupted, id, context.Cause(ctx))
+	} else if window, err = r.callWindow(ctx, id); errors.Is(err, checkpoint.ErrFenced) {
+		// Another runner holds the run: it finds the intent and settles
+		// it. Nothing was called.
+		return out, false, err
+	}
+	if err != nil {
+		// Not called: record so, and a rerun calls.
+		r.recordFailure(context.WithoutCancel(ctx), c.cp, err)
+		return out, false, err
+	}
+	timeout := c.o.timeout
+	if window > 0 && (timeout <= 0 || window < timeout) {
+		timeout = window
+	}
+	result, fnErr := callOnce(ctx, r, id, timeout, func(ctx context.Context) (T, error) { return c.fn(ctx, c.key) })
+	interrupted := ctx.Err() != nil
+	wctx := context.WithoutCancel(ctx)
+	if fnErr == nil {
+		if c.cp.Output, err = json.Marshal(result); err != nil {
+			return out, false, fmt.Errorf("steps: step %s: encode output %T as JSON: %w", id, result, err)
+		}
+		crashStep(id, "before-result")
+		out, err = completeStep[T](wctx, r, c.cp)
+		return out, true, err
+	}
+	var unk *unknownOutcome
+	if errors.As(fnErr, &unk) || errors.Is(fnErr, context.DeadlineExceeded) ||
+		(interrupted && errors.Is(fnErr, context.Canceled)) {
+		// A call cut short by a timeout or an interruption may have
+		// reached the outside system: its outcome is unknown, not a
+		// failure.
+		cause := fnErr.Error()
+		if errors.Is(fnErr, context.DeadlineExceeded) && timeout == window && window > 0 {
+			cause += fmt.Sprintf(" (a call may take %s: its lease less a %s margin)", window.Round(time.Millisecond), r.callMargin)
+		}
+		intent.Error = cause
+		if out, done, fnErr, err = c.afterUnknown(ctx, intent, fnErr, interrupted); done || err != nil {
+			return out, done, err
+		}
+	}
+	return out, false, c.failed(ctx, try, policy, fnErr, interrupted)
+}
+
+// afterUnknown records a try's unknown outcome (intent, with its cause)
+// and, with a Reconcile function and the attempt not interrupted, waits
+// CallMargin for a request on its way to land and looks: found completes
+// the step (done); not found is the transient failure it returns.
+func (c *outsideCall[T]) afterUnknown(ctx context.Context, intent checkpoint.Step, fnErr error, interrupted bool) (out T, done bool, failure, err error) {
+	r, id, cause := c.r, c.id, intent.Error
+	wctx := context.WithoutCancel(ctx)
+	if err := r.runTx(wctx, func(tx checkpoint.Tx) error { return tx.PutStep(intent) }); err != nil {
+		r.log.Warn().Str(FieldStepID, id).Err(err).Msg("could not record the unknown outcome")
+	}
+	if c.o.reconcile == nil || interrupted {
+		return out, false, nil, c.unknown(cause, "")
+	}
+	// Give a request on its way time to land, then look.
+	r.log.Warn().Str(FieldStepID, id).Err(fnErr).Float64("reconcile_in_seconds", r.callMargin.Seconds()).
+		Msg("outside call of unknown outcome; reconciling")
+	if r.callMargin > 0 {
+		if err := r.sleep(ctx, r.callMargin); err != nil {
+			return out, false, nil, c.unknown(cause, "")
+		}
+	}
+	res, found, err := c.o.reconcile(withStep(ctx, r, id), c.key)
+	if err != nil {
+		return out, false, nil, c.unknown(cause, err.Error())
+	}
+	r.log.Info().Str(FieldStepID, id).Bool("found", found).Msg("reconciled an outside call of unknown outcome")
+	if found {
+		out, err = completeReconciled[T](wctx, r, c.cp, res)
+		return out, true, nil, err
+	}
+	return out, false, Transient(fmt.Errorf("%w; reconciled: the call did not happen", fnErr)), nil
+}
+
+// failed ends the step with fnErr, a try's failure, unless it is
+// transient with tries left under policy and the attempt goes on: then it
+// records the try, waits the backoff and returns nil for the next try.
+func (c *outsideCall[T]) failed(ctx context.Context, try int, policy RetryPolicy, fnErr error, interrupted bool) error {
+	r, id := c.r, c.id
+	class := Classify(fnErr, ClassPermanent)
+	if class != ClassTransient || try >= policy.MaxTries || interrupted {
+		if class == ClassTransient && policy.MaxTries > 1 {
+			fnErr = fmt.Errorf("%w (gave up after %s)", fnErr, plural(try, "try", "tries"))
+		}
+		return r.recordFailure(context.WithoutCancel(ctx), c.cp, fnErr)
+	}
+	delay := policy.Backoff(try, rand.Float64())
+	r.recordTry(ctx, &c.cp, fnErr)
+	r.log.Warn().Str(FieldStepID, id).Int("try", try).Int("tries_total", c.cp.Tries).Float64(FieldRetryInSeconds, delay.Seconds()).Err(fnErr).
+		Msg("outside call failed; retrying with the same idempotency key")
+	c.cp.Tries++
+	if err := r.sleep(ctx, delay); err != nil {
+		return fmt.Errorf("%w while waiting to retry outside call %s: %w", ErrInterrupted, id, err)
+	}
+	c.cp.StartedAt = r.now()
+	return nil
 }
 
 // callRecord is the checkpoint.CallRecord of a call with key whose

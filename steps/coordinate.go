@@ -26,7 +26,7 @@ func (pt *partitioned[I, O]) coordinate(ctx context.Context, specs map[int]parti
 	// How often the coordinator looks at partitions others hold: its
 	// join waits at most this long past the last one done.
 	poll := min(r.partitionLease()/10, 200*time.Millisecond)
-	finish := r.watchPartitions(ctx, pt.ps, name, partitionProgressEvery)
+	finish := r.watchPartitions(ctx, pt.ps, name, r.progressEvery)
 	defer finish(false)
 	claim := checkpoint.PartitionClaim{RunID: r.lease.RunID, Step: name, Owner: r.lease.Owner, LeaseFor: r.partitionLease()}
 	for {
@@ -116,12 +116,13 @@ func (pt *partitioned[I, O]) claimAndWork(ctx, gctx context.Context, claim check
 			continue
 		}
 		if errors.Is(err, checkpoint.ErrTransient) && ctx.Err() == nil && faults+1 < policy.MaxTries {
-			// A store fault: the partition was handed back (end), so it
-			// is claimable again, by this runner too, after a pause.
+			// A store fault, or a chunk that ran out of re-plans
+			// (*ContendedError): the partition was handed back (end), so
+			// it is claimable again, by this runner too, after a pause.
 			faults++
 			delay := policy.Backoff(faults, rand.Float64())
 			r.log.Warn().Str(FieldStepID, name).Int("partition", pl.Index).Int("try", faults).
-				Float64(FieldRetryInSeconds, delay.Seconds()).Err(err).Msg("store fault in a partition; it is claimed again after a pause")
+				Float64(FieldRetryInSeconds, delay.Seconds()).Err(err).Msg(handedBack(err))
 			if r.sleep(gctx, delay) != nil {
 				return nil
 			}
@@ -183,9 +184,10 @@ func (pt *partitioned[I, O]) takeOver(ctx context.Context, claim checkpoint.Part
 	return nil
 }
 
-// partitionProgressEvery is how often the run's owner reports a
-// partitioned batch step's progress, summed over its partitions.
-const partitionProgressEvery = 500 * time.Millisecond
+// DefaultProgressEvery is how often the run's owner reports a
+// partitioned batch step's progress, summed over its partitions, when
+// Config.ProgressEvery is zero.
+const DefaultProgressEvery = 500 * time.Millisecond
 
 // watchPartitions reports the progress of the partitioned batch step name
 // to the run's progress hook while its owner coordinates it: every
@@ -243,4 +245,13 @@ func (r *Run) watchPartitions(ctx context.Context, ps checkpoint.PartitionStore,
 			}
 		})
 	}
+}
+
+// handedBack is the log message of a partition handed back after err.
+func handedBack(err error) string {
+	var contended *ContendedError
+	if errors.As(err, &contended) {
+		return "a chunk of a partition ran out of re-plans under contention; the partition is claimed again after a pause"
+	}
+	return "store fault in a partition; it is claimed again after a pause"
 }

@@ -3,6 +3,9 @@ package steps
 import (
 	"errors"
 	"fmt"
+	"time"
+
+	"github.com/stepwise-run/stepwise/checkpoint"
 )
 
 // Sentinel errors of package steps. Match them with errors.Is.
@@ -96,3 +99,30 @@ func (e *StepError) Error() string { return fmt.Sprintf("step %s: %v", e.Step, e
 
 // Unwrap returns the step function's error.
 func (e *StepError) Unwrap() error { return e.Err }
+
+// ContendedError is returned when a partition's chunk on a separate-store
+// target ran out of re-plans (MaxReplans, over PartitionReplanTime at
+// least) because other writers kept moving its keys. Nothing of the chunk
+// applied. It matches checkpoint.ErrTransient: trying again later may
+// cure it, so the partition is handed back rather than failed, and
+// claimed again after a pause under the job's store retry policy, as
+// after a store fault; Err is the last conflict.
+type ContendedError struct {
+	// Step is the batch step, Chunk the chunk ("chunk 3 of post").
+	Step, Chunk string
+	// Replans is how often the chunk was planned again, over For.
+	Replans int
+	For     time.Duration
+	Err     *checkpoint.VersionConflictError
+}
+
+func (e *ContendedError) Error() string {
+	return fmt.Sprintf("%s re-planned %d times over %s while other writers kept moving its keys (%v); "+
+		"its partition was handed back to be tried again later", e.Chunk, e.Replans, e.For.Round(time.Millisecond), e.Err)
+}
+
+// Is matches checkpoint.ErrTransient.
+func (e *ContendedError) Is(target error) bool { return target == checkpoint.ErrTransient }
+
+// Unwrap returns the last conflict.
+func (e *ContendedError) Unwrap() error { return e.Err }

@@ -409,8 +409,9 @@ func (pt *partitioned[I, O]) end(ctx, pctx context.Context, h *partition.Hold, b
 		}
 		return err
 	case errors.Is(err, checkpoint.ErrTransient) && ctx.Err() == nil:
-		// A store fault (a dropped connection, a deadlock): hand the
-		// partition back rather than fail it, so any runner claims it
+		// A store fault (a dropped connection, a deadlock), or a chunk out
+		// of re-plans (*ContendedError): hand the partition back rather
+		// than fail it, so any runner claims it
 		// again and goes on from its committed chunks. If the store does
 		// not answer, it is claimable once its lease passes.
 		prog.State = checkpoint.PartitionPending

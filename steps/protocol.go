@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
@@ -91,14 +92,27 @@ func (r *Run) applySame(ctx context.Context, ot *openTarget, u effectUnit) error
 // move its keys meanwhile, as often as their chunks commit, so a chunk
 // goes on re-planning (after a jittered pause) until it applies or this
 // long has passed since its first conflict, and at least MaxReplans times.
+// Past it the chunk returns a *ContendedError and its partition is handed
+// back, to be claimed again after a pause.
 const PartitionReplanTime = 30 * time.Second
+
+// replanTime is PartitionReplanTime, shortened by tests (export_test.go).
+var replanTime atomic.Int64
+
+func partitionReplanTime() time.Duration {
+	if d := replanTime.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return PartitionReplanTime
+}
 
 // applySeparate plans the unit against the target's current state, records
 // the plan in the checkpoint store, applies it in one target transaction
 // with its effect ID, and records it applied. A version conflict (another
 // writer moved a key) re-plans, at most MaxReplans times in all (a
 // partition's chunk: for PartitionReplanTime), then returns the
-// *checkpoint.VersionConflictError. The re-plans are counted in Stats and
+// *checkpoint.VersionConflictError (a partition's chunk: a *ContendedError
+// wrapping it). The re-plans are counted in Stats and
 // logged once per chunk: the first, and how many it took once it applied.
 func (r *Run) applySeparate(ctx context.Context, ot *openTarget, u effectUnit) error {
 	if r.part != nil {
@@ -142,8 +156,11 @@ func (r *Run) applySeparate(ctx context.Context, ot *openTarget, u effectUnit) e
 		if replan == 0 {
 			firstConflict = r.now()
 		}
-		if replan+1 >= MaxReplans && (r.part == nil || r.now().Sub(firstConflict) >= PartitionReplanTime) {
+		if replan+1 >= MaxReplans && r.part == nil {
 			return err
+		}
+		if took := r.now().Sub(firstConflict); replan+1 >= MaxReplans && took >= partitionReplanTime() {
+			return &ContendedError{Step: u.stepID(), Chunk: u.label(), Replans: replan, For: took, Err: conflict}
 		}
 		if r.part != nil {
 			pause := time.Duration(rand.Int64N(int64(min(replan+1, 20)) * int64(5*time.Millisecond)))

@@ -43,6 +43,12 @@ type Config struct {
 	AcceptChanged *Acceptance
 	// OnProgress, if set, is called by batch steps after each chunk.
 	OnProgress func(Progress)
+	// ProgressEvery is how often the run's owner sums a partitioned batch
+	// step's progress over its partitions for OnProgress (chunks that
+	// other workers commit report to nobody here): set it to what the
+	// hook needs, the log's interval, say. Zero or less means
+	// DefaultProgressEvery.
+	ProgressEvery time.Duration
 	// Retry is the retry policy of steps that set none. Defaults to no
 	// retries.
 	Retry RetryPolicy
@@ -136,6 +142,8 @@ type Run struct {
 	stats    Stats
 	targets  map[string]*openTarget
 	progress func(Progress)
+	// progressEvery is Config.ProgressEvery, defaulted.
+	progressEvery time.Duration
 
 	dryState map[string]checkpoint.State // values planned by earlier dry-run steps
 	dryPlans []DryPlan
@@ -226,17 +234,21 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 			onStepEnd:    cfg.OnStepEnd,
 			writeHook:    cfg.Write,
 		},
-		lease:     cfg.Lease,
-		log:       zerolog.Nop(),
-		seen:      make(map[string]struct{}),
-		progress:  cfg.OnProgress,
-		dryState:  make(map[string]checkpoint.State),
-		worker:    cfg.Partition,
-		ownerGone: cfg.OwnerGone,
-		partSlots: cfg.PartitionSlots,
+		lease:         cfg.Lease,
+		log:           zerolog.Nop(),
+		seen:          make(map[string]struct{}),
+		progress:      cfg.OnProgress,
+		progressEvery: cfg.ProgressEvery,
+		dryState:      make(map[string]checkpoint.State),
+		worker:        cfg.Partition,
+		ownerGone:     cfg.OwnerGone,
+		partSlots:     cfg.PartitionSlots,
 	}
 	if r.tracer == nil {
 		r.tracer = defaultTracer()
+	}
+	if r.progressEvery <= 0 {
+		r.progressEvery = DefaultProgressEvery
 	}
 	if cfg.LeaseFor < 0 || cfg.CallMargin < 0 || cfg.PartitionSlots < 0 || cfg.SelfFenceMargin < 0 {
 		return nil, fmt.Errorf("steps: Config.LeaseFor (%s), CallMargin (%s), PartitionSlots (%d) and SelfFenceMargin (%s) cannot be negative",

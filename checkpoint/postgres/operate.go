@@ -242,11 +242,6 @@ func (s *Store) ResolveStep(ctx context.Context, a checkpoint.Audit, now time.Ti
 	})
 }
 
-// RecordAudit implements checkpoint.Operator.
-func (s *Store) RecordAudit(ctx context.Context, a checkpoint.Audit) error {
-	return s.wrap("record audit of "+a.RunID, insertAudits(ctx, s.pool, a))
-}
-
 // Audits implements checkpoint.Operator: in the order recorded.
 func (s *Store) Audits(ctx context.Context, runID string) ([]checkpoint.Audit, error) {
 	rows, err := s.pool.Query(ctx, sqlAudits, runID)

@@ -157,16 +157,6 @@ func (s *Store) ResetSteps(ctx context.Context, a checkpoint.Audit, now time.Tim
 	})
 }
 
-// RecordAudit stores a manual operation that changed nothing else (a forced
-// rerun, say).
-func (s *Store) RecordAudit(ctx context.Context, a checkpoint.Audit) error {
-	if err := a.Check(); err != nil {
-		return fmt.Errorf("%s of %s: %w", a.Command, a.RunID, err)
-	}
-	_, err := s.db.ExecContext(ctx, sqlInsertAudit, a.RunID, fmtTime(a.At), a.Operator, a.Command, a.Reason, a.Details)
-	return s.wrap("record audit of "+a.RunID, err)
-}
-
 // Audits returns a run's manual operations, oldest first.
 func (s *Store) Audits(ctx context.Context, runID string) ([]checkpoint.Audit, error) {
 	rows, err := s.rdb.QueryContext(ctx, sqlAudits, runID)

@@ -459,28 +459,6 @@ func TestPruneKeepsTombstones(t *testing.T) {
 	}
 }
 
-func TestRecordAuditKeepsOrder(t *testing.T) {
-	st := checkpointtest.OpenSQLite(t)
-	ctx := context.Background()
-	mustClaim(t, st, claimReq(leaseRunID, "a:1", claimNow))
-	for i, cmd := range []string{"rerun", "backfill --reprocess all"} {
-		a := opAudit(leaseRunID, cmd, "why "+cmd, claimNow.Add(time.Duration(i)*time.Minute))
-		a.Details = "details of " + cmd
-		if err := st.RecordAudit(ctx, a); err != nil {
-			t.Fatalf("RecordAudit: %v", err)
-		}
-	}
-	as := opWantAudit(t, st, leaseRunID, "rerun", "backfill --reprocess all")
-	for i, a := range as {
-		if !a.At.Equal(claimNow.Add(time.Duration(i)*time.Minute)) || a.Reason != "why "+a.Command || a.Details != "details of "+a.Command {
-			t.Errorf("audit row %d = %+v; want what was recorded", i, a)
-		}
-	}
-	if as := opAudits(t, st, "report/other"); len(as) != 0 {
-		t.Errorf("audits of another run = %+v; want none", as)
-	}
-}
-
 // TestResetStepsRefusesPrunedRun: a pruned run's tombstone stays as it
 // is. Its steps cannot run again (claims are refused), so clearing them
 // and reopening the run would only destroy the record.

@@ -12,6 +12,7 @@ import (
 	"github.com/stepwise-run/stepwise/cmd"
 	"github.com/stepwise-run/stepwise/examples/settlement"
 	"github.com/stepwise-run/stepwise/runner"
+	"github.com/stepwise-run/stepwise/steps"
 )
 
 // demoCmd seeds a demo ledger if needed and settles a day on it.
@@ -19,6 +20,8 @@ type demoCmd struct {
 	Date      string `default:"2026-11-28" help:"Business date to seed (if absent) and settle."`
 	Accounts  int    `default:"10000" help:"Accounts in a new demo ledger."`
 	Transfers int    `default:"300000" help:"Transfers seeded for the date when it has none."`
+	// Pace slows posting for the crash drills.
+	Pace time.Duration `placeholder:"DURATION" help:"Wait this long after each posted chunk of 1000 transfers, so a Ctrl-C or kill -9 lands while it posts (the README's drills use 20ms: about 6s more for 300,000 transfers); 0 posts at full speed."`
 }
 
 func (c *demoCmd) Run(env *cmd.Env) error {
@@ -42,7 +45,11 @@ func (c *demoCmd) Run(env *cmd.Env) error {
 		return seedError(ctx, "seeding "+c.Date, err)
 	}
 	fmt.Fprintf(env.Stdout, "settling %s (press Ctrl-C to interrupt; run the same command again to resume)\n", c.Date)
-	res, err := env.RunJob(runner.Request{Job: settlement.Job.Name(), Values: map[string]string{"date": c.Date}}, 30*time.Second)
+	var opts []cmd.RunOption
+	if c.Pace > 0 {
+		opts = append(opts, cmd.AfterEachChunk(pace(ctx, c.Pace)))
+	}
+	res, err := env.RunJob(runner.Request{Job: settlement.Job.Name(), Values: map[string]string{"date": c.Date}}, 30*time.Second, opts...)
 	if err != nil && !errors.Is(err, checkpoint.ErrAlreadySucceeded) {
 		return err
 	}
@@ -57,13 +64,29 @@ func (c *demoCmd) Run(env *cmd.Env) error {
 	next := c.nextDate()
 	fmt.Fprintf(env.Stdout, `
 Try next:
-  1. crash and rerun:  %[1]s demo --date %[2]s
-     press Ctrl-C (or kill -9 it) while it posts, then run the same command again:
+  1. crash and rerun:  %[1]s demo --date %[2]s --pace 20ms
+     press Ctrl-C (or kill -9 it) while it posts (--pace slows it down), then run the same command again:
      it resumes at the first unposted chunk and posts every transfer exactly once
   2. look inside:      %[1]s show %[3]s
   3. audit the ledger: %[1]s ledger check --date %[4]s
 `, self, next, runID, c.Date)
 	return nil
+}
+
+// pace waits d after each chunk of a batch step but its last, or until
+// ctx ends (Ctrl-C: the run is then interrupted after that chunk).
+func pace(ctx context.Context, d time.Duration) func(steps.Progress) {
+	return func(p steps.Progress) {
+		if p.Final || (p.Total > 0 && p.Done >= p.Total) {
+			return
+		}
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
 }
 
 func (c *demoCmd) nextDate() string {

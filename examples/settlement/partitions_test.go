@@ -276,18 +276,19 @@ func TestPartitionedSettlementSurvivesSIGKILL(t *testing.T) {
 	for _, l := range layouts(t) {
 		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
-			// Four times the small ledger: on SQLite the run's process could
-			// finish its 800 transfers between the 200th item seen and
-			// the kill (about 1 run in 10 here).
-			ledger := smallLedger
-			ledger.Transfers *= 4
-			s := newStore(t, l, ledger)
+			// The run stops itself (SIGSTOP) once the first of its
+			// partitions has committed its third chunk of 20, and is
+			// killed there: mid-step however fast it runs (watching for
+			// items committed and killing then let a loaded machine's
+			// child finish every partition in between).
+			s := newStore(t, l, smallLedger)
 			args := []string{"--db", s.db, "--log-level", "error", "run", "settle", "--progress", "none", "-p", "partitions=4"}
 			for k, v := range s.values(testDate, 20) {
 				args = append(args, "-p", k+"="+v)
 			}
-			c := crashtest.Start(t, crashtest.Spec{Args: args, Env: []string{childEnv + "=1"}, Timeout: 2 * time.Minute})
-			waitForItems(t, c, s, 200)
+			c := crashtest.Start(t, crashtest.Spec{Args: args, Timeout: 2 * time.Minute,
+				Env: []string{childEnv + "=1", steps.PauseEnv + "=step:post#2:after-commit"}})
+			c.WaitStopped()
 			if err := c.Kill(); err != nil {
 				t.Fatal(err)
 			}

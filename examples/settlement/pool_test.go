@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -140,6 +141,10 @@ func stopWorkers(t *testing.T, ws ...*crashtest.Child) {
 	}
 }
 
+// sharedLedger is smallLedger with ten times its transfers: a run that
+// lasts long enough for every worker to take part.
+var sharedLedger = settlement.SeedConfig{Accounts: 50, Transfers: 4000, Date: testDate, Seed: 7, Balance: 10_000}
+
 // TestWorkersShareAPartitionedSettlement enqueues a settlement with 8
 // partitions for three worker processes: it succeeds, the partitions are
 // worked by more than one of them, the invariants hold, and each worker
@@ -149,13 +154,23 @@ func TestWorkersShareAPartitionedSettlement(t *testing.T) {
 	for _, l := range layouts(t)[:2] {
 		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
-			s := newStore(t, l, smallLedger)
+			// Every worker is polling before the run is enqueued, and
+			// the run is long enough (200 chunks, one partition at a time
+			// in its owner) that the others claim partitions however
+			// slowly a loaded machine starts or schedules them: with 800
+			// transfers the owner could finish all 8 before they polled.
+			s := newStore(t, l, sharedLedger)
 			var ws []*crashtest.Child
 			pids := map[string]bool{}
 			for range 3 {
-				w := crashtest.Start(t, workerSpec(s.db, 10*time.Second, 1))
+				spec := workerSpec(s.db, 10*time.Second, 1)
+				spec.Args = slices.Replace(spec.Args, 2, 4, "--log-level", "info") // to see "worker started"
+				w := crashtest.Start(t, spec)
 				ws = append(ws, w)
 				pids[strconv.Itoa(w.Pid())] = true
+			}
+			for _, w := range ws {
+				w.WaitFor("worker started", func() bool { return strings.Contains(w.Stderr(), "worker started") })
 			}
 			enqueue(t, s.db, settlement.Job.Name(), settleParams(s, 20, 8))
 			st := s.open(t)

@@ -47,28 +47,41 @@ type fakeClock struct {
 func (c *fakeClock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *fakeClock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
+// takenOverKey starts a slow request A with Idempotency-Key key, held by
+// the steered starter (with verdicts for that many requests), lets the
+// API's clock pass its AcceptTimeout, and starts its retry B with the same
+// key, which takes the key over and is held in its turn. A's and B's
+// answers come on slow and retry once their verdicts are given.
+func takenOverKey(t *testing.T, key string, verdicts int) (a *testAPI, s *steered, header []string, slow, retry chan answer) {
+	t.Helper()
+	clk := &fakeClock{t: time.Date(2026, 11, 28, 2, 40, 0, 0, time.UTC)}
+	s = &steered{entered: make(chan int)}
+	for range verdicts {
+		s.verdict = append(s.verdict, make(chan error))
+	}
+	a = newAPI(t, func(c *httpapi.Config) {
+		s.Starter = c.Starter
+		c.Starter = s
+		c.Now = clk.now
+		c.AcceptTimeout = time.Minute
+	})
+	header = []string{"Idempotency-Key", key}
+	slow, retry = make(chan answer), make(chan answer)
+	go func() { slow <- a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), header...) }()
+	<-s.entered // A is accepting
+	clk.add(2 * time.Minute)
+	go func() { retry <- a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), header...) }()
+	<-s.entered // B took the key over
+	return a, s, header, slow, retry
+}
+
 // A slow first request (past AcceptTimeout) is taken over by a retry;
 // when the slow one then fails, its DropIdempotency must not delete the
 // row the retry now holds (nor the retry's FinishIdempotency update
 // nothing): else the key is forgotten, and the same key with OTHER
 // parameters starts a second run (201) instead of 422.
 func TestTakenOverKeyIsNotForgotten(t *testing.T) {
-	clk := &fakeClock{t: time.Date(2026, 11, 28, 2, 40, 0, 0, time.UTC)}
-	s := &steered{entered: make(chan int), verdict: []chan error{make(chan error), make(chan error), make(chan error)}}
-	a := newAPI(t, func(c *httpapi.Config) {
-		s.Starter = c.Starter
-		c.Starter = s
-		c.Now = clk.now
-		c.AcceptTimeout = time.Minute
-	})
-	key := []string{"Idempotency-Key", "k-takeover"}
-	slow := make(chan answer)
-	go func() { slow <- a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...) }()
-	<-s.entered // A is accepting
-	clk.add(2 * time.Minute)
-	retry := make(chan answer)
-	go func() { retry <- a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...) }()
-	<-s.entered                          // B took the key over
+	a, s, key, slow, retry := takenOverKey(t, "k-takeover", 3)
 	s.verdict[0] <- checkpoint.ErrLocked // A fails (e.g. SQLite busy), drops "its" key
 	t.Logf("slow request: %d", (<-slow).Status)
 	s.verdict[1] <- nil // B creates the run
@@ -93,22 +106,7 @@ func TestTakenOverKeyIsNotForgotten(t *testing.T) {
 // think it recorded the key: its FinishIdempotency finds the key another
 // request's, and it answers 409 (retry), while the key replays the run.
 func TestTakenOverKeyIsNotFinishedByTheSlowRequest(t *testing.T) {
-	clk := &fakeClock{t: time.Date(2026, 11, 28, 2, 40, 0, 0, time.UTC)}
-	s := &steered{entered: make(chan int), verdict: []chan error{make(chan error), make(chan error)}}
-	a := newAPI(t, func(c *httpapi.Config) {
-		s.Starter = c.Starter
-		c.Starter = s
-		c.Now = clk.now
-		c.AcceptTimeout = time.Minute
-	})
-	key := []string{"Idempotency-Key", "k-slow"}
-	slow := make(chan answer)
-	go func() { slow <- a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...) }()
-	<-s.entered // A is accepting
-	clk.add(2 * time.Minute)
-	retry := make(chan answer)
-	go func() { retry <- a.do("POST", "/api/v1/runs", operateToken, start("report", "2026-11-28"), key...) }()
-	<-s.entered         // B took the key over
+	a, s, key, slow, retry := takenOverKey(t, "k-slow", 2)
 	s.verdict[1] <- nil // B creates the run and records the key done
 	expect(t, "the retry", <-retry, http.StatusCreated)
 	a.wait("report/2026-11-28")
