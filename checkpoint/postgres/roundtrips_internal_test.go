@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -15,10 +16,16 @@ import (
 
 // roundTrips counts what a connection sends: each Query, QueryRow or
 // Exec and each batch is one round trip.
-type roundTrips struct{ n atomic.Int64 }
+type roundTrips struct {
+	n atomic.Int64
+	// stmts counts statements: each Query, QueryRow or Exec, and each
+	// statement of a batch.
+	stmts atomic.Int64
+}
 
 func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	r.n.Add(1)
+	r.stmts.Add(1)
 	return ctx
 }
 func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
@@ -26,8 +33,10 @@ func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 	r.n.Add(1)
 	return ctx
 }
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	r.stmts.Add(1)
+}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // A same-store chunk (read and lock its keys, compare-and-set them, record
 // its items, commit) costs two round trips, whatever its size: BEGIN,
@@ -202,5 +211,38 @@ func TestLoneWriteRoundTrips(t *testing.T) {
 		if got := rt.n.Load() - before; got != tc.want {
 			t.Errorf("%s took %d round trips; want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A step's lone checkpoint (steps.Do's commit) is one statement in one
+// round trip, as a raw autocommit insert is: the fenced upsert that locks
+// the run row itself, with no fence check ahead of it, no batch and no
+// BEGIN/COMMIT. A fenced attempt's checkpoint is refused all the same.
+func TestLoneStepIsOneStatement(t *testing.T) {
+	ctx := context.Background()
+	s, rt, c := tracedStore(t)
+	now := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
+	put := func(l checkpoint.Lease, id string) error {
+		return s.InTx(ctx, l, func(tx checkpoint.Tx) error {
+			return tx.PutStep(checkpoint.Step{ID: id, Status: checkpoint.StepCompleted, Output: []byte(`42`), StartedAt: now, FinishedAt: now})
+		})
+	}
+	for i := range 3 {
+		n, stmts := rt.n.Load(), rt.stmts.Load()
+		if err := put(c.Lease, "do/"+strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+		if got, gotStmts := rt.n.Load()-n, rt.stmts.Load()-stmts; got != 1 || gotStmts != 1 {
+			t.Errorf("step %d: %d round trips and %d statements; want 1 and 1", i, got, gotStmts)
+		}
+	}
+	stale := c.Lease
+	stale.Fence--
+	if err := put(stale, "do/stale"); !errors.Is(err, checkpoint.ErrFenced) {
+		t.Errorf("a checkpoint at an old fence: %v; want ErrFenced", err)
+	}
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM steps WHERE run_id = $1`, c.Lease.RunID).Scan(&n); err != nil || n != 3 {
+		t.Errorf("%d steps recorded (%v); want the 3 of the live fence", n, err)
 	}
 }
