@@ -135,7 +135,8 @@ func tracedStore(t *testing.T) (*Store, *roundTrips, checkpoint.Claim) {
 // A transaction of writes that need no result (a lone step checkpoint,
 // a checkpoint with its outbox message, a batch step's reset and start)
 // costs one round trip: one batch outside BEGIN/COMMIT, the fence check
-// ahead of the writes. (The tracer counts batches and queries; pgx's
+// ahead of the writes (a lone step checkpoint: one statement, see
+// TestLoneStepIsOneStatement). (The tracer counts batches and queries; pgx's
 // preparation of a statement new to the connection is not counted.) A write after a read goes through an explicit
 // transaction (BEGIN, the fence check and the read in one batch; the
 // write with COMMIT).

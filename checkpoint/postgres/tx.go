@@ -40,8 +40,9 @@ const (
 // only such writes, InTx sends them in ONE batch outside BEGIN/COMMIT,
 // behind the fence check: the server runs a batch (one Sync) as one
 // implicit transaction, so an error in any statement (a fenced run
-// included) rolls all of it back. A lone step checkpoint costs one round
-// trip, as an autocommit insert does.
+// included) rolls all of it back. A lone step checkpoint goes by itself,
+// as one statement that checks and locks the fence (deferredWrite.alone):
+// one round trip and one statement, as an autocommit insert costs.
 //
 // Any other call (a Target's statements, Conn, AcceptItemChanges) first
 // sends the queued writes through an explicit transaction, which opens
