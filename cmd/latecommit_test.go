@@ -53,7 +53,7 @@ func TestCheckpointSentBeforeSIGKILLCommitsAfterIt(t *testing.T) {
 	waiting := func() int {
 		var n int
 		err := watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = $1 AND wait_event_type = 'Lock' AND query LIKE '%stepwise_fence%'`, c.SessionName()).Scan(&n)
+			WHERE application_name = $1 AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO steps%'`, c.SessionName()).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}

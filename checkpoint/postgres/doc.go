@@ -24,7 +24,9 @@
 // transaction of writes that need no result (a step's checkpoint, with
 // its outbox message) costs one round trip: the fence check and the writes
 // go in one batch outside BEGIN/COMMIT, which the server runs as one
-// implicit transaction; its outcome, a refusal included, is InTx's.
+// implicit transaction; its outcome, a refusal included, is InTx's. A
+// lone step checkpoint is one statement, the upsert that reads the run
+// row at the fence and takes FOR KEY SHARE on it itself.
 // Writes made after the transaction opened (a target's compare-and-set,
 // checkpoints, items, chunk plans, messages) wait for the next statement
 // that needs results, or go with COMMIT: an effect step (read, write,

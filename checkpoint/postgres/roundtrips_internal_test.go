@@ -2,7 +2,10 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,10 +18,25 @@ import (
 
 // roundTrips counts what a connection sends: each Query, QueryRow or
 // Exec and each batch is one round trip.
-type roundTrips struct{ n atomic.Int64 }
+type roundTrips struct {
+	n atomic.Int64
+	// stmts counts statements: each Query, QueryRow or Exec, and each
+	// statement of a batch.
+	stmts atomic.Int64
+	mu    sync.Mutex
+	sql   []string // every statement's SQL, when recording
+}
 
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (r *roundTrips) record(sql string) {
+	r.mu.Lock()
+	r.sql = append(r.sql, sql)
+	r.mu.Unlock()
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.n.Add(1)
+	r.stmts.Add(1)
+	r.record(d.SQL)
 	return ctx
 }
 func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
@@ -26,8 +44,11 @@ func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 	r.n.Add(1)
 	return ctx
 }
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (r *roundTrips) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.stmts.Add(1)
+	r.record(d.SQL)
+}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // A same-store chunk (read and lock its keys, compare-and-set them, record
 // its items, commit) costs two round trips, whatever its size: BEGIN,
@@ -114,7 +135,8 @@ func tracedStore(t *testing.T) (*Store, *roundTrips, checkpoint.Claim) {
 // A transaction of writes that need no result (a lone step checkpoint,
 // a checkpoint with its outbox message, a batch step's reset and start)
 // costs one round trip: one batch outside BEGIN/COMMIT, the fence check
-// ahead of the writes. (The tracer counts batches and queries; pgx's
+// ahead of the writes (a lone step checkpoint: one statement, see
+// TestLoneStepIsOneStatement). (The tracer counts batches and queries; pgx's
 // preparation of a statement new to the connection is not counted.) A write after a read goes through an explicit
 // transaction (BEGIN, the fence check and the read in one batch; the
 // write with COMMIT).
@@ -202,5 +224,99 @@ func TestLoneWriteRoundTrips(t *testing.T) {
 		if got := rt.n.Load() - before; got != tc.want {
 			t.Errorf("%s took %d round trips; want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A step's lone checkpoint (steps.Do's commit) is one statement in one
+// round trip, as a raw autocommit insert is: the fenced upsert that locks
+// the run row itself, with no fence check ahead of it, no batch and no
+// BEGIN/COMMIT. A fenced attempt's checkpoint is refused all the same.
+func TestLoneStepIsOneStatement(t *testing.T) {
+	ctx := context.Background()
+	s, rt, c := tracedStore(t)
+	now := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
+	put := func(l checkpoint.Lease, id string) error {
+		return s.InTx(ctx, l, func(tx checkpoint.Tx) error {
+			return tx.PutStep(checkpoint.Step{ID: id, Status: checkpoint.StepCompleted, Output: []byte(`42`), StartedAt: now, FinishedAt: now})
+		})
+	}
+	for i := range 3 {
+		n, stmts := rt.n.Load(), rt.stmts.Load()
+		if err := put(c.Lease, "do/"+strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+		if got, gotStmts := rt.n.Load()-n, rt.stmts.Load()-stmts; got != 1 || gotStmts != 1 {
+			t.Errorf("step %d: %d round trips and %d statements; want 1 and 1", i, got, gotStmts)
+		}
+	}
+	stale := c.Lease
+	stale.Fence--
+	if err := put(stale, "do/stale"); !errors.Is(err, checkpoint.ErrFenced) {
+		t.Errorf("a checkpoint at an old fence: %v; want ErrFenced", err)
+	}
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM steps WHERE run_id = $1`, c.Lease.RunID).Scan(&n); err != nil || n != 3 {
+		t.Errorf("%d steps recorded (%v); want the 3 of the live fence", n, err)
+	}
+}
+
+// An effect step on one key (the common steps.Apply) sends that key as a
+// scalar: no statement of its transaction unnests arrays or matches
+// = ANY, whose plans cost the server several times the work for one key.
+// A missed compare-and-set of one key is still the conflict it names.
+func TestOneKeyEffectIsScalar(t *testing.T) {
+	ctx := context.Background()
+	s, rt, c := tracedStore(t)
+	now := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
+	step := func(id string, stale int64) error {
+		return s.InTx(ctx, c.Lease, func(tx checkpoint.Tx) error {
+			v, err := tx.Target(checkpoint.StateTable)
+			if err != nil {
+				return err
+			}
+			cur, err := v.Read(ctx, []string{"k"})
+			if err != nil {
+				return err
+			}
+			st := cur["k"]
+			w := checkpoint.Write{Key: "k", OldVersion: st.Version - stale, NewValue: st.Value + 1, Insert: !st.Exists && stale == 0}
+			if err := v.Write(ctx, []checkpoint.Write{w}); err != nil {
+				return err
+			}
+			return tx.PutStep(checkpoint.Step{ID: id, Status: checkpoint.StepCompleted, Output: []byte(`1`), StartedAt: now, FinishedAt: now})
+		})
+	}
+	rt.mu.Lock()
+	rt.sql = nil
+	rt.mu.Unlock()
+	for i := range 3 { // an insert, then updates
+		if err := step("apply/"+strconv.Itoa(i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rt.mu.Lock()
+	for _, q := range rt.sql {
+		if strings.Contains(q, "unnest(") || strings.Contains(q, "ANY(") {
+			t.Errorf("a one-key effect step sent %q", q)
+		}
+	}
+	rt.mu.Unlock()
+	err := step("apply/stale", 1)
+	var vc *checkpoint.VersionConflictError
+	if !errors.As(err, &vc) || vc.Key != "k" || vc.Expected != 2 || vc.Found != 3 {
+		t.Errorf("a stale one-key compare-and-set: %v; want a conflict on k, expected 2, found 3", err)
+	}
+	err = s.InTx(ctx, c.Lease, func(tx checkpoint.Tx) error {
+		v, err := tx.Target(checkpoint.StateTable)
+		if err != nil {
+			return err
+		}
+		if _, err := v.Read(ctx, []string{"k"}); err != nil {
+			return err
+		}
+		return v.Write(ctx, []checkpoint.Write{{Key: "k", NewValue: 1, Insert: true}})
+	})
+	if !errors.As(err, &vc) || vc.Key != "k" || vc.Expected != 0 || vc.Found != 3 {
+		t.Errorf("a one-key insert of a key that exists: %v; want a conflict on k, expected 0, found 3", err)
 	}
 }

@@ -16,10 +16,14 @@ const (
 	// a finished (completed or rejected) one. It checks the fence itself
 	// too (it selects from the run row only at the lease's fence), besides
 	// the fence check ahead of it.
-	sqlPutStep = `INSERT INTO steps (run_id, step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan, call_record)
+	sqlPutStep = sqlPutStepInsert + `
+` + sqlPutStepUpsert
+	// sqlPutStepInsert and sqlPutStepUpsert are sqlPutStep's two halves,
+	// around the run row's lock of sqlPutStepAlone.
+	sqlPutStepInsert = `INSERT INTO steps (run_id, step_id, status, output, input_hash, error, tries, attempt, started_at, finished_at, plan, call_record)
 SELECT $1, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::integer, $8::integer, $9::timestamptz, $10::timestamptz, $12::bytea, $13::bytea
-FROM runs WHERE id = $1 AND fence = $11
-ON CONFLICT (run_id, step_id) DO UPDATE SET
+FROM runs WHERE id = $1 AND fence = $11`
+	sqlPutStepUpsert = `ON CONFLICT (run_id, step_id) DO UPDATE SET
     status = excluded.status, output = excluded.output, input_hash = excluded.input_hash,
     error = excluded.error, tries = excluded.tries, attempt = excluded.attempt,
     started_at = excluded.started_at, finished_at = excluded.finished_at, plan = excluded.plan,
@@ -31,6 +35,17 @@ WHERE steps.status NOT IN ('completed', 'rejected')`
 	// from a conflict.
 	sqlPutStepLone = `WITH w AS (` + sqlPutStep + `
 RETURNING 1) SELECT stepwise_expect_rows(count(*), 1, 'put step') FROM w`
+	// sqlPutStepAlone is sqlPutStep sent by itself, a step's lone
+	// checkpoint (one autocommit statement, one round trip): the fence
+	// check is its own read of the run row, which it locks FOR KEY SHARE
+	// as stepwise_fence does, so a claim (FOR UPDATE) waits for its commit
+	// or, committed first, leaves the row at another fence and the
+	// statement writes nothing. Under READ COMMITTED a locked row that a
+	// claim changed since the statement's snapshot is read again at its
+	// newest version, whose fence is compared. It changes one row, or none
+	// (fenced, gone, or the step already finished: InTx then asks why).
+	sqlPutStepAlone = sqlPutStepInsert + ` FOR KEY SHARE
+` + sqlPutStepUpsert
 	// sqlPutStepPiped is sqlPutStep in the open transaction, sent with
 	// the next round trip: a refused write raises, aborting the
 	// transaction, unless the step is recorded finished with the content
@@ -75,8 +90,13 @@ func (t *pgTx) PutStep(st checkpoint.Step) error {
 		})
 		return nil
 	}
-	return t.later(func() error { return t.putStep(st) },
-		&pgx.QueuedQuery{SQL: sqlPutStepLone, Arguments: t.putStepArgs(st)})
+	args := t.putStepArgs(st)
+	t.queued = append(t.queued, deferredWrite{
+		now:   func() error { return t.putStep(st) },
+		lone:  []*pgx.QueuedQuery{{SQL: sqlPutStepLone, Arguments: args}},
+		alone: &pgx.QueuedQuery{SQL: sqlPutStepAlone, Arguments: args},
+	})
+	return nil
 }
 
 // putStepArgs are sqlPutStep's (and sqlPutStepLone's) arguments.

@@ -40,8 +40,9 @@ const (
 // only such writes, InTx sends them in ONE batch outside BEGIN/COMMIT,
 // behind the fence check: the server runs a batch (one Sync) as one
 // implicit transaction, so an error in any statement (a fenced run
-// included) rolls all of it back. A lone step checkpoint costs one round
-// trip, as an autocommit insert does.
+// included) rolls all of it back. A lone step checkpoint goes by itself,
+// as one statement that checks and locks the fence (deferredWrite.alone):
+// one round trip and one statement, as an autocommit insert costs.
 //
 // Any other call (a Target's statements, Conn, AcceptItemChanges) first
 // sends the queued writes through an explicit transaction, which opens
@@ -90,6 +91,12 @@ type pgTx struct {
 type deferredWrite struct {
 	lone []*pgx.QueuedQuery
 	now  func() error
+	// alone, when not nil, is the write as one statement that checks the
+	// run's fence and locks its row FOR KEY SHARE itself, and changes
+	// exactly one row when the write is accepted: InTx sends it by
+	// itself, with no fence check ahead of it and no batch, when it is
+	// the only write queued.
+	alone *pgx.QueuedQuery
 }
 
 // pendingWrite is a statement queued in the open transaction: explain,
@@ -225,6 +232,9 @@ func (t *pgTx) pend(q *pgx.QueuedQuery, explain func(error) error) {
 // that is our own earlier commit still succeeds, and any error reads as
 // that call's own.
 func (t *pgTx) sendQueued() error {
+	if len(t.queued) == 1 && t.queued[0].alone != nil && t.part == nil {
+		return t.sendAlone(t.queued[0].alone)
+	}
 	b := &pgx.Batch{}
 	t.queueFence(b)
 	for _, w := range t.queued {
@@ -254,6 +264,28 @@ func (t *pgTx) sendQueued() error {
 		return err
 	}
 	// The server refused a statement: nothing of the batch was kept.
+	return t.flush()
+}
+
+// sendAlone sends the only queued write as one autocommit statement (see
+// deferredWrite.alone): one round trip, and no pipeline, as a raw insert
+// costs. When it changed no row (the run fenced, gone, or the step
+// already finished) or the server refused it, nothing was kept, and the
+// write is made again through the explicit transaction, whose fence
+// check and reads say why, as the batch's fallback does.
+func (t *pgTx) sendAlone(q *pgx.QueuedQuery) error {
+	tag, err := t.conn.Exec(t.ctx, q.SQL, q.Arguments...)
+	if err == nil && tag.RowsAffected() == 1 {
+		t.queued = nil
+		return nil
+	}
+	var pe *pgconn.PgError
+	if err != nil && (!errors.As(err, &pe) || t.conn.IsClosed() || t.conn.PgConn().TxStatus() != 'I') {
+		// Not known to be rolled back (a lost connection may have
+		// committed, as a lost COMMIT may).
+		t.queued = nil
+		return err
+	}
 	return t.flush()
 }
 

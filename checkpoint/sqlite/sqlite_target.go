@@ -523,11 +523,14 @@ func runTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx
 // prepared statements; any other is checked and prepared in this
 // transaction.
 func (t *sqliteTx) Target(tb checkpoint.Table) (checkpoint.Target, error) {
-	// Effects are writes of this transaction like any other: fenced
-	// before the first of them, even when no checkpoint comes with them.
-	if err := t.checkFence(); err != nil {
-		return nil, err
-	}
+	// Effects are writes of this transaction like any other: fenced at
+	// commit, even when no checkpoint comes with them (InTx checks the
+	// fence before COMMIT unless a write of the transaction already did).
+	// The write lock, held from BEGIN IMMEDIATE, keeps the fence from
+	// moving meanwhile, so checking it last is checking it first; an
+	// effect step's checkpoint checks it in its own statement, with no
+	// read of its own.
+	t.touched = true
 	t.s.tmu.Lock()
 	h := t.s.tables[tb]
 	t.s.tmu.Unlock()

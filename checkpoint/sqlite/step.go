@@ -68,6 +68,10 @@ type sqliteTx struct {
 	lease  checkpoint.Lease
 	put    *sql.Stmt
 	fenced bool // the fence was checked in this transaction
+	// touched: the transaction wrote, or may have written, through a
+	// target or SQLTx, which do not check the fence themselves: InTx
+	// checks it before COMMIT unless a write already did.
+	touched bool
 	// part marks a partition's chunk transaction (InPartitionTx): fenced
 	// by the partition's row, and refusing step checkpoints.
 	part bool
@@ -76,7 +80,14 @@ type sqliteTx struct {
 // InTx implements checkpoint.Store.
 func (s *Store) InTx(ctx context.Context, l checkpoint.Lease, fn func(checkpoint.Tx) error) error {
 	return s.tx(ctx, "write run "+l.RunID, func(tx *sql.Tx) error {
-		return fn(&sqliteTx{ctx: ctx, s: s, tx: tx, lease: l, put: tx.StmtContext(ctx, s.stmt.putStep)})
+		t := &sqliteTx{ctx: ctx, s: s, tx: tx, lease: l, put: tx.StmtContext(ctx, s.stmt.putStep)}
+		if err := fn(t); err != nil {
+			return err
+		}
+		if t.touched {
+			return t.checkFence()
+		}
+		return nil
 	})
 }
 
@@ -161,5 +172,6 @@ func SQLTx(tx checkpoint.Tx) (*sql.Tx, bool) {
 	if !ok {
 		return nil, false
 	}
+	t.touched = true
 	return t.tx, true
 }

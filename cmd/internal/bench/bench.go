@@ -92,8 +92,8 @@ type goals struct {
 }
 
 var (
-	sqliteGoals   = goals{perStep: 0.9, effect: 0.9, chunked: 0.6, rerun: 1.5, claims: 0.5}
-	postgresGoals = goals{perStep: 0.8, effect: 0.7, chunked: 0.6, rerun: 1.5, claims: 0.5}
+	sqliteGoals   = goals{perStep: 0.9, effect: 0.95, chunked: 0.6, rerun: 1.5, claims: 0.5}
+	postgresGoals = goals{perStep: 0.9, effect: 0.8, chunked: 0.6, rerun: 1.5, claims: 0.5}
 )
 
 // The memory goal: peak Go heap of a settlement of GoalMemoryAt items.
@@ -357,7 +357,7 @@ func interleave(n int, ours, raw func(from, to int) error) (time.Duration, time.
 // rate records a throughput result: n operations on each side.
 func (b *bench) rate(name, unit string, n int, ours, raw time.Duration, goal float64, note string) {
 	r := Result{Name: name, Unit: unit, Ours: float64(n) / ours.Seconds(), Raw: float64(n) / raw.Seconds(),
-		Goal: fmt.Sprintf(">= %.1f", goal), Note: note}
+		Goal: ">= " + formatGoal(goal), Note: note}
 	r.Ratio = r.Ours / r.Raw
 	r.Met = r.Ratio >= goal
 	b.rep.Results = append(b.rep.Results, r)
@@ -366,7 +366,7 @@ func (b *bench) rate(name, unit string, n int, ours, raw time.Duration, goal flo
 // duration records a time result; the ratio is ours over raw.
 // A goal of 0 means the workload has none: it is reported, not judged.
 func (b *bench) duration(name string, ours, raw time.Duration, goal float64, note string) {
-	r := Result{Name: name, Unit: "s", Ours: ours.Seconds(), Raw: raw.Seconds(), Goal: fmt.Sprintf("<= %.1f", goal), Note: note}
+	r := Result{Name: name, Unit: "s", Ours: ours.Seconds(), Raw: raw.Seconds(), Goal: "<= " + formatGoal(goal), Note: note}
 	r.Ratio = r.Ours / r.Raw
 	r.Met = r.Ratio <= goal
 	if goal == 0 {
@@ -484,6 +484,15 @@ func formatRatio(r float64) string {
 		return strconv.FormatFloat(r, 'g', 3, 64)
 	}
 	return strconv.FormatFloat(r, 'f', 3, 64)
+}
+
+// formatGoal renders a goal with one decimal, or two where it has them
+// (0.95).
+func formatGoal(g float64) string {
+	if s := strconv.FormatFloat(g, 'f', 1, 64); s+"0" == strconv.FormatFloat(g, 'f', 2, 64) {
+		return s
+	}
+	return strconv.FormatFloat(g, 'f', 2, 64)
 }
 
 // formatFigure renders a rate with a k/M suffix, or a time in seconds.

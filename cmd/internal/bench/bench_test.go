@@ -74,7 +74,7 @@ func TestRunSQLite(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
-	checkReport(t, rep, bench.StoreSQLite, []string{">= 0.9", ">= 0.9", ">= 0.6", "<= 1.5", "-", ">= 0.5", ">= 0.5", ">= 0.5"})
+	checkReport(t, rep, bench.StoreSQLite, []string{">= 0.9", ">= 0.95", ">= 0.6", "<= 1.5", "-", ">= 0.5", ">= 0.5", ">= 0.5"})
 	if rep.Synchronous != "full" {
 		t.Errorf("synchronous %q, want full", rep.Synchronous)
 	}
@@ -90,7 +90,7 @@ func TestRunPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, bench.StorePostgres, []string{">= 0.8", ">= 0.7", ">= 0.6", "<= 1.5", "-", ">= 0.5", ">= 0.5", ">= 0.5"})
+	checkReport(t, rep, bench.StorePostgres, []string{">= 0.9", ">= 0.8", ">= 0.6", "<= 1.5", "-", ">= 0.5", ">= 0.5", ">= 0.5"})
 	if !strings.Contains(rep.Database, "database sw_") || strings.Contains(rep.Database, "postgres@") {
 		t.Errorf("database %q: want the server and database, no user", rep.Database)
 	}

@@ -13,3 +13,12 @@ func TestFormatRatio(t *testing.T) {
 		}
 	}
 }
+
+// A goal of 0.95 prints as itself, not rounded to 0.9 or 1.0.
+func TestFormatGoal(t *testing.T) {
+	for g, want := range map[float64]string{0.95: "0.95", 0.9: "0.9", 1.5: "1.5", 0.5: "0.5"} {
+		if got := formatGoal(g); got != want {
+			t.Errorf("formatGoal(%v) = %q, want %q", g, got, want)
+		}
+	}
+}
