@@ -2,6 +2,7 @@ package cmd
 
 import (
 	"compress/gzip"
+	"context"
 	"encoding/hex"
 	"io"
 	"net/http"
@@ -184,4 +185,30 @@ func TestUnsupportedOTLPProtocolWarnsAndRuns(t *testing.T) {
 	if n, _, _ := rc.got(); n != 0 {
 		t.Errorf("%d exports with an unsupported protocol", n)
 	}
+}
+
+// TestNoTracerProviderWithoutEndpoint checks that a command whose
+// environment asks for no export builds no tracer provider, exporter or
+// batch span processor (their goroutine and span buffer would cost every
+// run memory for spans nobody reads), and that the same Env with an
+// endpoint does build one.
+func TestNoTracerProviderWithoutEndpoint(t *testing.T) {
+	for _, k := range []string{"OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
+		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"} {
+		t.Setenv(k, "")
+	}
+	var stderr strings.Builder
+	e := &Env{Ctx: context.Background(), Stderr: &stderr, Name: "stepwise"}
+	if e.tracing(true) != nil || e.tracer != nil {
+		t.Fatal("tracing() without an endpoint built a tracer provider; want none")
+	}
+	if stderr.Len() != 0 {
+		t.Errorf("stderr: %q", stderr.String())
+	}
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+	e = &Env{Ctx: context.Background(), Stderr: &stderr, Name: "stepwise"}
+	if tp := e.tracing(true); tp == nil {
+		t.Fatalf("tracing() with an endpoint built no tracer provider (stderr %q)", stderr.String())
+	}
+	e.closeTracing()
 }
