@@ -153,22 +153,62 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	return &Worker{cfg: cfg, runner: r, queue: q, clock: clock, log: cfg.Runner.Logger}, nil
 }
 
-// claimRuns is the worker's first source of work: the run queue.
-func (w *Worker) claimRuns(jobNames []string) WorkSource {
-	return func(ctx context.Context) (Task, error) {
-		claimedAt := w.cfg.Runner.Clock.Now()
-		c, ok, err := w.queue.ClaimNext(ctx, checkpoint.ClaimNextRequest{
-			Queues: w.cfg.Queues, Jobs: jobNames, Owner: w.cfg.Runner.Owner, Now: claimedAt, LeaseFor: w.cfg.Runner.Lease,
-		})
-		if err != nil || !ok {
-			return nil, err
-		}
-		return func(ctx context.Context) {
-			res, err := w.runner.Drive(ctx, c, claimedAt)
+// claimRuns is the worker's first source of work: the run queue. It
+// claims up to n runs in one ClaimBatch, one task each.
+func (w *Worker) claimRuns(ctx context.Context, jobNames []string, n int) ([]Task, error) {
+	claimedAt := w.cfg.Runner.Clock.Now()
+	cs, err := w.queue.ClaimBatch(ctx, w.claimRequest(jobNames, claimedAt, n))
+	if err != nil {
+		return nil, err
+	}
+	tasks := make([]Task, len(cs))
+	for i, c := range cs {
+		tasks[i] = w.runTask(ctx, jobNames, c, claimedAt)
+	}
+	return tasks, nil
+}
+
+// claimRequest is the worker's claim of up to n queued runs at now.
+func (w *Worker) claimRequest(jobNames []string, now time.Time, n int) checkpoint.ClaimNextRequest {
+	return checkpoint.ClaimNextRequest{Queues: w.cfg.Queues, Jobs: jobNames, Owner: w.cfg.Runner.Owner, Now: now,
+		LeaseFor: w.cfg.Runner.Lease, Max: n}
+}
+
+// runTask drives claim c in a slot, and then, while the worker still
+// claims (claimCtx), the next queued run the slot took with its run's
+// end (FinishAndClaim: one commit for both), until none is due.
+func (w *Worker) runTask(claimCtx context.Context, jobNames []string, c checkpoint.Claim, claimedAt time.Time) Task {
+	return func(ctx context.Context) {
+		for {
+			var (
+				next   []checkpoint.Claim
+				nextAt time.Time
+			)
+			finish := func(fctx context.Context, l checkpoint.Lease, e checkpoint.Ending) error {
+				next = nil
+				if claimCtx.Err() != nil || ctx.Err() != nil {
+					return w.cfg.Runner.Store.Finish(fctx, l, e)
+				}
+				nextAt = w.cfg.Runner.Clock.Now()
+				cs, err := w.queue.FinishAndClaim(fctx, l, e, w.claimRequest(jobNames, nextAt, 1))
+				if err != nil && !errors.Is(err, checkpoint.ErrFenced) && fctx.Err() == nil {
+					// The end is unknown: record it alone, as Finish
+					// would have (it is idempotent for the lease).
+					w.log.Debug().Err(err).Str(steps.FieldRunID, l.RunID).Msg("finish and claim failed; finishing alone")
+					return w.cfg.Runner.Store.Finish(fctx, l, e)
+				}
+				next = cs
+				return err
+			}
+			res, err := w.runner.driveClaim(ctx, c, claimedAt, finish)
 			if w.cfg.OnDone != nil {
 				w.cfg.OnDone(res, err)
 			}
-		}, nil
+			if len(next) == 0 {
+				return
+			}
+			c, claimedAt = next[0], nextAt
+		}
 	}
 }
 
@@ -227,7 +267,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if len(names) == 0 {
 		return errors.New("runner: the worker's job registry is empty; it could run nothing")
 	}
-	sources := []WorkSource{w.claimRuns(names)}
+	var sources []WorkSource
 	if !w.cfg.NoPartitions {
 		sources = append(sources, w.claimPartitions())
 	}
@@ -239,7 +279,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	s := &slots{ctx: tasksCtx, done: make(chan struct{}, w.cfg.Concurrency)}
 	w.log.Info().Str("owner", w.cfg.Runner.Owner).Strs("queues", w.cfg.Queues).Int("concurrency", w.cfg.Concurrency).
 		Strs("jobs", names).Msg("worker started")
-	w.claimUntilDone(ctx, sources, wake, s)
+	w.claimUntilDone(ctx, names, sources, wake, s)
 	w.drain(s, cancelTasks)
 	s.wg.Wait()
 	w.log.Info().Msg("worker stopped")
@@ -274,9 +314,9 @@ func (w *Worker) listen(ctx context.Context) (<-chan struct{}, func()) {
 
 // claimUntilDone fills the free slots, then waits for a slot to free, the
 // poll (jittered), or a wake-up (debounced), until ctx ends.
-func (w *Worker) claimUntilDone(ctx context.Context, sources []WorkSource, wake <-chan struct{}, s *slots) {
+func (w *Worker) claimUntilDone(ctx context.Context, names []string, sources []WorkSource, wake <-chan struct{}, s *slots) {
 	for ctx.Err() == nil {
-		w.fill(ctx, sources, s)
+		w.fill(ctx, names, sources, s)
 		poll := w.cfg.Poll*4/5 + rand.N(w.cfg.Poll*2/5+1)
 		select {
 		case <-ctx.Done():
@@ -296,13 +336,23 @@ func (w *Worker) claimUntilDone(ctx context.Context, sources []WorkSource, wake 
 	}
 }
 
-// fill claims work for the free slots, source by source, until every slot
-// is busy or no source has any; after a source's error the next pass waits
-// for the poll.
-func (w *Worker) fill(ctx context.Context, sources []WorkSource, s *slots) {
+// fill claims work for the free slots: queued runs first, as many as
+// there are free slots in one ClaimBatch, then the other sources one task
+// at a time, until every slot is busy or no source has any; after a
+// source's error the next pass waits for the poll.
+func (w *Worker) fill(ctx context.Context, names []string, sources []WorkSource, s *slots) {
 	for s.inFlight < w.cfg.Concurrency && ctx.Err() == nil {
-		var task Task
+		tasks, err := w.claimRuns(ctx, names, w.cfg.Concurrency-s.inFlight)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn().Err(err).Msg("could not claim work; trying again at the next poll")
+			}
+			return
+		}
 		for _, src := range sources {
+			if len(tasks) > 0 {
+				break
+			}
 			t, err := src(ctx)
 			if err != nil {
 				if ctx.Err() == nil {
@@ -311,18 +361,19 @@ func (w *Worker) fill(ctx context.Context, sources []WorkSource, s *slots) {
 				return
 			}
 			if t != nil {
-				task = t
-				break
+				tasks = append(tasks, t)
 			}
 		}
-		if task == nil {
+		if len(tasks) == 0 {
 			return
 		}
-		s.inFlight++
-		s.wg.Go(func() {
-			defer func() { s.done <- struct{}{} }()
-			task(s.ctx)
-		})
+		for _, task := range tasks {
+			s.inFlight++
+			s.wg.Go(func() {
+				defer func() { s.done <- struct{}{} }()
+				task(s.ctx)
+			})
+		}
 	}
 }
 
