@@ -83,6 +83,9 @@ FROM generate_series(0, 19999) AS i`,
 WHERE proname = 'stepwise_claim_candidates' AND pronamespace = current_schema()::regnamespace`).Scan(&body, &config); err != nil {
 		t.Fatalf("read the claim's pick: %v", err)
 	}
+	// The query the function returns: between RETURN QUERY and its ";".
+	_, query, _ := strings.Cut(body, "RETURN QUERY")
+	query, _, _ = strings.Cut(query, ";")
 	now := time.Now()
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		t.Run(mode, func(t *testing.T) {
@@ -100,7 +103,7 @@ WHERE proname = 'stepwise_claim_candidates' AND pronamespace = current_schema():
 					t.Fatal(err)
 				}
 			}
-			if _, err := c.Exec(ctx, "PREPARE stepwise_pick (timestamptz, text[], text[], text[], integer) AS "+body); err != nil {
+			if _, err := c.Exec(ctx, "PREPARE stepwise_pick (timestamptz, text[], text[], text[], integer) AS "+query); err != nil {
 				t.Fatal(err)
 			}
 			pick := explain(t, c, fmt.Sprintf("EXECUTE stepwise_pick ('%s', '{}', '{bench}', '{}', 4)", now.Format(time.RFC3339Nano)))

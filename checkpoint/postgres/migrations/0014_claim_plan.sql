@@ -9,14 +9,15 @@
 -- (priority DESC, available_at, id) and stops after n rows it can lock.
 -- Its arguments: the claim's time, the queues and jobs it takes (empty:
 -- all), the limits found full by this claim already, and how many runs
--- at most ($1 to $5 in the body, which a test explains as it stands).
+-- at most ($1 to $5 in the query, which a test explains as it stands).
+-- PL/pgSQL, so each connection plans the query once, not at every call.
 -- Locked rows stay locked until the caller's transaction ends.
 CREATE FUNCTION stepwise_claim_candidates(at timestamptz, queues text[], jobs text[], full_limits text[], n integer)
 RETURNS SETOF runs
-LANGUAGE sql VOLATILE ROWS 4
+LANGUAGE plpgsql VOLATILE ROWS 4
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off
 SET enable_hashjoin = off SET enable_mergejoin = off
-AS $$
+AS $$ BEGIN RETURN QUERY
 SELECT * FROM runs
 WHERE queue IS NOT NULL AND status IN ('queued', 'interrupted', 'running')
   AND ((status IN ('queued', 'interrupted') AND available_at <= $1) OR (status = 'running' AND lease_until <= $1))
@@ -26,5 +27,5 @@ WHERE queue IS NOT NULL AND status IN ('queued', 'interrupted', 'running')
       WHERE h.limit_key = runs.limit_key AND h.status = 'running' AND h.lease_until > $1 AND h.id <> runs.id)))
 ORDER BY priority DESC, available_at, id
 LIMIT $5
-FOR UPDATE SKIP LOCKED
-$$;
+FOR UPDATE SKIP LOCKED;
+END $$;
