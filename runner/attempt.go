@@ -306,6 +306,9 @@ func (r *Runner) endSelfFenced(ctx context.Context, lease checkpoint.Lease, lost
 func (r *Runner) drive(ctx context.Context, job jobs.Job, claim checkpoint.Claim, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) (pastDeadline bool, err error) {
 	cfg := r.stepsConfig(job, claim.Lease, log)
 	cfg.RetrySkipped, cfg.AcceptChanged, cfg.PreviousLeaseUntil = req.RetrySkipped, req.AcceptChanged, claim.PreviousLeaseUntil
+	// A run claimed from the queue for the first time has no checkpoints
+	// to read (a queued run has never been claimed).
+	cfg.Unclaimed = claim.PreviousStatus == checkpoint.RunQueued
 	parent := ctx
 	if d := job.Settings().Deadline; d > 0 {
 		var cancel context.CancelFunc

@@ -20,6 +20,14 @@ type countingQueue struct {
 	batches      []int // runs each ClaimBatch returned, in call order
 	finishClaims int   // runs FinishAndClaim claimed
 	finishes     int   // FinishAndClaim calls
+	stepReads    int   // Steps calls (checkpoint loads)
+}
+
+func (q *countingQueue) Steps(ctx context.Context, runID string, fn func(checkpoint.Step) error) error {
+	q.mu.Lock()
+	q.stepReads++
+	q.mu.Unlock()
+	return q.Backend.Steps(ctx, runID, fn)
 }
 
 func (q *countingQueue) ClaimBatch(ctx context.Context, req checkpoint.ClaimNextRequest) ([]checkpoint.Claim, error) {
@@ -110,7 +118,8 @@ func TestWorkerClaimsFreeSlotsInOneBatch(t *testing.T) {
 // A slot whose run ends takes the next queued run with the end
 // (FinishAndClaim), so a queue drains through one slot with one claim
 // and one finish-and-claim per run after it; every run still gets its
-// own attempt, and each step runs once.
+// own attempt, and each step runs once. A run claimed from the queue for
+// the first time has no checkpoints, and none are read.
 func TestWorkerSlotFinishesAndClaimsNext(t *testing.T) {
 	q := &countingQueue{Backend: checkpointtest.Open(t)}
 	h := newHarnessOn(t, q)
@@ -132,6 +141,9 @@ func TestWorkerSlotFinishesAndClaimsNext(t *testing.T) {
 	if len(q.batches) != 1 || q.batches[0] != 1 || q.finishClaims != len(dates)-1 {
 		t.Errorf("claims %v and %d runs claimed by %d finishes; want one claim of 1, then %d runs claimed with the ends before them",
 			q.batches, q.finishClaims, q.finishes, len(dates)-1)
+	}
+	if q.stepReads != 0 {
+		t.Errorf("%d checkpoint loads for %d runs never claimed before; want none", q.stepReads, len(dates))
 	}
 	for _, d := range dates {
 		if info, err := h.st.Run(context.Background(), "job/"+d); err != nil || info.Run.Status != checkpoint.RunSucceeded ||
