@@ -168,14 +168,22 @@ type QueueStore interface {
 	// returns none when no run is due; a slot's worth of runs each when
 	// that many are.
 	ClaimBatch(ctx context.Context, req ClaimNextRequest) ([]Claim, error)
-	// FinishAndClaim records l's end as Store.Finish does and, in the
-	// same transaction (one commit), claims up to next.Max runs as
-	// ClaimBatch does: a worker's slot hands its run back and takes the
-	// next in one round trip. When the finish is refused (ErrFenced: the
-	// run is at another fence) nothing is written and nothing claimed.
-	// Any other error leaves the end unknown, as for Finish: finish the
-	// run again (Finish is idempotent for its lease).
-	FinishAndClaim(ctx context.Context, l Lease, e Ending, next ClaimNextRequest) ([]Claim, error)
+	// FinishAndClaim records the ends of several attempts, each as
+	// Store.Finish does, and, in the same transaction (one commit),
+	// claims up to next.Max runs as ClaimBatch does: a worker's slots
+	// hand their runs back and take the next ones in one round trip.
+	// results[i] is ends[i]'s outcome: nil when recorded, an error
+	// wrapping ErrFenced when the run is at another fence (nothing of it
+	// written; the other ends and the claims are not affected). An err
+	// leaves every end unknown, as for Finish: finish them again (Finish
+	// is idempotent for its lease).
+	FinishAndClaim(ctx context.Context, ends []Finished, next ClaimNextRequest) (claims []Claim, results []error, err error)
+}
+
+// Finished is one attempt's end, as FinishAndClaim records it.
+type Finished struct {
+	Lease  Lease
+	Ending Ending
 }
 
 // MaxClaimBatch is the most runs one ClaimBatch or FinishAndClaim takes.

@@ -117,6 +117,7 @@ type Worker struct {
 	clock   Clock
 	log     zerolog.Logger
 	started atomic.Bool
+	ends    *ender // set by Run
 }
 
 // NewWorker returns a Worker for cfg.
@@ -163,7 +164,7 @@ func (w *Worker) claimRuns(ctx context.Context, jobNames []string, n int) ([]Tas
 	}
 	tasks := make([]Task, len(cs))
 	for i, c := range cs {
-		tasks[i] = w.runTask(ctx, jobNames, c, claimedAt)
+		tasks[i] = w.runTask(ctx, c, claimedAt)
 	}
 	return tasks, nil
 }
@@ -176,12 +177,13 @@ func (w *Worker) claimRequest(jobNames []string, now time.Time, n int) checkpoin
 
 // runTask drives claim c in a slot, and then, while the worker still
 // claims (claimCtx), the next queued run the slot took with its run's
-// end (FinishAndClaim: one commit for both), until none is due.
-func (w *Worker) runTask(claimCtx context.Context, jobNames []string, c checkpoint.Claim, claimedAt time.Time) Task {
+// end (the ender: one commit for the ends of the slots ready together and
+// their next runs), until none is due.
+func (w *Worker) runTask(claimCtx context.Context, c checkpoint.Claim, claimedAt time.Time) Task {
 	return func(ctx context.Context) {
 		for {
 			var (
-				next   []checkpoint.Claim
+				next   *checkpoint.Claim
 				nextAt time.Time
 			)
 			finish := func(fctx context.Context, l checkpoint.Lease, e checkpoint.Ending) error {
@@ -189,25 +191,26 @@ func (w *Worker) runTask(claimCtx context.Context, jobNames []string, c checkpoi
 				if claimCtx.Err() != nil || ctx.Err() != nil {
 					return w.cfg.Runner.Store.Finish(fctx, l, e)
 				}
-				nextAt = w.cfg.Runner.Clock.Now()
-				cs, err := w.queue.FinishAndClaim(fctx, l, e, w.claimRequest(jobNames, nextAt, 1))
-				if err != nil && !errors.Is(err, checkpoint.ErrFenced) && fctx.Err() == nil {
+				reply := make(chan endReply, 1)
+				w.ends.reqs <- endReq{fin: checkpoint.Finished{Lease: l, Ending: e}, reply: reply}
+				rep := <-reply
+				if rep.unknown != nil {
 					// The end is unknown: record it alone, as Finish
 					// would have (it is idempotent for the lease).
-					w.log.Debug().Err(err).Str(steps.FieldRunID, l.RunID).Msg("finish and claim failed; finishing alone")
+					w.log.Debug().Err(rep.unknown).Str(steps.FieldRunID, l.RunID).Msg("finish and claim failed; finishing alone")
 					return w.cfg.Runner.Store.Finish(fctx, l, e)
 				}
-				next = cs
-				return err
+				next, nextAt = rep.next, rep.claimedAt
+				return rep.err
 			}
 			res, err := w.runner.driveClaim(ctx, c, claimedAt, finish)
 			if w.cfg.OnDone != nil {
 				w.cfg.OnDone(res, err)
 			}
-			if len(next) == 0 {
+			if next == nil {
 				return
 			}
-			c, claimedAt = next[0], nextAt
+			c, claimedAt = *next, nextAt
 		}
 	}
 }
@@ -272,6 +275,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		sources = append(sources, w.claimPartitions())
 	}
 	sources = append(sources, w.cfg.Sources...)
+	w.ends = &ender{queue: w.queue, clock: w.cfg.Runner.Clock, reqs: make(chan endReq), max: min(w.cfg.Concurrency, checkpoint.MaxClaimBatch),
+		claim: func(now time.Time, n int) checkpoint.ClaimNextRequest { return w.claimRequest(names, now, n) }}
+	// Several recorders, so a batch in flight does not hold up the ends
+	// that arrive meanwhile: each takes what is waiting when it is free.
+	var recorders sync.WaitGroup
+	for range enderRecorders(w.cfg.Concurrency) {
+		recorders.Go(func() { w.ends.loop(context.WithoutCancel(ctx)) })
+	}
 	wake, stopListening := w.listen(ctx)
 	defer stopListening()
 	tasksCtx, cancelTasks := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -282,6 +293,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.claimUntilDone(ctx, names, sources, wake, s)
 	w.drain(s, cancelTasks)
 	s.wg.Wait()
+	close(w.ends.reqs)
+	recorders.Wait()
 	w.log.Info().Msg("worker stopped")
 	return nil
 }
@@ -342,7 +355,7 @@ func (w *Worker) claimUntilDone(ctx context.Context, names []string, sources []W
 // source's error the next pass waits for the poll.
 func (w *Worker) fill(ctx context.Context, names []string, sources []WorkSource, s *slots) {
 	for s.inFlight < w.cfg.Concurrency && ctx.Err() == nil {
-		tasks, err := w.claimRuns(ctx, names, w.cfg.Concurrency-s.inFlight)
+		tasks, err := w.claimRuns(ctx, names, min(w.cfg.Concurrency-s.inFlight, checkpoint.MaxClaimBatch))
 		if err != nil {
 			if ctx.Err() == nil {
 				w.log.Warn().Err(err).Msg("could not claim work; trying again at the next poll")

@@ -19,8 +19,16 @@ type countingQueue struct {
 	mu           sync.Mutex
 	batches      []int // runs each ClaimBatch returned, in call order
 	finishClaims int   // runs FinishAndClaim claimed
-	finishes     int   // FinishAndClaim calls
+	finishes     int   // ends FinishAndClaim recorded
 	stepReads    int   // Steps calls (checkpoint loads)
+	clockReads   int   // StoreNow calls
+}
+
+func (q *countingQueue) StoreNow(ctx context.Context) (time.Time, error) {
+	q.mu.Lock()
+	q.clockReads++
+	q.mu.Unlock()
+	return q.Backend.StoreNow(ctx)
 }
 
 func (q *countingQueue) Steps(ctx context.Context, runID string, fn func(checkpoint.Step) error) error {
@@ -40,13 +48,13 @@ func (q *countingQueue) ClaimBatch(ctx context.Context, req checkpoint.ClaimNext
 	return cs, err
 }
 
-func (q *countingQueue) FinishAndClaim(ctx context.Context, l checkpoint.Lease, e checkpoint.Ending, next checkpoint.ClaimNextRequest) ([]checkpoint.Claim, error) {
-	cs, err := q.Backend.FinishAndClaim(ctx, l, e, next)
+func (q *countingQueue) FinishAndClaim(ctx context.Context, ends []checkpoint.Finished, next checkpoint.ClaimNextRequest) ([]checkpoint.Claim, []error, error) {
+	cs, results, err := q.Backend.FinishAndClaim(ctx, ends, next)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.finishes++
+	q.finishes += len(ends)
 	q.finishClaims += len(cs)
-	return cs, err
+	return cs, results, err
 }
 
 // waitEnded waits for n results from ended.
@@ -119,7 +127,8 @@ func TestWorkerClaimsFreeSlotsInOneBatch(t *testing.T) {
 // (FinishAndClaim), so a queue drains through one slot with one claim
 // and one finish-and-claim per run after it; every run still gets its
 // own attempt, and each step runs once. A run claimed from the queue for
-// the first time has no checkpoints, and none are read.
+// the first time has no checkpoints, and none are read; the store's clock
+// is read once for them all.
 func TestWorkerSlotFinishesAndClaimsNext(t *testing.T) {
 	q := &countingQueue{Backend: checkpointtest.Open(t)}
 	h := newHarnessOn(t, q)
@@ -141,6 +150,9 @@ func TestWorkerSlotFinishesAndClaimsNext(t *testing.T) {
 	if len(q.batches) != 1 || q.batches[0] != 1 || q.finishClaims != len(dates)-1 {
 		t.Errorf("claims %v and %d runs claimed by %d finishes; want one claim of 1, then %d runs claimed with the ends before them",
 			q.batches, q.finishClaims, q.finishes, len(dates)-1)
+	}
+	if q.clockReads != 1 {
+		t.Errorf("the store's clock was read %d times for %d runs a few milliseconds apart; want once", q.clockReads, len(dates))
 	}
 	if q.stepReads != 0 {
 		t.Errorf("%d checkpoint loads for %d runs never claimed before; want none", q.stepReads, len(dates))

@@ -125,7 +125,7 @@ WHERE proname = 'stepwise_claim_candidates' AND pronamespace = current_schema():
 			}
 			// The whole claim, as sent.
 			claim := explain(t, c, sqlClaimNext, now, []string{}, []string{"bench"}, "o:1", int64(60e6), []string{}, "o", 4)
-			finish := explain(t, c, sqlFinishExpect, "bench/000001", int64(1), "succeeded", "", now, 1, int64(0))
+			finish := explain(t, c, sqlFinish, "bench/000001", int64(1), "succeeded", "", now, 1, int64(0))
 			var picked bool
 			for _, p := range []planNode{claim, finish} {
 				p.walk(func(n planNode) {

@@ -138,60 +138,40 @@ func (s *Store) ClaimBatch(ctx context.Context, req checkpoint.ClaimNextRequest)
 		return nil, s.wrap("claim the next queued runs", err)
 	}
 	defer conn.Release()
-	cs, err := s.claimBatch(ctx, conn.Conn(), req, nil)
+	cs, err := s.claimBatch(ctx, conn.Conn(), req, nil, nil)
 	if err != nil {
 		return nil, s.wrap("claim the next queued runs", err)
 	}
 	return cs, nil
 }
 
-// sqlFinishExpect is sqlFinish raising codeRefused when the run is not at
-// the lease's fence, so the claim sent after it in the same implicit
-// transaction is rolled back with it.
-const sqlFinishExpect = `WITH r AS (
-    UPDATE runs SET status = $3::text, error = $4::text, lease_owner = NULL, lease_until = NULL,
-        updated_at = coalesce($5::timestamptz, now()),
-        finished_at = CASE WHEN $3::text IN ('succeeded', 'abandoned') THEN coalesce($5::timestamptz, now()) END,
-        available_at = CASE WHEN $7::bigint > 0 THEN coalesce($5::timestamptz, now()) + $7::bigint * interval '1 microsecond'
-            ELSE available_at END
-    WHERE id = $1 AND fence = $2
-    RETURNING id, updated_at
-), a AS (
-    UPDATE attempts SET status = $3::text, error = $4::text, finished_at = r.updated_at
-    FROM r WHERE attempts.run_id = r.id AND attempts.number = $6
-)
-SELECT stepwise_expect_rows(count(*), 1, 'finish run ' || $1::text) FROM r`
-
-// FinishAndClaim implements checkpoint.QueueStore: the finish and the
-// claim go to the server in one batch outside BEGIN/COMMIT, which runs as
-// one implicit transaction (one Sync): one round trip and one commit. A
-// finish that matches no row (the run is at another fence) raises, and
-// the claim is rolled back with it.
-func (s *Store) FinishAndClaim(ctx context.Context, l checkpoint.Lease, e checkpoint.Ending, next checkpoint.ClaimNextRequest) ([]checkpoint.Claim, error) {
+// FinishAndClaim implements checkpoint.QueueStore: every end's sqlFinish
+// and the claim go to the server in one batch outside BEGIN/COMMIT, which
+// runs as one implicit transaction (one Sync): one round trip and one
+// commit. Each finish is a primary-key update checked against its fence;
+// one that matches no row (fenced) writes nothing.
+func (s *Store) FinishAndClaim(ctx context.Context, ends []checkpoint.Finished, next checkpoint.ClaimNextRequest) ([]checkpoint.Claim, []error, error) {
 	if err := next.Validate(s.cfg.CallerClock); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return nil, s.wrap("finish run "+l.RunID, err)
+		return nil, nil, s.wrap("finish runs and claim the next", err)
 	}
 	defer conn.Release()
-	fin := []any{l.RunID, l.Fence, e.Status, e.Error, s.clock(e.At), l.Attempt, e.RetryAfter.Microseconds()}
-	cs, err := s.claimBatch(ctx, conn.Conn(), next, fin)
-	switch {
-	case isRefusal(err):
-		return nil, fmt.Errorf("%w: run %s, attempt %d (fence %d)", checkpoint.ErrFenced, l.RunID, l.Attempt, l.Fence)
-	case err != nil:
-		return nil, s.wrap("finish run "+l.RunID+" and claim the next", err)
+	results := make([]error, len(ends))
+	cs, err := s.claimBatch(ctx, conn.Conn(), next, ends, results)
+	if err != nil {
+		return nil, nil, s.wrap("finish runs and claim the next", err)
 	}
-	return cs, nil
+	return cs, results, nil
 }
 
-// claimBatch claims up to req.Max runs on conn, sending the arguments of
-// sqlFinishExpect first in the same transaction when finish is set. Once
-// some runs are claimed (committed), a later try's error ends the batch
-// with them and no error: the next claim meets it again.
-func (s *Store) claimBatch(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimNextRequest, finish []any) ([]checkpoint.Claim, error) {
+// claimBatch claims up to req.Max runs on conn, recording ends first in
+// the same transaction (their outcomes in results). Once some runs are
+// claimed (committed), a later try's error ends the batch with them and
+// no error: the next claim meets it again.
+func (s *Store) claimBatch(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimNextRequest, ends []checkpoint.Finished, results []error) ([]checkpoint.Claim, error) {
 	want := max(req.Max, 1)
 	full := []string{}
 	var got []checkpoint.Claim
@@ -199,8 +179,8 @@ func (s *Store) claimBatch(ctx context.Context, conn *pgx.Conn, req checkpoint.C
 		// A try ends with its runs taken and, for runs with a limit, each
 		// taken, found full (its key is passed over next) or taken by
 		// another claim meanwhile.
-		taken, limited, err := s.claimTry(ctx, conn, req, want-len(got), full, finish)
-		finish = nil
+		taken, limited, err := s.claimTry(ctx, conn, req, want-len(got), full, ends, results)
+		ends = nil
 		if err != nil {
 			rollback(ctx, conn)
 			if len(got) > 0 {
@@ -237,18 +217,24 @@ func (s *Store) claimBatch(ctx context.Context, conn *pgx.Conn, req checkpoint.C
 // claimTry sends one sqlClaimNext for up to n runs (after the finish, if
 // set): the claims of the runs it took, and the runs with a limit it only
 // picked.
-func (s *Store) claimTry(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimNextRequest, n int, full []string, finish []any) (taken []checkpoint.Claim, limited []checkpoint.Run, err error) {
+func (s *Store) claimTry(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimNextRequest, n int, full []string,
+	ends []checkpoint.Finished, results []error) (taken []checkpoint.Claim, limited []checkpoint.Run, err error) {
 	b := &pgx.Batch{}
-	if finish != nil {
-		b.Queue(sqlFinishExpect, finish...)
+	for _, f := range ends {
+		l, e := f.Lease, f.Ending
+		b.Queue(sqlFinish, l.RunID, l.Fence, e.Status, e.Error, s.clock(e.At), l.Attempt, e.RetryAfter.Microseconds())
 	}
 	b.Queue(sqlClaimNext, s.clock(req.Now), nonNil(req.Queues), nonNil(req.Jobs), req.Owner, req.LeaseFor.Microseconds(), full,
 		checkpoint.OwnerName(req.Owner), n)
 	br := conn.SendBatch(ctx, b)
 	defer br.Close()
-	if finish != nil {
-		if _, err := br.Exec(); err != nil {
+	for i, f := range ends {
+		var n int
+		if err := br.QueryRow().Scan(&n); err != nil {
 			return nil, nil, err
+		}
+		if n == 0 {
+			results[i] = fmt.Errorf("%w: run %s, attempt %d (fence %d)", checkpoint.ErrFenced, f.Lease.RunID, f.Lease.Attempt, f.Lease.Fence)
 		}
 	}
 	rows, err := br.Query()

@@ -89,24 +89,32 @@ func (s *Store) ClaimBatch(ctx context.Context, req checkpoint.ClaimNextRequest)
 	return cs, nil
 }
 
-// FinishAndClaim implements checkpoint.QueueStore: the finish and the
-// claims in one transaction (one commit). A refused finish rolls it back.
-func (s *Store) FinishAndClaim(ctx context.Context, l checkpoint.Lease, e checkpoint.Ending, next checkpoint.ClaimNextRequest) ([]checkpoint.Claim, error) {
+// FinishAndClaim implements checkpoint.QueueStore: the ends and the
+// claims in one transaction (one commit). A fenced end writes nothing.
+func (s *Store) FinishAndClaim(ctx context.Context, ends []checkpoint.Finished, next checkpoint.ClaimNextRequest) ([]checkpoint.Claim, []error, error) {
 	if err := next.Validate(true); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var cs []checkpoint.Claim
-	err := s.tx(ctx, "finish run "+l.RunID+" and claim the next", func(tx *sql.Tx) (err error) {
-		if err := finishTx(ctx, tx, l, e); err != nil {
-			return err
+	var (
+		cs      []checkpoint.Claim
+		results []error
+	)
+	err := s.tx(ctx, "finish runs and claim the next", func(tx *sql.Tx) (err error) {
+		results = make([]error, len(ends))
+		for i, f := range ends {
+			if err := finishTx(ctx, tx, f.Lease, f.Ending); errors.Is(err, checkpoint.ErrFenced) {
+				results[i] = err
+			} else if err != nil {
+				return err
+			}
 		}
 		cs, err = claimQueuedTx(ctx, tx, next)
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return cs, nil
+	return cs, results, nil
 }
 
 // claimQueuedTx claims up to req.Max runs in tx, one pick at a time: each pick

@@ -87,56 +87,65 @@ func queueClaimBatch(t *testing.T, h Harness) {
 	}
 }
 
-// queueFinishAndClaim is the Queue test FinishAndClaim: a run's end and
-// the next claims commit together, and a fenced finish claims nothing.
+// queueFinishAndClaim is the Queue test FinishAndClaim: runs' ends and
+// the next claims commit together, and a fenced end writes nothing, its
+// run left to the attempt holding it.
 func queueFinishAndClaim(t *testing.T, h Harness) {
 	e := newEnv(t, h)
 	st := e.open()
 	q := capability[queue](t, st, "run queue")
-	for i := range 4 {
+	for i := range 6 {
 		e.enqueue(q, enqueueReq(fmt.Sprintf("f/%d", i), t0.Add(time.Duration(i)*time.Second)))
 	}
 	now := t0.Add(time.Minute)
-	c := e.batch(q, ownerA, now, 1)
-	if len(c) != 1 || c[0].Lease.RunID != "f/0" {
-		t.Fatalf("claim: %v; want f/0", claimIDs(c))
+	first := e.batch(q, ownerA, now, 2)
+	if got := claimIDs(first); !slices.Equal(got, []string{"f/0", "f/1"}) {
+		t.Fatalf("claim: %v; want [f/0 f/1]", got)
 	}
-	next, err := q.FinishAndClaim(e.ctx, c[0].Lease, checkpoint.Ending{Status: checkpoint.RunSucceeded, At: now.Add(time.Second)},
-		checkpoint.ClaimNextRequest{Owner: ownerA, Now: now.Add(time.Second), LeaseFor: lease, Max: 2})
-	if err != nil {
-		t.Fatalf("finish f/0 and claim 2: %v", err)
+	at := now.Add(time.Second)
+	ends := []checkpoint.Finished{
+		{Lease: first[0].Lease, Ending: checkpoint.Ending{Status: checkpoint.RunSucceeded, At: at}},
+		{Lease: first[1].Lease, Ending: checkpoint.Ending{Status: checkpoint.RunFailed, Error: "boom", At: at}},
 	}
-	if got := claimIDs(next); !slices.Equal(got, []string{"f/1", "f/2"}) {
-		t.Fatalf("claimed with the finish: %v; want [f/1 f/2]", got)
+	next, results, err := q.FinishAndClaim(e.ctx, ends, checkpoint.ClaimNextRequest{Owner: ownerA, Now: at, LeaseFor: lease, Max: 2})
+	if err != nil || len(results) != 2 || results[0] != nil || results[1] != nil {
+		t.Fatalf("finish f/0 and f/1 and claim 2: %v, results %v", err, results)
 	}
-	e.checkTaken(st, next, ownerA, now.Add(time.Second))
-	info := e.run(st, "f/0")
-	if info.Run.Status != checkpoint.RunSucceeded || info.Run.LeaseOwner != "" || len(info.Attempts) != 1 ||
-		info.Attempts[0].Status != checkpoint.RunSucceeded || !info.Attempts[0].FinishedAt.Equal(now.Add(time.Second)) {
-		t.Fatalf("f/0 after its finish: %+v, attempts %+v; want succeeded, attempt 1 succeeded", info.Run, info.Attempts)
+	if got := claimIDs(next); !slices.Equal(got, []string{"f/2", "f/3"}) {
+		t.Fatalf("claimed with the ends: %v; want [f/2 f/3]", got)
 	}
-	// B takes f/1 over once A's lease has expired; A's finish is then
-	// refused and claims nothing: f/3 stays queued.
-	late := now.Add(time.Second + lease)
-	cb := e.next(q, ownerB, late)
-	if cb.Lease.RunID != "f/2" && cb.Lease.RunID != "f/1" {
-		t.Fatalf("takeover after the lease: %q; want f/1 or f/2", cb.Lease.RunID)
-	}
-	var stale checkpoint.Lease
-	for _, c := range next {
-		if c.Lease.RunID == cb.Lease.RunID {
-			stale = c.Lease
+	e.checkTaken(st, next, ownerA, at)
+	for i, want := range []string{checkpoint.RunSucceeded, checkpoint.RunFailed} {
+		info := e.run(st, ends[i].Lease.RunID)
+		if info.Run.Status != want || info.Run.LeaseOwner != "" || len(info.Attempts) != 1 ||
+			info.Attempts[0].Status != want || !info.Attempts[0].FinishedAt.Equal(at) {
+			t.Fatalf("%s after its end: %+v, attempts %+v; want %s, attempt 1 %s", ends[i].Lease.RunID, info.Run, info.Attempts, want, want)
 		}
 	}
-	_, err = q.FinishAndClaim(e.ctx, stale, checkpoint.Ending{Status: checkpoint.RunSucceeded, At: late},
-		checkpoint.ClaimNextRequest{Owner: ownerA, Now: late, LeaseFor: lease, Max: 4})
-	if !errors.Is(err, checkpoint.ErrFenced) {
-		t.Fatalf("finish of %s after the takeover: %v; want ErrFenced", stale.RunID, err)
+	// B takes f/2 over once A's lease has expired; A's end of it is then
+	// refused and writes nothing, while A's end of f/3 and the claim go on.
+	late := at.Add(lease)
+	cb := e.next(q, ownerB, late)
+	if cb.Lease.RunID != "f/2" {
+		t.Fatalf("takeover after the lease: %q; want f/2", cb.Lease.RunID)
 	}
-	if info := e.run(st, "f/3"); info.Run.Status != checkpoint.RunQueued || len(info.Attempts) != 0 {
-		t.Fatalf("f/3 after a refused finish: %s with %d attempts; want still queued, no attempt", info.Run.Status, len(info.Attempts))
+	ends = []checkpoint.Finished{
+		{Lease: next[0].Lease, Ending: checkpoint.Ending{Status: checkpoint.RunSucceeded, At: late}},
+		{Lease: next[1].Lease, Ending: checkpoint.Ending{Status: checkpoint.RunSucceeded, At: late}},
 	}
-	if info := e.run(st, stale.RunID); info.Run.Status != checkpoint.RunRunning || info.Run.LeaseOwner != ownerB {
-		t.Fatalf("%s after A's refused finish: %s held by %q; want running under B", stale.RunID, info.Run.Status, info.Run.LeaseOwner)
+	more, results, err := q.FinishAndClaim(e.ctx, ends, checkpoint.ClaimNextRequest{Owner: ownerA, Now: late, LeaseFor: lease, Max: 1})
+	if err != nil || len(results) != 2 || !errors.Is(results[0], checkpoint.ErrFenced) || results[1] != nil {
+		t.Fatalf("ends of f/2 (taken over) and f/3: %v, results %v; want ErrFenced for f/2 only", err, results)
+	}
+	if got := claimIDs(more); !slices.Equal(got, []string{"f/4"}) {
+		t.Fatalf("claimed with them: %v; want [f/4]", got)
+	}
+	if info := e.run(st, "f/2"); info.Run.Status != checkpoint.RunRunning || info.Run.LeaseOwner != ownerB ||
+		len(info.Attempts) != 2 || info.Attempts[1].Status != checkpoint.RunRunning {
+		t.Fatalf("f/2 after A's refused end: %s held by %q, attempts %+v; want running under B, its attempt open",
+			info.Run.Status, info.Run.LeaseOwner, info.Attempts)
+	}
+	if info := e.run(st, "f/3"); info.Run.Status != checkpoint.RunSucceeded {
+		t.Fatalf("f/3 after its end: %s; want succeeded", info.Run.Status)
 	}
 }
