@@ -159,6 +159,8 @@ type Runner struct {
 	// onClaim, if set, sees each run this runner claims the moment the
 	// claim is recorded (a Scheduler's metrics count it as started).
 	onClaim func(job string, c checkpoint.Claim)
+	// skew caches the store's clock's offset for storeClock.
+	skew storeSkew
 }
 
 // New returns a Runner for cfg.
