@@ -108,7 +108,8 @@ type WorkerConfig struct {
 
 // Worker claims queued runs, and runs whose runner's lease expired, and
 // drives them, up to Concurrency at once, until its context ends. Many
-// workers on many hosts may share one store: ClaimNext gives each run to
+// workers on many hosts may share one store: each claim (ClaimBatch, or
+// FinishAndClaim with the ends of its slots' runs) gives each run to
 // one of them, and the fence stops any stale one.
 type Worker struct {
 	cfg     WorkerConfig
