@@ -126,6 +126,9 @@ type ClaimNextRequest struct {
 	Owner    string
 	Now      time.Time
 	LeaseFor time.Duration
+	// Max is how many runs ClaimBatch and FinishAndClaim claim at most;
+	// 0 means 1. ClaimNext claims one whatever it says.
+	Max int
 }
 
 // Validate checks a ClaimNext request as every store does; needNow as for
@@ -134,6 +137,9 @@ func (r ClaimNextRequest) Validate(needNow bool) error {
 	if r.Owner == "" || r.LeaseFor <= 0 || (needNow && r.Now.IsZero()) {
 		return fmt.Errorf("checkpoint: a ClaimNext needs an Owner, a positive LeaseFor and, on the caller's clock, Now (got %q, %s, %v)",
 			r.Owner, r.LeaseFor, r.Now)
+	}
+	if r.Max < 0 || r.Max > MaxClaimBatch {
+		return fmt.Errorf("checkpoint: a claim takes 0 to %d runs at once (got Max %d)", MaxClaimBatch, r.Max)
 	}
 	return nil
 }
@@ -155,7 +161,33 @@ type QueueStore interface {
 	// ok is false when no run is due (or every due run is being claimed by
 	// someone else at that moment).
 	ClaimNext(ctx context.Context, req ClaimNextRequest) (c Claim, ok bool, err error)
+	// ClaimBatch claims up to req.Max runs (at least one) as ClaimNext
+	// claims one, in claim order: each gets its own raised fence, lease
+	// and attempt record, exactly as if claimed alone, and the runs
+	// without a limit are taken in one statement and one commit. It
+	// returns none when no run is due; a slot's worth of runs each when
+	// that many are.
+	ClaimBatch(ctx context.Context, req ClaimNextRequest) ([]Claim, error)
+	// FinishAndClaim records the ends of several attempts, each as
+	// Store.Finish does, and, in the same transaction (one commit),
+	// claims up to next.Max runs as ClaimBatch does: a worker's slots
+	// hand their runs back and take the next ones in one round trip.
+	// results[i] is ends[i]'s outcome: nil when recorded, an error
+	// wrapping ErrFenced when the run is at another fence (nothing of it
+	// written; the other ends and the claims are not affected). An err
+	// leaves every end unknown, as for Finish: finish them again (Finish
+	// is idempotent for its lease).
+	FinishAndClaim(ctx context.Context, ends []Finished, next ClaimNextRequest) (claims []Claim, results []error, err error)
 }
+
+// Finished is one attempt's end, as FinishAndClaim records it.
+type Finished struct {
+	Lease  Lease
+	Ending Ending
+}
+
+// MaxClaimBatch is the most runs one ClaimBatch or FinishAndClaim takes.
+const MaxClaimBatch = 1000
 
 // QueueWaker is a QueueStore that can tell a worker at once when runs are
 // enqueued (PostgreSQL's LISTEN/NOTIFY). It is the one optional

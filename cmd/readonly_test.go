@@ -30,6 +30,7 @@ func TestReadOnlyCommandsDoNotMigrate(t *testing.T) {
 	if _, err := sqlDB.ExecContext(ctx, `DELETE FROM stepwise_schema WHERE version = $1`, latest); err != nil {
 		t.Fatal(err)
 	}
+	older := version() // the versions need not be contiguous
 	for _, args := range [][]string{
 		{"--db", db, "runs"},
 		{"--db", db, "show", "crashy/k"},
@@ -44,7 +45,7 @@ func TestReadOnlyCommandsDoNotMigrate(t *testing.T) {
 			!strings.Contains(msg, "a command that writes (run, resume, serve, worker) migrates it") {
 			t.Errorf("%v: exit %d, stderr %q; want %d saying a read does not migrate", args[2:], code, msg, ExitUsage)
 		}
-		if v := version(); v != latest-1 {
+		if v := version(); v != older {
 			t.Fatalf("%v migrated the database to version %d", args[2:], v)
 		}
 	}

@@ -27,7 +27,13 @@ type Claimed struct {
 	claim     checkpoint.Claim
 	claimedAt time.Time
 	log       zerolog.Logger
+	// finish records the attempt's end; nil is the store's Finish. A
+	// worker's slot sets it to finish and claim its next run at once.
+	finish finishFunc
 }
+
+// finishFunc records an attempt's end, as checkpoint.Store's Finish does.
+type finishFunc func(ctx context.Context, l checkpoint.Lease, e checkpoint.Ending) error
 
 // RunID is the claimed run's ID.
 func (c *Claimed) RunID() string { return c.claim.Lease.RunID }
@@ -113,6 +119,12 @@ func (r *Runner) claimRun(ctx context.Context, job jobs.Job, dec jobs.Decoded, r
 // in job code fails this attempt only (*PanicError). A run whose job or
 // parameters no longer decode is recorded failed.
 func (r *Runner) Drive(ctx context.Context, claim checkpoint.Claim, claimedAt time.Time) (Result, error) {
+	return r.driveClaim(ctx, claim, claimedAt, nil)
+}
+
+// driveClaim is Drive, recording the attempt's end with finish (nil: the
+// store's Finish) when the job ran.
+func (r *Runner) driveClaim(ctx context.Context, claim checkpoint.Claim, claimedAt time.Time, finish finishFunc) (Result, error) {
 	run := claim.Run
 	r.cfg.Metrics.runStarted(run.Job, claim)
 	job, err := r.cfg.Jobs.Lookup(run.Job)
@@ -126,7 +138,7 @@ func (r *Runner) Drive(ctx context.Context, claim checkpoint.Claim, claimedAt ti
 			} else {
 				log.Info().Str("previous_status", claim.PreviousStatus).Msg("run claimed from the queue")
 			}
-			c := &Claimed{r: r, job: job, dec: dec, req: Request{Job: run.Job}, claim: claim, claimedAt: claimedAt, log: log}
+			c := &Claimed{r: r, job: job, dec: dec, req: Request{Job: run.Job}, claim: claim, claimedAt: claimedAt, log: log, finish: finish}
 			return c.Execute(ctx)
 		}
 		err = fmt.Errorf("stored parameters no longer decode: %w", err)
@@ -177,7 +189,11 @@ func (c *Claimed) execute(ctx context.Context) (Result, error) {
 		steps.Crash("run:before-finish")
 	}
 	fctx := context.WithoutCancel(ctx)
-	if err := r.write(fctx, log, "record the run's end", func() error { return r.cfg.Store.Finish(fctx, lease, end) }); err != nil {
+	finish := c.finish
+	if finish == nil {
+		finish = r.cfg.Store.Finish
+	}
+	if err := r.write(fctx, log, "record the run's end", func() error { return finish(fctx, lease, end) }); err != nil {
 		// The run stays marked running under this attempt's lease; the
 		// next run or resume takes it over (at once: this process is
 		// gone by then). The step's own error is the news: keep it.
@@ -292,6 +308,9 @@ func (r *Runner) endSelfFenced(ctx context.Context, lease checkpoint.Lease, lost
 func (r *Runner) drive(ctx context.Context, job jobs.Job, claim checkpoint.Claim, dec jobs.Decoded, req Request, res *Result, log zerolog.Logger) (pastDeadline bool, err error) {
 	cfg := r.stepsConfig(job, claim.Lease, log)
 	cfg.RetrySkipped, cfg.AcceptChanged, cfg.PreviousLeaseUntil = req.RetrySkipped, req.AcceptChanged, claim.PreviousLeaseUntil
+	// A run claimed from the queue for the first time has no checkpoints
+	// to read (a queued run has never been claimed).
+	cfg.Unclaimed = claim.PreviousStatus == checkpoint.RunQueued
 	parent := ctx
 	if d := job.Settings().Deadline; d > 0 {
 		var cancel context.CancelFunc

@@ -158,6 +158,8 @@ func (c *Config) validate() error {
 type Runner struct {
 	cfg    Config
 	tracer trace.Tracer
+	// skew caches the store's clock's offset for storeClock.
+	skew storeSkew
 }
 
 // New returns a Runner for cfg.

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -39,23 +40,48 @@ func (r *Runner) stepsConfig(job jobs.Job, lease checkpoint.Lease, log zerolog.L
 // storeClockTimeout bounds storeClock's one read of the store's clock.
 const storeClockTimeout = 5 * time.Second
 
+// storeSkewReuse is how long a runner reuses a reading of the store's
+// clock for the attempts it begins: clocks drift by microseconds a
+// minute, and a pool worker begins hundreds of attempts a second, each of
+// which would otherwise cost a round trip.
+const storeSkewReuse = time.Minute
+
+// storeSkew is a runner's last reading of how far the store's clock is
+// from its own.
+type storeSkew struct {
+	mu     sync.Mutex
+	skew   time.Duration
+	read   time.Time // on the runner's clock; zero: never read
+	server bool      // the store keeps a clock of its own
+}
+
 // storeClock is the clock of an attempt's steps: the runner's clock
 // moved by how far the store's clock (checkpoint.Inspector.StoreNow,
-// PostgreSQL's now()) is from it, read once as the attempt begins. So
-// step checkpoints carry times on the clock of the attempts and leases
-// beside them, and `show` never mixes a skewed host's step times with the
+// PostgreSQL's now()) is from it, read as the attempt begins, or taken
+// from this runner's reading of the last storeSkewReuse. So step
+// checkpoints carry times on the clock of the attempts and leases beside
+// them, and `show` never mixes a skewed host's step times with the
 // server's attempt times (issue 23.4). A store that keeps its caller's
 // clock (SQLite) or cannot be read leaves the runner's clock as it is.
 func (r *Runner) storeClock() func() time.Time {
-	ctx, cancel := context.WithTimeout(context.Background(), storeClockTimeout)
-	defer cancel()
-	before := r.cfg.Clock.Now()
-	server, err := r.cfg.Store.StoreNow(ctx)
-	if err != nil || server.IsZero() {
+	sk := &r.skew
+	sk.mu.Lock()
+	defer sk.mu.Unlock()
+	if sk.read.IsZero() || r.cfg.Clock.Now().Sub(sk.read) >= storeSkewReuse || sk.read.After(r.cfg.Clock.Now()) {
+		ctx, cancel := context.WithTimeout(context.Background(), storeClockTimeout)
+		defer cancel()
+		before := r.cfg.Clock.Now()
+		server, err := r.cfg.Store.StoreNow(ctx)
+		if err != nil {
+			return r.cfg.Clock.Now // not kept: read again next time
+		}
+		// The server read its clock somewhere in the round trip: its middle.
+		local := before.Add(r.cfg.Clock.Now().Sub(before) / 2)
+		sk.read, sk.server, sk.skew = before, !server.IsZero(), server.Sub(local)
+	}
+	if !sk.server {
 		return r.cfg.Clock.Now
 	}
-	// The server read its clock somewhere in the round trip: its middle.
-	local := before.Add(r.cfg.Clock.Now().Sub(before) / 2)
-	skew := server.Sub(local)
+	skew := sk.skew
 	return func() time.Time { return r.cfg.Clock.Now().Add(skew) }
 }

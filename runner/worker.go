@@ -109,7 +109,8 @@ type WorkerConfig struct {
 // Worker claims queued runs, and runs whose runner's lease expired (or,
 // on this host, whose runner's process is surely gone: OwnerGone), and
 // drives them, up to Concurrency at once, until its context ends. Many
-// workers on many hosts may share one store: ClaimNext gives each run to
+// workers on many hosts may share one store: each claim (ClaimBatch, or
+// FinishAndClaim with the ends of its slots' runs) gives each run to
 // one of them, and the fence stops any stale one.
 type Worker struct {
 	cfg     WorkerConfig
@@ -118,6 +119,11 @@ type Worker struct {
 	clock   Clock
 	log     zerolog.Logger
 	started atomic.Bool
+	ends    *ender // set by Run
+	// gone, set by Run (nil off a host whose identity is unknown), takes
+	// over a gone runner's work on this host: tried before the queue, so
+	// a backlog does not hold it until the lease expires.
+	gone WorkSource
 }
 
 // NewWorker returns a Worker for cfg.
@@ -154,22 +160,64 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	return &Worker{cfg: cfg, runner: r, queue: q, clock: clock, log: cfg.Runner.Logger}, nil
 }
 
-// claimRuns is the worker's first source of work: the run queue.
-func (w *Worker) claimRuns(jobNames []string) WorkSource {
-	return func(ctx context.Context) (Task, error) {
-		claimedAt := w.cfg.Runner.Clock.Now()
-		c, ok, err := w.queue.ClaimNext(ctx, checkpoint.ClaimNextRequest{
-			Queues: w.cfg.Queues, Jobs: jobNames, Owner: w.cfg.Runner.Owner, Now: claimedAt, LeaseFor: w.cfg.Runner.Lease,
-		})
-		if err != nil || !ok {
-			return nil, err
-		}
-		return func(ctx context.Context) {
-			res, err := w.runner.Drive(ctx, c, claimedAt)
+// claimRuns is the worker's first source of work: the run queue. It
+// claims up to n runs in one ClaimBatch, one task each.
+func (w *Worker) claimRuns(ctx context.Context, jobNames []string, n int) ([]Task, error) {
+	claimedAt := w.cfg.Runner.Clock.Now()
+	cs, err := w.queue.ClaimBatch(ctx, w.claimRequest(jobNames, claimedAt, n))
+	if err != nil {
+		return nil, err
+	}
+	tasks := make([]Task, len(cs))
+	for i, c := range cs {
+		tasks[i] = w.runTask(ctx, c, claimedAt)
+	}
+	return tasks, nil
+}
+
+// claimRequest is the worker's claim of up to n queued runs at now.
+func (w *Worker) claimRequest(jobNames []string, now time.Time, n int) checkpoint.ClaimNextRequest {
+	return checkpoint.ClaimNextRequest{Queues: w.cfg.Queues, Jobs: jobNames, Owner: w.cfg.Runner.Owner, Now: now,
+		LeaseFor: w.cfg.Runner.Lease, Max: n}
+}
+
+// runTask drives claim c in a slot, and then, while the worker still
+// claims (claimCtx), the next queued run the slot took with its run's
+// end (the ender: one commit for the ends of the slots ready together and
+// their next runs), until none is due.
+func (w *Worker) runTask(claimCtx context.Context, c checkpoint.Claim, claimedAt time.Time) Task {
+	return func(ctx context.Context) {
+		for {
+			var (
+				next   *checkpoint.Claim
+				nextAt time.Time
+			)
+			finish := func(fctx context.Context, l checkpoint.Lease, e checkpoint.Ending) error {
+				next = nil
+				if claimCtx.Err() != nil || ctx.Err() != nil {
+					return w.cfg.Runner.Store.Finish(fctx, l, e)
+				}
+				reply := make(chan endReply, 1)
+				w.ends.reqs <- endReq{fin: checkpoint.Finished{Lease: l, Ending: e}, reply: reply}
+				rep := <-reply
+				if rep.unknown != nil {
+					// The end is unknown: record it alone, as Finish
+					// would have (it is idempotent for the lease).
+					w.log.Debug().Err(rep.unknown).Str(steps.FieldRunID, l.RunID).Msg("finish and claim failed; finishing alone")
+					return w.cfg.Runner.Store.Finish(fctx, l, e)
+				}
+				next, nextAt = rep.next, rep.claimedAt
+				return rep.err
+			}
+			res, err := w.runner.driveClaim(ctx, c, claimedAt, finish)
 			if w.cfg.OnDone != nil {
 				w.cfg.OnDone(res, err)
 			}
-		}, nil
+			if next == nil {
+				return
+			}
+			c, claimedAt = *next, nextAt
+		}
 	}
 }
 
@@ -234,14 +282,19 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("runner: the worker's job registry is empty; it could run nothing")
 	}
 	var sources []WorkSource
-	if gone := w.takeOverGone(names); gone != nil {
-		sources = append(sources, gone)
-	}
-	sources = append(sources, w.claimRuns(names))
+	w.gone = w.takeOverGone(names)
 	if !w.cfg.NoPartitions {
 		sources = append(sources, w.claimPartitions())
 	}
 	sources = append(sources, w.cfg.Sources...)
+	w.ends = &ender{queue: w.queue, clock: w.cfg.Runner.Clock, reqs: make(chan endReq), max: min(w.cfg.Concurrency, checkpoint.MaxClaimBatch),
+		claim: func(now time.Time, n int) checkpoint.ClaimNextRequest { return w.claimRequest(names, now, n) }}
+	// Several recorders, so a batch in flight does not hold up the ends
+	// that arrive meanwhile: each takes what is waiting when it is free.
+	var recorders sync.WaitGroup
+	for range enderRecorders(w.cfg.Concurrency) {
+		recorders.Go(func() { w.ends.loop(context.WithoutCancel(ctx)) })
+	}
 	wake, stopListening := w.listen(ctx)
 	defer stopListening()
 	tasksCtx, cancelTasks := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -249,9 +302,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	s := &slots{ctx: tasksCtx, done: make(chan struct{}, w.cfg.Concurrency)}
 	w.log.Info().Str("owner", w.cfg.Runner.Owner).Strs("queues", w.cfg.Queues).Int("concurrency", w.cfg.Concurrency).
 		Strs("jobs", names).Msg("worker started")
-	w.claimUntilDone(ctx, sources, wake, s)
+	w.claimUntilDone(ctx, names, sources, wake, s)
 	w.drain(s, cancelTasks)
 	s.wg.Wait()
+	close(w.ends.reqs)
+	recorders.Wait()
 	w.log.Info().Msg("worker stopped")
 	return nil
 }
@@ -284,9 +339,9 @@ func (w *Worker) listen(ctx context.Context) (<-chan struct{}, func()) {
 
 // claimUntilDone fills the free slots, then waits for a slot to free, the
 // poll (jittered), or a wake-up (debounced), until ctx ends.
-func (w *Worker) claimUntilDone(ctx context.Context, sources []WorkSource, wake <-chan struct{}, s *slots) {
+func (w *Worker) claimUntilDone(ctx context.Context, names []string, sources []WorkSource, wake <-chan struct{}, s *slots) {
 	for ctx.Err() == nil {
-		w.fill(ctx, sources, s)
+		w.fill(ctx, names, sources, s)
 		poll := w.cfg.Poll*4/5 + rand.N(w.cfg.Poll*2/5+1)
 		select {
 		case <-ctx.Done():
@@ -306,13 +361,30 @@ func (w *Worker) claimUntilDone(ctx context.Context, sources []WorkSource, wake 
 	}
 }
 
-// fill claims work for the free slots, source by source, until every slot
-// is busy or no source has any; after a source's error the next pass waits
-// for the poll.
-func (w *Worker) fill(ctx context.Context, sources []WorkSource, s *slots) {
+// fill claims work for the free slots: a gone runner's work on this host
+// first (one task a pass), then queued runs, as many as there are free
+// slots in one ClaimBatch, then the other sources one task at a time,
+// until every slot is busy or no source has any; after a source's error
+// the next pass waits for the poll.
+func (w *Worker) fill(ctx context.Context, names []string, sources []WorkSource, s *slots) {
 	for s.inFlight < w.cfg.Concurrency && ctx.Err() == nil {
-		var task Task
+		if w.gone != nil {
+			if t, _ := w.gone(ctx); t != nil { // its errors are logged as it meets them
+				s.start(t)
+				continue
+			}
+		}
+		tasks, err := w.claimRuns(ctx, names, min(w.cfg.Concurrency-s.inFlight, checkpoint.MaxClaimBatch))
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn().Err(err).Msg("could not claim work; trying again at the next poll")
+			}
+			return
+		}
 		for _, src := range sources {
+			if len(tasks) > 0 {
+				break
+			}
 			t, err := src(ctx)
 			if err != nil {
 				if ctx.Err() == nil {
@@ -321,19 +393,25 @@ func (w *Worker) fill(ctx context.Context, sources []WorkSource, s *slots) {
 				return
 			}
 			if t != nil {
-				task = t
-				break
+				tasks = append(tasks, t)
 			}
 		}
-		if task == nil {
+		if len(tasks) == 0 {
 			return
 		}
-		s.inFlight++
-		s.wg.Go(func() {
-			defer func() { s.done <- struct{}{} }()
-			task(s.ctx)
-		})
+		for _, task := range tasks {
+			s.start(task)
+		}
 	}
+}
+
+// start runs task in a slot of its own.
+func (s *slots) start(task Task) {
+	s.inFlight++
+	s.wg.Go(func() {
+		defer func() { s.done <- struct{}{} }()
+		task(s.ctx)
+	})
 }
 
 // drain waits for the tasks in flight: within Grace, then interrupting

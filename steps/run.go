@@ -74,6 +74,11 @@ type Config struct {
 	// it, so a request it sent has landed, or never will, before anyone
 	// looks.
 	PreviousLeaseUntil time.Time
+	// Unclaimed says the run was never claimed before this attempt (its
+	// claim found it queued, checkpoint.RunQueued): no attempt can have
+	// recorded a step of it, so Begin reads no checkpoints. The runner
+	// sets it from the claim.
+	Unclaimed bool
 	// Tracer makes the spans of the attempt's steps and batch chunks, each
 	// the child of the span in the context the step is called with (the
 	// runner's attempt span), and the parent of what the step's function
@@ -279,6 +284,9 @@ func Begin(ctx context.Context, cfg Config) (*Run, error) {
 	}
 	if err := cfg.Retry.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Unclaimed {
+		return r, nil
 	}
 	err := cfg.Store.Steps(ctx, cfg.Lease.RunID, func(s checkpoint.Step) error {
 		r.recorded[s.ID] = s

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -14,6 +15,11 @@ import (
 // queueChannel is the LISTEN/NOTIFY channel Enqueue notifies; the payload
 // is the queue's name.
 const queueChannel = "stepwise_queue"
+
+// claimedRunCols are runCols of the candidates c in sqlClaimNext.
+const claimedRunCols = `c.id, c.job, c.run_key, c.params, c.params_hash, c.status, c.fence,
+       c.lease_owner, c.lease_until, c.error, c.created_at, c.updated_at, c.finished_at, c.pruned_at,
+       c.queue, c.priority, c.available_at, c.limit_key, c.limit_max`
 
 const (
 	// sqlEnqueueRun creates the queued run, notifying listeners at commit,
@@ -28,47 +34,41 @@ const (
 )
 SELECT ` + runCols + `, (SELECT count(*) FROM (SELECT pg_notify('` + queueChannel + `', $7::text) FROM r) n) FROM r`
 
-	// sqlClaimNext picks the first due run of the queues $2 and jobs $3
-	// (empty arrays match all) whose limit is not full, skipping rows
-	// other claims hold, and takes it in the same statement, unless it
-	// has a limit: then it only returns it, for claimNext to lock it again
-	// and count the limit's holders under the limit's lock. Limits in $6
-	// were found full by this call already. A queued run has never been
-	// claimed, so its claim reads nothing from attempts: no attempt of it
-	// can be open and its first is number 1 (the hot path of a busy queue
-	// touches attempts only to insert).
+	// sqlClaimNext picks up to $8 due runs of the queues $2 and jobs $3
+	// (empty arrays match all) whose limit is not full, in claim order,
+	// skipping rows other claims hold (stepwise_claim_candidates, whose
+	// plan no statistics can change), and takes those without a limit in
+	// the same statement: fence raised, lease taken, an unfinished attempt
+	// marked lost, the new attempt recorded. A run with a limit is only
+	// returned, for claimNext to lock it again and count the limit's
+	// holders under the limit's lock. Limits in $6 were found full by this
+	// call already. A queued run has never been claimed, so its claim
+	// reads nothing from attempts: no attempt of it can be open and its
+	// first is number 1 (the hot path of a busy queue touches attempts
+	// only to insert).
 	sqlClaimNext = `WITH c AS (
-    SELECT ` + runCols + ` FROM runs
-    WHERE queue IS NOT NULL AND status IN ('queued', 'interrupted', 'running')
-      AND ((status IN ('queued', 'interrupted') AND available_at <= coalesce($1::timestamptz, now()))
-        OR (status = 'running' AND lease_until <= coalesce($1::timestamptz, now())))
-      AND (cardinality($2::text[]) = 0 OR queue = ANY ($2::text[]))
-      AND (cardinality($3::text[]) = 0 OR job = ANY ($3::text[]))
-      AND (limit_key IS NULL OR (NOT limit_key = ANY ($6::text[]) AND limit_max > (SELECT count(*) FROM runs h
-          WHERE h.limit_key = runs.limit_key AND h.status = 'running'
-            AND h.lease_until > coalesce($1::timestamptz, now()) AND h.id <> runs.id)))
-    ORDER BY priority DESC, available_at, id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    SELECT ` + runCols + ` FROM stepwise_claim_candidates(coalesce($1::timestamptz, now()), $2::text[], $3::text[], $6::text[], $8::integer)
 ), r AS (
     UPDATE runs SET status = 'running', fence = runs.fence + 1, lease_owner = $4,
         lease_until = coalesce($1::timestamptz, now()) + $5::bigint * interval '1 microsecond',
         error = '', updated_at = coalesce($1::timestamptz, now()), finished_at = NULL
     FROM c WHERE runs.id = c.id AND c.limit_key IS NULL
-    RETURNING runs.fence AS new_fence, runs.lease_until AS new_until, runs.updated_at AS new_updated
+    RETURNING runs.id, runs.fence AS new_fence, runs.lease_until AS new_until, runs.updated_at AS new_updated
 ), lost AS (
     UPDATE attempts SET status = 'lost', finished_at = coalesce($1::timestamptz, now()),
         error = 'runner stopped without recording an end; taken over by ' || $7::text
-    FROM c WHERE attempts.run_id = c.id AND attempts.finished_at IS NULL
-      AND EXISTS (SELECT 1 FROM r) AND EXISTS (SELECT 1 FROM c WHERE c.status <> 'queued')
+    FROM c JOIN r ON r.id = c.id
+    WHERE attempts.run_id = c.id AND attempts.finished_at IS NULL AND c.status <> 'queued'
 ), a AS (
     INSERT INTO attempts (run_id, number, fence, owner, status, started_at)
     SELECT c.id, CASE WHEN c.status = 'queued' THEN 1 ELSE (SELECT coalesce(max(number), 0) + 1 FROM attempts WHERE run_id = c.id) END,
         r.new_fence, $4, 'running', r.new_updated
-    FROM c, r
-    RETURNING number
+    FROM c JOIN r ON r.id = c.id
+    RETURNING run_id, number
 )
-SELECT ` + runCols + `, r.new_fence, r.new_until, r.new_updated, a.number FROM c LEFT JOIN r ON true LEFT JOIN a ON true`
+SELECT ` + claimedRunCols + `, r.new_fence, r.new_until, r.new_updated, a.number
+FROM c LEFT JOIN r ON r.id = c.id LEFT JOIN a ON a.run_id = c.id
+ORDER BY c.priority DESC, c.available_at, c.id`
 
 	// sqlRelockDue locks run $1 again for a claim if it is as sqlClaimNext
 	// found it (fence $2, status $3) and still due.
@@ -115,73 +115,174 @@ func (s *Store) Enqueue(ctx context.Context, req checkpoint.EnqueueRequest) (che
 // ClaimNext passes over before it reports no run due.
 const maxFullLimits = 8
 
-// ClaimNext implements checkpoint.QueueStore: a run without a limit is
-// picked and taken in one statement (FOR UPDATE SKIP LOCKED); one with a
-// limit is picked and locked by it, then taken under the limit's advisory
-// lock if its holders leave room.
+// ClaimNext implements checkpoint.QueueStore: ClaimBatch of one run.
 func (s *Store) ClaimNext(ctx context.Context, req checkpoint.ClaimNextRequest) (checkpoint.Claim, bool, error) {
-	if err := req.Validate(s.cfg.CallerClock); err != nil {
+	req.Max = 1
+	cs, err := s.ClaimBatch(ctx, req)
+	if err != nil || len(cs) == 0 {
 		return checkpoint.Claim{}, false, err
+	}
+	return cs[0], true, nil
+}
+
+// ClaimBatch implements checkpoint.QueueStore: runs without a limit are
+// picked and taken by one statement (FOR UPDATE SKIP LOCKED) in its own
+// transaction; one with a limit is picked and locked by it, then taken
+// under the limit's advisory lock if its holders leave room.
+func (s *Store) ClaimBatch(ctx context.Context, req checkpoint.ClaimNextRequest) ([]checkpoint.Claim, error) {
+	if err := req.Validate(s.cfg.CallerClock); err != nil {
+		return nil, err
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return checkpoint.Claim{}, false, s.wrap("claim the next queued run", err)
+		return nil, s.wrap("claim the next queued runs", err)
 	}
 	defer conn.Release()
-	full := []string{}
-	for range maxFullLimits {
-		// A try ends with a claim, nothing due, or a run with a limit that
-		// was full (its key is passed over next) or taken meanwhile.
-		c, ok, fullKey, retry, err := s.claimNext(ctx, conn.Conn(), req, full)
-		if err != nil {
-			rollback(ctx, conn.Conn())
-			return checkpoint.Claim{}, false, s.wrap("claim the next queued run", err)
-		}
-		switch {
-		case ok:
-			return c, true, nil
-		case fullKey != "":
-			full = append(full, fullKey)
-		case !retry:
-			return c, false, nil
-		}
+	cs, err := s.claimBatch(ctx, conn.Conn(), req, nil, nil)
+	if err != nil {
+		return nil, s.wrap("claim the next queued runs", err)
 	}
-	return checkpoint.Claim{}, false, nil
+	return cs, nil
 }
 
-// claimNext makes one try of ClaimNext. fullKey is the limit of the run
-// it picked when that limit was full; retry is set when the run it picked
-// was taken by another claim meanwhile.
-func (s *Store) claimNext(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimNextRequest, full []string) (c checkpoint.Claim, ok bool, fullKey string, retry bool, err error) {
-	now := s.clock(req.Now)
-	lease := req.LeaseFor.Microseconds()
-	var (
-		newFence         pgtype.Int8
-		newUntil, newUpd pgtype.Timestamptz
-		number           pgtype.Int4
-	)
-	// One statement in its own transaction: a run without a limit is
-	// taken and committed in one round trip.
-	run, err := scanRun(conn.QueryRow(ctx, sqlClaimNext, now, nonNil(req.Queues), nonNil(req.Jobs), req.Owner, lease, full,
-		checkpoint.OwnerName(req.Owner)), &newFence, &newUntil, &newUpd, &number)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return c, false, "", false, nil
+// FinishAndClaim implements checkpoint.QueueStore: every end's sqlFinish
+// and the claim go to the server in one batch outside BEGIN/COMMIT, which
+// runs as one implicit transaction (one Sync): one round trip and one
+// commit. Each finish is a primary-key update checked against its fence;
+// one that matches no row (fenced) writes nothing.
+func (s *Store) FinishAndClaim(ctx context.Context, ends []checkpoint.Finished, next checkpoint.ClaimNextRequest) ([]checkpoint.Claim, []error, error) {
+	if err := next.Validate(s.cfg.CallerClock); err != nil {
+		return nil, nil, err
 	}
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return c, false, "", false, err
+		return nil, nil, s.wrap("finish runs and claim the next", err)
 	}
-	var take checkpoint.Takeover
-	if run.Status == checkpoint.RunRunning {
-		take = checkpoint.Takeover{From: run.LeaseOwner, LeaseUntil: run.LeaseUntil}
+	defer conn.Release()
+	results := make([]error, len(ends))
+	cs, err := s.claimBatch(ctx, conn.Conn(), next, ends, results)
+	if err != nil {
+		return nil, nil, s.wrap("finish runs and claim the next", err)
 	}
-	previous := run.Status
-	if number.Valid { // taken by the statement
+	return cs, results, nil
+}
+
+// claimBatch claims up to req.Max runs on conn, recording ends first in
+// the same transaction (their outcomes in results). Once some runs are
+// claimed (committed), a later try's error ends the batch with them and
+// no error: the next claim meets it again.
+func (s *Store) claimBatch(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimNextRequest, ends []checkpoint.Finished, results []error) ([]checkpoint.Claim, error) {
+	want := max(req.Max, 1)
+	full := []string{}
+	var got []checkpoint.Claim
+	for range maxFullLimits {
+		// A try ends with its runs taken and, for runs with a limit, each
+		// taken, found full (its key is passed over next) or taken by
+		// another claim meanwhile.
+		taken, limited, err := s.claimTry(ctx, conn, req, want-len(got), full, ends, results)
+		ends = nil
+		if err != nil {
+			rollback(ctx, conn)
+			if len(got) > 0 {
+				return got, nil
+			}
+			return nil, err
+		}
+		got = append(got, taken...)
+		for _, cand := range limited {
+			if len(got) == want {
+				break
+			}
+			c, ok, fullKey, err := s.claimLimited(ctx, conn, req, cand)
+			if err != nil {
+				rollback(ctx, conn)
+				if len(got) > 0 {
+					return got, nil
+				}
+				return nil, err
+			}
+			if ok {
+				got = append(got, c)
+			} else if fullKey != "" {
+				full = append(full, fullKey)
+			}
+		}
+		if len(limited) == 0 || len(got) == want {
+			break
+		}
+	}
+	return got, nil
+}
+
+// claimTry sends one sqlClaimNext for up to n runs (after the finish, if
+// set): the claims of the runs it took, and the runs with a limit it only
+// picked.
+func (s *Store) claimTry(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimNextRequest, n int, full []string,
+	ends []checkpoint.Finished, results []error) (taken []checkpoint.Claim, limited []checkpoint.Run, err error) {
+	b := &pgx.Batch{}
+	for _, f := range ends {
+		l, e := f.Lease, f.Ending
+		b.Queue(sqlFinish, l.RunID, l.Fence, e.Status, e.Error, s.clock(e.At), l.Attempt, e.RetryAfter.Microseconds())
+	}
+	b.Queue(sqlClaimNext, s.clock(req.Now), nonNil(req.Queues), nonNil(req.Jobs), req.Owner, req.LeaseFor.Microseconds(), full,
+		checkpoint.OwnerName(req.Owner), n)
+	br := conn.SendBatch(ctx, b)
+	defer br.Close()
+	for i, f := range ends {
+		var n int
+		if err := br.QueryRow().Scan(&n); err != nil {
+			return nil, nil, err
+		}
+		if n == 0 {
+			results[i] = fmt.Errorf("%w: run %s, attempt %d (fence %d)", checkpoint.ErrFenced, f.Lease.RunID, f.Lease.Attempt, f.Lease.Fence)
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			newFence         pgtype.Int8
+			newUntil, newUpd pgtype.Timestamptz
+			number           pgtype.Int4
+		)
+		run, err := scanRun(rows, &newFence, &newUntil, &newUpd, &number)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !number.Valid { // a run with a limit: picked, not taken
+			limited = append(limited, run)
+			continue
+		}
+		previous, take := run.Status, takeoverOf(run)
 		run.Status, run.Fence, run.LeaseOwner, run.LeaseUntil = checkpoint.RunRunning, newFence.Int64, req.Owner, tm(newUntil)
 		run.Error, run.UpdatedAt, run.FinishedAt = "", tm(newUpd), time.Time{}
-		return s.nextClaim(run, int(number.Int32), req.Owner, previous, take), true, "", false, nil
+		taken = append(taken, s.nextClaim(run, int(number.Int32), req.Owner, previous, take))
 	}
-	// A run with a limit: lock it again, unchanged and still due, then
-	// count the limit's holders under the limit's lock.
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	return taken, limited, br.Close()
+}
+
+// takeoverOf is what claiming run, as picked, takes over: the lease of a
+// running run whose runner's lease expired.
+func takeoverOf(run checkpoint.Run) checkpoint.Takeover {
+	if run.Status == checkpoint.RunRunning {
+		return checkpoint.Takeover{From: run.LeaseOwner, LeaseUntil: run.LeaseUntil}
+	}
+	return checkpoint.Takeover{}
+}
+
+// claimLimited claims run, picked by sqlClaimNext but not taken for its
+// limit: it locks it again, unchanged and still due, then counts the
+// limit's holders under the limit's lock. fullKey is the run's limit when
+// that limit was full; ok false and no fullKey means the run was taken or
+// changed meanwhile.
+func (s *Store) claimLimited(ctx context.Context, conn *pgx.Conn, req checkpoint.ClaimNextRequest, run checkpoint.Run) (c checkpoint.Claim, ok bool, fullKey string, err error) {
+	now := s.clock(req.Now)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(sqlRelockDue, run.ID, run.Fence, run.Status, now)
@@ -194,30 +295,31 @@ func (s *Store) claimNext(ctx context.Context, conn *pgx.Conn, req checkpoint.Cl
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if errors.Is(err, pgx.ErrNoRows) { // claimed or changed meanwhile: try again
+	if errors.Is(err, pgx.ErrNoRows) { // claimed or changed meanwhile
 		rollback(ctx, conn)
-		return c, false, "", true, nil
+		return c, false, "", nil
 	}
 	if err != nil {
-		return c, false, "", false, err
+		return c, false, "", err
 	}
 	holders, err := s.limitHolders(ctx, conn, run.ID, run.Limit, now)
 	if err != nil {
-		return c, false, "", false, err
+		return c, false, "", err
 	}
 	if len(holders) >= run.Limit.Max {
 		rollback(ctx, conn)
-		return c, false, run.Limit.Key, false, nil
+		return c, false, run.Limit.Key, nil
 	}
-	taken, err := scanRun(conn.QueryRow(ctx, sqlTakeRun, run.ID, req.Owner, now, lease, run.Fence,
+	var number pgtype.Int4
+	taken, err := scanRun(conn.QueryRow(ctx, sqlTakeRun, run.ID, req.Owner, now, req.LeaseFor.Microseconds(), run.Fence,
 		checkpoint.OwnerName(req.Owner), "", 0), &number)
 	if err != nil {
-		return c, false, "", false, err
+		return c, false, "", err
 	}
 	if err := commit(ctx, conn); err != nil {
-		return c, false, "", false, err
+		return c, false, "", err
 	}
-	return s.nextClaim(taken, int(number.Int32), req.Owner, previous, take), true, "", false, nil
+	return s.nextClaim(taken, int(number.Int32), req.Owner, run.Status, takeoverOf(run)), true, "", nil
 }
 
 // nextClaim is the Claim ClaimNext returns for a run it took.

@@ -236,22 +236,25 @@ func (s *Store) Heartbeat(ctx context.Context, l checkpoint.Lease, now, until ti
 
 // Finish implements checkpoint.Store.
 func (s *Store) Finish(ctx context.Context, l checkpoint.Lease, e checkpoint.Ending) error {
-	return s.tx(ctx, "finish run "+l.RunID, func(tx *sql.Tx) error {
-		at := fmtTime(e.At)
-		var avail any // NULL keeps available_at
-		if e.RetryAfter > 0 {
-			avail = fmtTime(e.At.Add(e.RetryAfter))
-		}
-		res, err := tx.ExecContext(ctx, sqlFinishRun, e.Status, e.Error, at, e.Status, at, avail, l.RunID, l.Fence)
-		if err != nil {
-			return err
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return fmt.Errorf("%w: run %s, attempt %d (fence %d)", checkpoint.ErrFenced, l.RunID, l.Attempt, l.Fence)
-		}
-		_, err = tx.ExecContext(ctx, sqlFinishAttempt, e.Status, e.Error, at, l.RunID, l.Attempt)
+	return s.tx(ctx, "finish run "+l.RunID, func(tx *sql.Tx) error { return finishTx(ctx, tx, l, e) })
+}
+
+// finishTx ends l's run and attempt in tx, checked against the fence.
+func finishTx(ctx context.Context, tx *sql.Tx, l checkpoint.Lease, e checkpoint.Ending) error {
+	at := fmtTime(e.At)
+	var avail any // NULL keeps available_at
+	if e.RetryAfter > 0 {
+		avail = fmtTime(e.At.Add(e.RetryAfter))
+	}
+	res, err := tx.ExecContext(ctx, sqlFinishRun, e.Status, e.Error, at, e.Status, at, avail, l.RunID, l.Fence)
+	if err != nil {
 		return err
-	})
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("%w: run %s, attempt %d (fence %d)", checkpoint.ErrFenced, l.RunID, l.Attempt, l.Fence)
+	}
+	_, err = tx.ExecContext(ctx, sqlFinishAttempt, e.Status, e.Error, at, l.RunID, l.Attempt)
+	return err
 }
 
 // tx runs fn in one BEGIN IMMEDIATE transaction and maps driver errors.

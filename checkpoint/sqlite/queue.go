@@ -61,38 +61,89 @@ func (s *Store) Enqueue(ctx context.Context, req checkpoint.EnqueueRequest) (che
 	return res, nil
 }
 
-// ClaimNext implements checkpoint.QueueStore: BEGIN IMMEDIATE keeps every
-// other claim out, so the run it picks, and the limit it counts, cannot
-// change before it commits.
+// ClaimNext implements checkpoint.QueueStore: ClaimBatch of one run.
 func (s *Store) ClaimNext(ctx context.Context, req checkpoint.ClaimNextRequest) (checkpoint.Claim, bool, error) {
-	if err := req.Validate(true); err != nil {
+	req.Max = 1
+	cs, err := s.ClaimBatch(ctx, req)
+	if err != nil || len(cs) == 0 {
 		return checkpoint.Claim{}, false, err
 	}
+	return cs[0], true, nil
+}
+
+// ClaimBatch implements checkpoint.QueueStore: BEGIN IMMEDIATE keeps
+// every other claim out, so the runs it picks, and the limits it counts,
+// cannot change before it commits; the batch is one transaction.
+func (s *Store) ClaimBatch(ctx context.Context, req checkpoint.ClaimNextRequest) ([]checkpoint.Claim, error) {
+	if err := req.Validate(true); err != nil {
+		return nil, err
+	}
+	var cs []checkpoint.Claim
+	err := s.tx(ctx, "claim the next queued runs", func(tx *sql.Tx) (err error) {
+		cs, err = claimQueuedTx(ctx, tx, req)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cs, nil
+}
+
+// FinishAndClaim implements checkpoint.QueueStore: the ends and the
+// claims in one transaction (one commit). A fenced end writes nothing.
+func (s *Store) FinishAndClaim(ctx context.Context, ends []checkpoint.Finished, next checkpoint.ClaimNextRequest) ([]checkpoint.Claim, []error, error) {
+	if err := next.Validate(true); err != nil {
+		return nil, nil, err
+	}
+	var (
+		cs      []checkpoint.Claim
+		results []error
+	)
+	err := s.tx(ctx, "finish runs and claim the next", func(tx *sql.Tx) (err error) {
+		results = make([]error, len(ends))
+		for i, f := range ends {
+			if err := finishTx(ctx, tx, f.Lease, f.Ending); errors.Is(err, checkpoint.ErrFenced) {
+				results[i] = err
+			} else if err != nil {
+				return err
+			}
+		}
+		cs, err = claimQueuedTx(ctx, tx, next)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return cs, results, nil
+}
+
+// claimQueuedTx claims up to req.Max runs in tx, one pick at a time: each pick
+// sees the claims before it (a limit filled by the batch itself stops
+// it).
+func claimQueuedTx(ctx context.Context, tx *sql.Tx, req checkpoint.ClaimNextRequest) ([]checkpoint.Claim, error) {
 	queues, _ := json.Marshal(nonNil(req.Queues))
 	jobNames, _ := json.Marshal(nonNil(req.Jobs))
-	var c checkpoint.Claim
-	var ok bool
-	err := s.tx(ctx, "claim the next queued run", func(tx *sql.Tx) error {
-		now := fmtTime(req.Now)
+	now := fmtTime(req.Now)
+	var cs []checkpoint.Claim
+	for len(cs) < max(req.Max, 1) {
 		run, err := scanRun(tx.QueryRowContext(ctx, sqlNextRun, now, string(queues), string(jobNames)))
 		if errors.Is(err, sql.ErrNoRows) {
-			return nil
+			break
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		var take checkpoint.Takeover
 		if run.Status == checkpoint.RunRunning {
 			take = checkpoint.Takeover{From: run.LeaseOwner, LeaseUntil: run.LeaseUntil}
 		}
-		c, err = takeTx(ctx, tx, run, take, req.Owner, req.Now, req.LeaseFor, checkpoint.Limit{})
-		ok = err == nil
-		return err
-	})
-	if err != nil {
-		return checkpoint.Claim{}, false, err
+		c, err := takeTx(ctx, tx, run, take, req.Owner, req.Now, req.LeaseFor, checkpoint.Limit{})
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, c)
 	}
-	return c, ok, nil
+	return cs, nil
 }
 
 // nonNil returns ss, or an empty slice for nil (JSON [] rather than null).

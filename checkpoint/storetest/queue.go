@@ -66,6 +66,8 @@ func testQueue(t *testing.T, h Harness) {
 	t.Run("ConcurrentClaimersNeverShare", func(t *testing.T) { queueConcurrentClaimersNeverShare(t, h) })
 	callerClock(t, h, "Limits", queueLimits)
 	t.Run("LimitAcrossHosts", func(t *testing.T) { queueLimitAcrossHosts(t, h) })
+	callerClock(t, h, "ClaimBatch", queueClaimBatch)
+	callerClock(t, h, "FinishAndClaim", queueFinishAndClaim)
 }
 
 // queueEnqueueDedupes is the Queue test EnqueueDedupes.

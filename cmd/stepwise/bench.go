@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/stepwise-run/stepwise/checkpoint/stores"
 	"github.com/stepwise-run/stepwise/cmd"
@@ -23,17 +24,19 @@ type benchCmd struct {
 	// Accounts is fixed by the goals' workload; tests make it small.
 	Accounts  int      `default:"10000" help:"Accounts in the benchmark ledger."`
 	Claims    int      `default:"5000" help:"Runs claimed (and raw queue rows) per claimer count (1, 4, 16) by the claims workload, on each side (fewer make the 16-claimer ratio noisy: each side then runs for well under a second)."`
-	Workloads []string `sep:"," placeholder:"NAME" help:"Workloads to run, comma-separated: steps, effects, chunked, claims; all when omitted."`
+	Drain     int      `default:"5000" help:"Queued runs (and raw queue rows) drained per slot count by the drain workload, on each side, each as two fresh queues of half as many."`
+	Slots     []int    `sep:"," default:"4,16,64" placeholder:"N" help:"Worker slot counts the drain workload measures, comma-separated (a stock PostgreSQL allows 100 connections: each slot takes one)."`
+	Workloads []string `sep:"," placeholder:"NAME" help:"Workloads to run, comma-separated: steps, effects, chunked, claims, drain; all when omitted."`
 	Dir       string   `help:"Directory for the temporary SQLite databases; defaults to the system's temporary directory. With a postgres:// --db the benchmark works in fresh schemas of that database, dropped at the end." type:"path"`
 }
 
 func (c *benchCmd) Run(env *cmd.Env) error {
-	if c.Items < 1 || c.Steps < 1 || c.Accounts < 2 || c.Claims < 1 {
-		return cmd.UsageError(fmt.Errorf("--items (%d), --steps (%d) and --claims (%d) must be at least 1, --accounts (%d) at least 2",
-			c.Items, c.Steps, c.Claims, c.Accounts))
+	if c.Items < 1 || c.Steps < 1 || c.Accounts < 2 || c.Claims < 1 || c.Drain < 2 || slices.ContainsFunc(c.Slots, func(s int) bool { return s < 1 }) {
+		return cmd.UsageError(fmt.Errorf("--items (%d), --steps (%d) and --claims (%d) must be at least 1, --drain (%d) and --accounts (%d) at least 2, every --slots (%v) at least 1",
+			c.Items, c.Steps, c.Claims, c.Drain, c.Accounts, c.Slots))
 	}
 	cfg := bench.Config{Dir: c.Dir, Synchronous: env.Globals.Synchronous, Items: c.Items, Steps: c.Steps,
-		Accounts: c.Accounts, Claims: c.Claims, Workloads: c.Workloads, Log: env.Stderr}
+		Accounts: c.Accounts, Claims: c.Claims, Drain: c.Drain, Slots: c.Slots, Workloads: c.Workloads, Log: env.Stderr}
 	if stores.IsURL(env.Globals.DB) {
 		cfg.DB = env.Globals.DB
 	}

@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"runtime/metrics"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -50,10 +51,15 @@ const (
 	// 4 and 16 claimers, against a raw FOR UPDATE SKIP LOCKED claim and
 	// finish of a minimal queue table.
 	WorkloadClaims = "claims"
+	// WorkloadDrain is a fresh queue of trivial runs, never analysed,
+	// drained by a runner.Worker with 4, 16 and 64 slots, against as many
+	// goroutines draining a raw queue table with a SKIP LOCKED claim and a
+	// completing UPDATE per job.
+	WorkloadDrain = "drain"
 )
 
 // AllWorkloads are every workload, in the order they run and report.
-var AllWorkloads = []string{WorkloadSteps, WorkloadEffects, WorkloadChunked, WorkloadClaims}
+var AllWorkloads = []string{WorkloadSteps, WorkloadEffects, WorkloadChunked, WorkloadClaims, WorkloadDrain}
 
 // Config says what Run measures, where.
 type Config struct {
@@ -74,6 +80,12 @@ type Config struct {
 	// Claims is the number of runs each claimer count of the claims
 	// workload claims on each side; 0 means 5000.
 	Claims int
+	// Drain is the number of queued runs the drain workload drains per
+	// slot count on each side; 0 means 5000.
+	Drain int
+	// Slots are the worker slot counts the drain workload measures; empty
+	// means DrainSlots.
+	Slots []int
 	// Accounts is the number of accounts in the benchmark ledger.
 	Accounts int
 	// Workloads selects workloads by name (WorkloadSteps, ...); empty
@@ -88,12 +100,12 @@ var ErrBadConfig = errors.New("bench: bad configuration")
 
 // Goals, as the anchors state them, per backend.
 type goals struct {
-	perStep, effect, chunked, rerun, claims float64
+	perStep, effect, chunked, rerun, claims, drain float64
 }
 
 var (
-	sqliteGoals   = goals{perStep: 0.9, effect: 0.95, chunked: 0.6, rerun: 1.5, claims: 0.5}
-	postgresGoals = goals{perStep: 0.9, effect: 0.8, chunked: 0.6, rerun: 1.5, claims: 0.5}
+	sqliteGoals   = goals{perStep: 0.9, effect: 0.95, chunked: 0.6, rerun: 1.5, claims: 0.5, drain: 0.5}
+	postgresGoals = goals{perStep: 0.9, effect: 0.8, chunked: 0.6, rerun: 1.5, claims: 0.5, drain: 0.8}
 )
 
 // The memory goal: peak Go heap of a settlement of GoalMemoryAt items.
@@ -176,9 +188,9 @@ func (r Report) Result(prefix string) (Result, bool) {
 // before it returns, whatever happened. An interruption (ctx cancelled)
 // returns an error wrapping runner.ErrInterrupted.
 func Run(ctx context.Context, cfg Config) (rep Report, err error) {
-	if cfg.Items < 1 || cfg.Steps < 1 || cfg.Accounts < 2 || cfg.Claims < 0 {
-		return rep, fmt.Errorf("%w: items (%d) and steps (%d) must be at least 1, accounts (%d) at least 2",
-			ErrBadConfig, cfg.Items, cfg.Steps, cfg.Accounts)
+	if cfg.Items < 1 || cfg.Steps < 1 || cfg.Accounts < 2 || cfg.Claims < 0 || cfg.Drain < 0 || slices.ContainsFunc(cfg.Slots, func(s int) bool { return s < 1 }) {
+		return rep, fmt.Errorf("%w: items (%d) and steps (%d) must be at least 1, accounts (%d) at least 2, claims (%d), drain (%d) and slots (%v) not negative",
+			ErrBadConfig, cfg.Items, cfg.Steps, cfg.Accounts, cfg.Claims, cfg.Drain, cfg.Slots)
 	}
 	ws := cfg.Workloads
 	if len(ws) == 0 {
@@ -225,6 +237,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			err = b.chunked(cfg.Items)
 		case WorkloadClaims:
 			err = b.claims(cmp.Or(cfg.Claims, 5000))
+		case WorkloadDrain:
+			err = b.drain(cmp.Or(cfg.Drain, 5000))
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -268,8 +282,12 @@ type backend interface {
 	// fresh store (ours), one for the raw settlement.
 	settleSides(ctx context.Context, name string, seed seedFunc) (*store, rawSettler, error)
 	// claimSides makes a fresh store whose pool has conns connections
-	// (ours) and a raw queue table of n queued jobs on the same settings.
-	claimSides(ctx context.Context, name string, conns, n int) (*store, rawClaims, error)
+	// (ours) and a raw queue table of n queued jobs on the same settings,
+	// analysed when analyze is set.
+	claimSides(ctx context.Context, name string, conns, n int, analyze bool) (*store, rawClaims, error)
+	// release closes the connections of a workload's sides once it is
+	// done with them, so the next ones find the server's slots free.
+	release(ours *store, raw rawClaims)
 	// chunkNote says what the raw chunked settlement does.
 	chunkNote() string
 	// close closes and removes everything the backend made.

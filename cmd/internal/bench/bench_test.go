@@ -17,7 +17,7 @@ import (
 
 // tiny is a configuration that runs every workload in a second or two.
 func tiny(db, dir string) bench.Config {
-	return bench.Config{DB: db, Dir: dir, Items: 2500, Steps: 20, Accounts: 20, Claims: 40}
+	return bench.Config{DB: db, Dir: dir, Items: 2500, Steps: 20, Accounts: 20, Claims: 40, Drain: 40, Slots: []int{2, 4}}
 }
 
 // checkReport asserts the report holds every workload with positive
@@ -37,6 +37,8 @@ func checkReport(t *testing.T, rep bench.Report, store string, goals []string) {
 		"queue claims, 1 claimers (ClaimNext + Finish)",
 		"queue claims, 4 claimers (ClaimNext + Finish)",
 		"queue claims, 16 claimers (ClaimNext + Finish)",
+		"queue drain, 2 slots (runner.Worker)",
+		"queue drain, 4 slots (runner.Worker)",
 	}
 	if len(rep.Results) != len(names) {
 		t.Fatalf("%d results, want %d: %+v", len(rep.Results), len(names), rep.Results)
@@ -74,7 +76,7 @@ func TestRunSQLite(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
-	checkReport(t, rep, bench.StoreSQLite, []string{">= 0.9", ">= 0.95", ">= 0.6", "<= 1.5", "-", ">= 0.5", ">= 0.5", ">= 0.5"})
+	checkReport(t, rep, bench.StoreSQLite, []string{">= 0.9", ">= 0.95", ">= 0.6", "<= 1.5", "-", ">= 0.5", ">= 0.5", ">= 0.5", ">= 0.5", ">= 0.5"})
 	if rep.Synchronous != "full" {
 		t.Errorf("synchronous %q, want full", rep.Synchronous)
 	}
@@ -90,7 +92,7 @@ func TestRunPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, bench.StorePostgres, []string{">= 0.9", ">= 0.8", ">= 0.6", "<= 1.5", "-", ">= 0.5", ">= 0.5", ">= 0.5"})
+	checkReport(t, rep, bench.StorePostgres, []string{">= 0.9", ">= 0.8", ">= 0.6", "<= 1.5", "-", ">= 0.5", ">= 0.5", ">= 0.5", ">= 0.8", ">= 0.8"})
 	if !strings.Contains(rep.Database, "database sw_") || strings.Contains(rep.Database, "postgres@") {
 		t.Errorf("database %q: want the server and database, no user", rep.Database)
 	}
@@ -129,6 +131,7 @@ func TestRunBadConfig(t *testing.T) {
 		{Items: 0, Steps: 1, Accounts: 2},
 		{Items: 1, Steps: 1, Accounts: 2, Workloads: []string{"nope"}},
 		{Items: 1, Steps: 1, Accounts: 2, DB: "mysql://x"},
+		{Items: 1, Steps: 1, Accounts: 2, Slots: []int{4, 0}},
 	} {
 		if _, err := bench.Run(context.Background(), cfg); !errors.Is(err, bench.ErrBadConfig) {
 			t.Errorf("%+v: err = %v, want ErrBadConfig", cfg, err)

@@ -21,7 +21,8 @@ import (
 // STEPWISE_BENCH_ITEMS sets the chunked workload's transfers (default
 // 100,000; the goals are stated at 1,000,000), STEPWISE_BENCH_STEPS the
 // per-step workloads' steps (default 2000), STEPWISE_BENCH_CLAIMS the runs
-// claimed per claimer count (default 5000). A CPU profile: add
+// claimed per claimer count (default 5000), STEPWISE_BENCH_DRAIN the runs
+// drained per slot count (default 5000). A CPU profile: add
 // -cpuprofile cpu.prof and read it with go tool pprof.
 
 func BenchmarkPerStep(b *testing.B) { benchWorkload(b, bench.WorkloadSteps) }
@@ -32,9 +33,12 @@ func BenchmarkChunked(b *testing.B) { benchWorkload(b, bench.WorkloadChunked) }
 
 func BenchmarkClaims(b *testing.B) { benchWorkload(b, bench.WorkloadClaims) }
 
+func BenchmarkDrain(b *testing.B) { benchWorkload(b, bench.WorkloadDrain) }
+
 func benchWorkload(b *testing.B, workload string) {
 	cfg := bench.Config{Items: envInt(b, "STEPWISE_BENCH_ITEMS", 100_000), Steps: envInt(b, "STEPWISE_BENCH_STEPS", 2000),
-		Claims: envInt(b, "STEPWISE_BENCH_CLAIMS", 5000), Accounts: 10_000, Workloads: []string{workload}}
+		Claims: envInt(b, "STEPWISE_BENCH_CLAIMS", 5000), Drain: envInt(b, "STEPWISE_BENCH_DRAIN", 5000), Accounts: 10_000,
+		Workloads: []string{workload}}
 	b.Run("store=sqlite", func(b *testing.B) {
 		cfg := cfg
 		cfg.Dir = b.TempDir()

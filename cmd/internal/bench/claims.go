@@ -36,7 +36,7 @@ func (b *bench) claims(n int) error {
 	// Over 80 lines: one timed workload, ours and its raw baseline side by side, reads best in one piece.
 	for _, c := range Claimers {
 		b.say("queue claims with %d claimers: %d queued runs, %d raw queue rows", c, n, n)
-		ours, raw, err := b.be.claimSides(b.ctx, fmt.Sprintf("claims%d", c), c, n)
+		ours, raw, err := b.be.claimSides(b.ctx, fmt.Sprintf("claims%d", c), c, n, true)
 		if err != nil {
 			return err
 		}
@@ -63,40 +63,42 @@ func (b *bench) claims(n int) error {
 			mu   sync.Mutex
 			seen = make(map[string]bool, n)
 		)
-		oursOne := func(owner string) (bool, error) {
+		oursOne := func(owner string) (func() error, bool, error) {
 			now := time.Now()
 			cl, ok, err := ours.ClaimNext(b.ctx, checkpoint.ClaimNextRequest{Owner: owner, Now: now, LeaseFor: time.Minute})
 			if err != nil || !ok {
-				return false, err
+				return nil, false, err
 			}
 			mu.Lock()
 			dup := seen[cl.Lease.RunID]
 			seen[cl.Lease.RunID] = true
 			mu.Unlock()
 			if dup {
-				return false, fmt.Errorf("run %s claimed twice", cl.Lease.RunID)
+				return nil, false, fmt.Errorf("run %s claimed twice", cl.Lease.RunID)
 			}
-			return true, ours.Finish(b.ctx, cl.Lease, checkpoint.Ending{Status: checkpoint.RunSucceeded, At: time.Now()})
+			return func() error {
+				return ours.Finish(b.ctx, cl.Lease, checkpoint.Ending{Status: checkpoint.RunSucceeded, At: time.Now()})
+			}, true, nil
 		}
 		rawSeen := make(map[string]bool, n)
-		rawOne := func(owner string) (bool, error) {
+		rawOne := func(owner string) (func() error, bool, error) {
 			id, ok, err := raw.claim(b.ctx, owner)
 			if err != nil || !ok {
-				return false, err
+				return nil, false, err
 			}
 			mu.Lock()
 			dup := rawSeen[id]
 			rawSeen[id] = true
 			mu.Unlock()
 			if dup {
-				return false, fmt.Errorf("raw job %s claimed twice", id)
+				return nil, false, fmt.Errorf("raw job %s claimed twice", id)
 			}
-			return true, raw.finish(b.ctx, id)
+			return func() error { return raw.finish(b.ctx, id) }, true, nil
 		}
 		// Two halves each, alternating, so drift in the machine's load
 		// hits both sides alike.
 		var tOurs, tRaw time.Duration
-		var doneOurs, doneRaw atomic.Int64
+		var doneOurs, doneRaw atomic.Int64 // claimed
 		for _, target := range []int64{int64(n / 2), int64(n)} {
 			d, err := claimUntil(c, &doneOurs, target, oursOne)
 			if err != nil {
@@ -144,35 +146,51 @@ func enqueueRuns(ctx context.Context, q checkpoint.QueueStore, n int) error {
 	return <-errs
 }
 
-// claimUntil runs c claimers of one until done reaches target and returns
-// how long it took. A claimer that finds nothing claimable while the
-// target is not reached (another claimer holds the last rows for an
-// instant) tries again; one that finds nothing for a thousand tries in a
-// row fails.
-func claimUntil(c int, done *atomic.Int64, target int64, one func(owner string) (bool, error)) (time.Duration, error) {
+// claimStall is how long claimers may find nothing to claim, while no
+// claimer claims anything and the target is not reached, before
+// claimUntil gives up.
+const claimStall = 30 * time.Second
+
+// claimUntil runs c claimers of one until claimed reaches target, each
+// finishing what it claimed, and returns how long it took, the last
+// finish included. A claimer that finds nothing once target runs are
+// claimed stops: the last of them are in other claimers' hands, which
+// finish them before claimUntil returns (counting finishes instead made a
+// claimer on a loaded machine fail while the others finished the last
+// three). One that finds nothing before (a claim in flight holds the last
+// rows for an instant) backs off a millisecond and tries again; only
+// claimStall without any claimer claiming anything fails.
+func claimUntil(c int, claimed *atomic.Int64, target int64, one func(owner string) (finish func() error, ok bool, err error)) (time.Duration, error) {
 	var (
-		wg   sync.WaitGroup
-		errs = make(chan error, c)
+		wg       sync.WaitGroup
+		errs     = make(chan error, c)
+		progress atomic.Int64 // when claimed last grew, in Unix nanoseconds
 	)
 	start := time.Now()
+	progress.Store(start.UnixNano())
 	for i := range c {
 		owner := fmt.Sprintf("%s claimer-%d", runner.DefaultOwner(), i)
 		wg.Go(func() {
-			for misses := 0; done.Load() < target; {
-				ok, err := one(owner)
+			for claimed.Load() < target {
+				finish, ok, err := one(owner)
 				if err != nil {
 					errs <- err
 					return
 				}
 				if !ok {
-					if misses++; misses > 1000 {
-						errs <- fmt.Errorf("claimer %d found nothing to claim a thousand times with %d of %d done", i, done.Load(), target)
+					if stalled := time.Since(time.Unix(0, progress.Load())); stalled > claimStall && claimed.Load() < target {
+						errs <- fmt.Errorf("claimer %d found nothing to claim for %s with %d of %d claimed", i, stalled.Round(time.Second), claimed.Load(), target)
 						return
 					}
+					time.Sleep(time.Millisecond)
 					continue
 				}
-				misses = 0
-				done.Add(1)
+				claimed.Add(1)
+				progress.Store(time.Now().UnixNano())
+				if err := finish(); err != nil {
+					errs <- err
+					return
+				}
 			}
 		})
 	}

@@ -492,7 +492,7 @@ func (rs *pgSettler) balances(ctx context.Context) (string, error) {
 // with FOR UPDATE SKIP LOCKED, one marks the job done.
 type pgClaims struct{ pool *pgxpool.Pool }
 
-func (p *postgresBackend) claimSides(ctx context.Context, name string, conns, n int) (*store, rawClaims, error) {
+func (p *postgresBackend) claimSides(ctx context.Context, name string, conns, n int, analyze bool) (*store, rawClaims, error) {
 	st, _, err := p.openConns(ctx, name, int32(conns))
 	if err != nil {
 		return nil, nil, err
@@ -508,10 +508,22 @@ func (p *postgresBackend) claimSides(ctx context.Context, name string, conns, n 
 	if _, err := raw.Pool().Exec(ctx, sqlPGRawQueueSeed, n); err != nil {
 		return nil, nil, err
 	}
-	if _, err := raw.Pool().Exec(ctx, "ANALYZE raw_queue"); err != nil {
-		return nil, nil, err
+	if analyze {
+		if _, err := raw.Pool().Exec(ctx, "ANALYZE raw_queue"); err != nil {
+			return nil, nil, err
+		}
 	}
 	return ours, &pgClaims{pool: raw.Pool()}, nil
+}
+
+func (p *postgresBackend) release(ours *store, raw rawClaims) {
+	if ours == nil {
+	} else if st, ok := ours.Backend.(*postgres.Store); ok {
+		st.Pool().Reset()
+	}
+	if rc, ok := raw.(*pgClaims); ok {
+		rc.pool.Reset()
+	}
 }
 
 func (r *pgClaims) claim(ctx context.Context, owner string) (string, bool, error) {

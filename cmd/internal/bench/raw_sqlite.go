@@ -398,7 +398,7 @@ type sqliteClaims struct {
 	claimSt, finishSt *sql.Stmt
 }
 
-func (s *sqliteBackend) claimSides(ctx context.Context, name string, _, n int) (*store, rawClaims, error) {
+func (s *sqliteBackend) claimSides(ctx context.Context, name string, _, n int, analyze bool) (*store, rawClaims, error) {
 	ours, err := s.store(ctx, name)
 	if err != nil {
 		return nil, nil, err
@@ -423,8 +423,10 @@ func (s *sqliteBackend) claimSides(ctx context.Context, name string, _, n int) (
 	}); err != nil {
 		return nil, nil, err
 	}
-	if _, err := db.ExecContext(ctx, "ANALYZE raw_queue"); err != nil {
-		return nil, nil, err
+	if analyze {
+		if _, err := db.ExecContext(ctx, "ANALYZE raw_queue"); err != nil {
+			return nil, nil, err
+		}
 	}
 	sts, err := s.prepare(ctx, db, sqlRawClaim, sqlRawFinish)
 	if err != nil {
@@ -432,6 +434,9 @@ func (s *sqliteBackend) claimSides(ctx context.Context, name string, _, n int) (
 	}
 	return ours, &sqliteClaims{db: db, claimSt: sts[0], finishSt: sts[1]}, nil
 }
+
+// release is a no-op: SQLite has no connection slots to free.
+func (s *sqliteBackend) release(*store, rawClaims) {}
 
 func (r *sqliteClaims) claim(ctx context.Context, owner string) (string, bool, error) {
 	now := time.Now().UTC()
