@@ -328,6 +328,9 @@ func (c *chunkBuf[I]) resetEffects() {
 // with a nil holds) at a time, each chunk processed and committed (flush)
 // as it fills.
 func (b *batch[I, O]) fill(ctx context.Context, src Source[I], holds func(key string, item I) bool) error {
+	if src.readAhead {
+		return b.fillAhead(ctx, src, holds) // readahead.go
+	}
 	b.reserve(b.opts.chunkSize)
 	var loopErr error
 	srcErr := src.all(ctx, func(key string, item I) bool {

@@ -26,6 +26,9 @@ type Source[I any] struct {
 	// another item type is a compile error.
 	input func(I) any    // what of an item its fingerprint covers; nil: all of it
 	by    func(I) string // the partitioning value; nil: key ranges
+	// readAhead: a ForEach reads the next chunk while one commits
+	// (ReadAhead, readahead.go).
+	readAhead bool
 }
 
 // Total is the number of items, or -1 when the source does not know.

@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -79,26 +80,86 @@ func (t *sqliteTx) PutNewItems(items []checkpoint.Item) error {
 	return t.PutItems(items)
 }
 
-// PutItems implements checkpoint.Tx.
+// PutItems implements checkpoint.Tx: putItemsRows items to a statement
+// (one prepared multi-row upsert), the rest in one more. Each row is the
+// upsert of sqlPutItem, in order, so an item given twice is written as
+// twice in a row; a statement that changed fewer rows than it was given
+// met a finished item, which is named.
 func (t *sqliteTx) PutItems(items []checkpoint.Item) error {
 	if err := t.checkFence(); err != nil {
 		return err
 	}
-	st := t.tx.StmtContext(t.ctx, t.s.stmt.putItem)
-	for _, it := range items {
-		res, err := st.ExecContext(t.ctx, t.lease.RunID, it.Step, it.Key, it.Status, it.Output, it.Error,
-			t.lease.Attempt, it.Chunk, it.Fingerprint)
+	args := make([]any, 0, itemColumns*min(len(items), putItemsRows))
+	for start := 0; start < len(items); start += putItemsRows {
+		batch := items[start:min(start+putItemsRows, len(items))]
+		args = args[:0]
+		for _, it := range batch {
+			args = append(args, t.lease.RunID, it.Step, it.Key, it.Status, it.Output, it.Error, t.lease.Attempt, it.Chunk, it.Fingerprint)
+		}
+		var res sql.Result
+		var err error
+		if len(batch) == putItemsRows {
+			res, err = t.tx.StmtContext(t.ctx, t.s.stmt.putItems).ExecContext(t.ctx, args...)
+		} else {
+			res, err = t.tx.ExecContext(t.ctx, sqlPutItems(len(batch)), args...)
+		}
 		if err != nil {
-			return fmt.Errorf("checkpoint: record item %s/%s: %w", it.Step, it.Key, err)
+			return fmt.Errorf("checkpoint: record %d items of run %s: %w", len(batch), t.lease.RunID, err)
 		}
 		// A finished item is never written twice: refusing here rolls back
 		// the chunk's effects with it, whatever the caller believed.
-		if n, err := res.RowsAffected(); err != nil || n != 1 {
+		if n, err := res.RowsAffected(); err != nil || n != int64(len(batch)) {
+			return t.finishedItem(batch)
+		}
+	}
+	return nil
+}
+
+// itemColumns is how many values sqlPutItems binds per item;
+// putItemsRows how many items one statement records (9,000 values, well
+// inside SQLite's limit of 32,766).
+const (
+	itemColumns  = 9
+	putItemsRows = 1000
+)
+
+// sqlPutItems is sqlPutItem for rows items. Its placeholders are plain ?:
+// SQLite looks a numbered one up among those seen before, which for
+// thousands of them is slow to prepare and to bind.
+func sqlPutItems(rows int) string {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO items (run_id, step_id, item_key, status, output, error, attempt, chunk, fingerprint) VALUES `)
+	for i := 0; i < rows; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(?,?,?,?,?,?,?,?,?)")
+	}
+	b.WriteString(sqlPutItem[strings.Index(sqlPutItem, "\nON CONFLICT"):])
+	return b.String()
+}
+
+// finishedItem is the error of a PutItems statement that changed fewer
+// rows than it was given. It names the first item whose row is not as
+// given, so was refused: one finished before the statement (or earlier in
+// it, an item given twice).
+func (t *sqliteTx) finishedItem(items []checkpoint.Item) error {
+	for _, it := range items {
+		var got checkpoint.Item
+		err := t.tx.QueryRowContext(t.ctx, `SELECT status, output, error, attempt, chunk, fingerprint FROM items
+WHERE run_id = ? AND step_id = ? AND item_key = ?`, t.lease.RunID, it.Step, it.Key).
+			Scan(&got.Status, &got.Output, &got.Error, &got.Attempt, &got.Chunk, &got.Fingerprint)
+		if err != nil {
+			return fmt.Errorf("checkpoint: name the finished item of run %s: %w", t.lease.RunID, err)
+		}
+		if got.Status != it.Status || !bytes.Equal(got.Output, it.Output) || got.Error != it.Error ||
+			got.Attempt != t.lease.Attempt || got.Chunk != it.Chunk || !bytes.Equal(got.Fingerprint, it.Fingerprint) {
 			return fmt.Errorf("%w: item %s/%s of run %s is already finished; the chunk is rolled back",
 				checkpoint.ErrItemFinished, it.Step, it.Key, t.lease.RunID)
 		}
 	}
-	return nil
+	return fmt.Errorf("%w: an item of the %d given for run %s is already finished, as given; the chunk is rolled back",
+		checkpoint.ErrItemFinished, len(items), t.lease.RunID)
 }
 
 // AcceptItemChanges implements checkpoint.Tx.

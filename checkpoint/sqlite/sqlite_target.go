@@ -32,7 +32,10 @@ type tableHandle struct {
 	inTx                 bool    // the statements belong to one transaction
 	read, update, insert *sql.Stmt
 	readMany             *sql.Stmt // every key of a JSON array, in one query
-	isApplied, mark      *sql.Stmt
+	// readManyRowid and updateRowid are readMany with each row's rowid and
+	// update by rowid (rowid.go); nil for a table without rowids.
+	readManyRowid, updateRowid *sql.Stmt
+	isApplied, mark            *sql.Stmt
 }
 
 // checkTable fails unless t exists through q with its columns.
@@ -131,12 +134,18 @@ func prepareTable(ctx context.Context, q querier, t checkpoint.Table, write bool
 			return nil, fmt.Errorf("checkpoint: prepare statement for %s: %w", t, err)
 		}
 	}
+	if write {
+		if err := h.prepareRowid(ctx, q); err != nil {
+			h.Close()
+			return nil, err
+		}
+	}
 	return h, nil
 }
 
 // Close releases the prepared statements.
 func (h *tableHandle) Close() error {
-	for _, s := range []*sql.Stmt{h.read, h.readMany, h.update, h.insert, h.isApplied, h.mark} {
+	for _, s := range []*sql.Stmt{h.read, h.readMany, h.update, h.insert, h.isApplied, h.mark, h.readManyRowid, h.updateRowid} {
 		if s != nil {
 			s.Close()
 		}
@@ -324,13 +333,23 @@ func OpenTargetReader(ctx context.Context, cfg Config) (*sql.DB, error) {
 type txTarget struct {
 	h  *tableHandle
 	tx *sql.Tx
+	// rows, when not nil, keeps the rowids of the keys read in tx, for
+	// writing them by rowid (rowid.go): a same-store view, whose reads
+	// and writes share one write transaction.
+	rows *rowids
 }
 
 func (v txTarget) Read(ctx context.Context, keys []string) (map[string]checkpoint.State, error) {
+	if v.rows != nil && len(keys) > 1 && v.h.readManyRowid != nil {
+		return v.h.readSetRowid(ctx, v.tx, keys, v.rows)
+	}
 	return v.h.Read(ctx, v.tx, keys)
 }
 
 func (v txTarget) Write(ctx context.Context, ws []checkpoint.Write) error {
+	if v.rows != nil && len(v.rows.of) > 0 {
+		return v.h.writeRowid(ctx, v.tx, ws, v.rows)
+	}
 	return v.h.Write(ctx, v.tx, ws)
 }
 
@@ -544,5 +563,5 @@ func (t *sqliteTx) Target(tb checkpoint.Table) (checkpoint.Target, error) {
 		}
 		h.inTx = true
 	}
-	return txTarget{h: h, tx: t.tx}, nil
+	return txTarget{h: h, tx: t.tx, rows: &rowids{}}, nil
 }

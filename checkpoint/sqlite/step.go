@@ -35,6 +35,8 @@ FROM steps WHERE run_id = ? ORDER BY started_at, step_id`
 
 type preparedStatements struct {
 	putStep, putItem *sql.Stmt
+	// putItems records putItemsRows items in one statement (items.go).
+	putItems *sql.Stmt
 	// txFence is sqlRunFence on the writer, for checkFence: prepared once
 	// rather than parsed again in every effect's transaction.
 	txFence          *sql.Stmt
@@ -42,7 +44,7 @@ type preparedStatements struct {
 }
 
 func (p *preparedStatements) close() {
-	for _, s := range []*sql.Stmt{p.putStep, p.putItem, p.txFence, p.fence, p.itemRange} {
+	for _, s := range []*sql.Stmt{p.putStep, p.putItem, p.putItems, p.txFence, p.fence, p.itemRange} {
 		if s != nil {
 			s.Close()
 		}
@@ -55,6 +57,9 @@ func (s *Store) prepare(ctx context.Context) error {
 		return err
 	}
 	if s.stmt.putItem, err = s.db.PrepareContext(ctx, sqlPutItem); err != nil {
+		return err
+	}
+	if s.stmt.putItems, err = s.db.PrepareContext(ctx, sqlPutItems(putItemsRows)); err != nil {
 		return err
 	}
 	s.stmt.txFence, err = s.db.PrepareContext(ctx, sqlRunFence)

@@ -42,6 +42,7 @@ func testItems(t *testing.T, h Harness) {
 	t.Run("Queries", func(t *testing.T) { itemsQueries(t, h) })
 	t.Run("Counts", func(t *testing.T) { itemsCounts(t, h) })
 	t.Run("FingerprintsAndAcceptedChanges", func(t *testing.T) { itemsFingerprintsAndAcceptedChanges(t, h) })
+	callerClock(t, h, "BigChunk", itemsBigChunk)
 }
 
 // itemsNewItems is the Items test NewItems.

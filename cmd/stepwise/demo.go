@@ -34,7 +34,9 @@ func (c *demoCmd) Run(env *cmd.Env) error {
 	if err != nil {
 		return err
 	}
-	err = settlement.Seed(ctx, db, cfg)
+	prog := newSeedProgress(env, "auto", false)
+	err = settlement.SeedReporting(ctx, db, cfg, prog.report())
+	prog.close()
 	db.Close()
 	switch {
 	case err == nil:

@@ -66,8 +66,9 @@ type seedCmd struct {
 	Seed      uint64 `default:"1" help:"Random seed: the same seed gives the same ledger."`
 	Balance   int64  `default:"100000" help:"Opening balance of each new account, in minor units (cents)."`
 	// AllowUnsettled seeds past a date that looks unsettled.
-	AllowUnsettled bool `help:"Seed even when the date seeded last looks unsettled (it has transfers and no balance has moved since it was seeded). Without it that is refused (exit 2): the new date's opening balances would not be the last date's closing ones, and ledger check of the last date would have nothing to compare with."`
-	JSON           bool `name:"json" help:"Print what was seeded as JSON: ledger, date, transfers, seed."`
+	AllowUnsettled bool   `help:"Seed even when the date seeded last looks unsettled (it has transfers and no balance has moved since it was seeded). Without it that is refused (exit 2): the new date's opening balances would not be the last date's closing ones, and ledger check of the last date would have nothing to compare with."`
+	JSON           bool   `name:"json" help:"Print what was seeded as JSON: ledger, date, transfers, seed."`
+	Progress       string `default:"auto" enum:"auto,bar,log,none" help:"Progress on stderr while the transfers are inserted: a live bar on a terminal, otherwise a log line every few seconds, and none with --json (auto); or forced. Log lines follow --log-format and --log-level."`
 }
 
 func (c *seedCmd) Run(env *cmd.Env) error {
@@ -80,7 +81,10 @@ func (c *seedCmd) Run(env *cmd.Env) error {
 		return err
 	}
 	defer db.Close()
-	if err := seedError(env.Ctx, "seeding", settlement.Seed(env.Ctx, db, cfg)); err != nil {
+	prog := newSeedProgress(env, c.Progress, c.JSON)
+	err = settlement.SeedReporting(env.Ctx, db, cfg, prog.report())
+	prog.close()
+	if err := seedError(env.Ctx, "seeding", err); err != nil {
 		return err
 	}
 	if c.JSON {

@@ -86,6 +86,15 @@ var ErrUnsettled = errors.New("settlement: the date seeded last looks unsettled"
 // the date's place in the order dates were seeded in (any order of dates
 // is fine, as long as each is settled before the next is seeded).
 func Seed(ctx context.Context, db *sql.DB, cfg SeedConfig) error {
+	return SeedReporting(ctx, db, cfg, nil)
+}
+
+// SeedReporting is Seed that calls progress, if not nil, as the transfers
+// are inserted with how many are in and the total: with 0 before the
+// first, every few hundred, and with done == total once the seed
+// committed. It runs on the caller's goroutine and should return quickly
+// (throttle what it prints).
+func SeedReporting(ctx context.Context, db *sql.DB, cfg SeedConfig, progress func(done, total int)) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
@@ -115,7 +124,8 @@ func Seed(ctx context.Context, db *sql.DB, cfg SeedConfig) error {
 		return err
 	}
 	if accounts == 0 {
-		acct := inserter{ctx: ctx, tx: tx, head: `INSERT INTO accounts (id, balance, version) VALUES `, cols: 3}
+		acct := inserter{ctx: ctx, tx: tx, pg: d.postgres, head: `INSERT INTO accounts (id, balance, version) VALUES `, cols: 3}
+		defer acct.close()
 		for i := 1; i <= cfg.Accounts; i++ {
 			if err := acct.add(AccountID(i), cfg.Balance, 0); err != nil {
 				return err
@@ -126,8 +136,12 @@ func Seed(ctx context.Context, db *sql.DB, cfg SeedConfig) error {
 		}
 		accounts = cfg.Accounts
 	}
+	if progress != nil {
+		progress(0, cfg.Transfers)
+	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5e771e))
-	trans := inserter{ctx: ctx, tx: tx, head: `INSERT INTO transfers (id, business_date, from_account, to_account, amount) VALUES `, cols: 5}
+	trans := inserter{ctx: ctx, tx: tx, pg: d.postgres, head: `INSERT INTO transfers (id, business_date, from_account, to_account, amount) VALUES `, cols: 5}
+	defer trans.close()
 	for i := 1; i <= cfg.Transfers; i++ {
 		from := rng.IntN(accounts) + 1
 		to := rng.IntN(accounts-1) + 1
@@ -137,6 +151,9 @@ func Seed(ctx context.Context, db *sql.DB, cfg SeedConfig) error {
 		amount := rng.Int64N(cfg.MaxAmount) + 1
 		if err := trans.add(TransferID(cfg.Date, i), cfg.Date, AccountID(from), AccountID(to), amount); err != nil {
 			return err
+		}
+		if progress != nil && i%insertRows == 0 && i < cfg.Transfers {
+			progress(i, cfg.Transfers)
 		}
 	}
 	if err := trans.flush(); err != nil {
@@ -150,7 +167,13 @@ SELECT $1, id, balance FROM accounts`, cfg.Date); err != nil {
 SELECT $1, COALESCE(max(seq), 0) + 1 FROM seeded_dates`, cfg.Date); err != nil {
 		return fmt.Errorf("seed: record the order of seeded dates: %w", err)
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	if progress != nil {
+		progress(cfg.Transfers, cfg.Transfers)
+	}
+	return nil
 }
 
 // refuseUnsettled returns an error wrapping ErrUnsettled when the date
@@ -195,15 +218,21 @@ func lastSeeded(ctx context.Context, tx *sql.Tx) (string, error) {
 	return last.String, nil
 }
 
-// inserter inserts rows a few hundred to a statement: one round trip per
-// batch instead of per row, which a server database needs (and which both
-// databases accept: multi-row VALUES with $n placeholders).
+// inserter inserts rows insertRows to a statement, in the seed's one
+// transaction: one round trip per batch instead of per row, which a
+// server database needs. The statement of a full batch is prepared once
+// and reused. On SQLite its placeholders are plain ?: SQLite looks each
+// numbered or named placeholder up in a list of the ones seen before, so
+// a statement of thousands of $n placeholders costs time quadratic in
+// their number to prepare (most of a seed's time, before).
 type inserter struct {
 	ctx  context.Context
 	tx   *sql.Tx
+	pg   bool
 	head string // INSERT INTO t (cols) VALUES
 	cols int
 	args []any
+	full *sql.Stmt // the statement of insertRows rows, once prepared
 }
 
 // insertRows is how many rows one statement inserts: well inside both
@@ -222,9 +251,34 @@ func (in *inserter) flush() error {
 	if len(in.args) == 0 {
 		return nil
 	}
+	rows := len(in.args) / in.cols
+	var err error
+	if rows == insertRows {
+		if in.full == nil {
+			if in.full, err = in.tx.PrepareContext(in.ctx, in.statement(rows)); err != nil {
+				return err
+			}
+		}
+		_, err = in.full.ExecContext(in.ctx, in.args...)
+	} else {
+		_, err = in.tx.ExecContext(in.ctx, in.statement(rows), in.args...)
+	}
+	in.args = in.args[:0]
+	return err
+}
+
+// close releases the prepared statement; the transaction's end would too.
+func (in *inserter) close() {
+	if in.full != nil {
+		in.full.Close()
+	}
+}
+
+// statement is the INSERT of rows rows.
+func (in *inserter) statement(rows int) string {
 	var b strings.Builder
 	b.WriteString(in.head)
-	for r := 0; r < len(in.args)/in.cols; r++ {
+	for r := 0; r < rows; r++ {
 		if r > 0 {
 			b.WriteByte(',')
 		}
@@ -233,11 +287,13 @@ func (in *inserter) flush() error {
 			if c > 0 {
 				b.WriteByte(',')
 			}
-			fmt.Fprintf(&b, "$%d", r*in.cols+c+1)
+			if in.pg {
+				fmt.Fprintf(&b, "$%d", r*in.cols+c+1)
+			} else {
+				b.WriteByte('?')
+			}
 		}
 		b.WriteByte(')')
 	}
-	_, err := in.tx.ExecContext(in.ctx, b.String(), in.args...)
-	in.args = in.args[:0]
-	return err
+	return b.String()
 }

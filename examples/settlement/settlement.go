@@ -151,7 +151,7 @@ WHERE business_date = $1 AND id > $2 ORDER BY id LIMIT $3`, p.Date, after, limit
 				page = append(page, t)
 			}
 			return page, dialect.fault(rows.Err())
-		}, day.Transfers)
+		}, day.Transfers).ReadAhead() // transfers do not move with postings: read the next page while a chunk commits
 	opts := []steps.Option{steps.WithTarget(target), steps.ChunkSize(p.Chunk)}
 	if p.Partitions > 1 {
 		// By debit account: one account's debits stay in one partition,
