@@ -13,10 +13,11 @@ import (
 const (
 	// sqlHeldLeases lists the live leases (at $1 or the server's now())
 	// whose owner's details (after its first space) are $2 ('' for all):
-	// of running queued runs (by the runs_queue index's own terms), then
-	// of running partitions of running runs (partitions_claimable).
+	// of running queued runs (by the runs_running_lease index's terms,
+	// which hold only runs in flight), then of running partitions of
+	// running runs (partitions_claimable).
 	sqlHeldLeases = `SELECT id, job, queue, ''::text AS step, 0 AS idx, lease_owner, fence, lease_until FROM runs
-WHERE queue IS NOT NULL AND status IN ('queued', 'interrupted', 'running') AND status = 'running'
+WHERE status = 'running' AND queue IS NOT NULL
   AND lease_until > coalesce($1::timestamptz, now())
   AND ($2::text = '' OR (strpos(lease_owner, ' ') > 0 AND substr(lease_owner, strpos(lease_owner, ' ') + 1) = $2::text))
 UNION ALL

@@ -12,10 +12,11 @@ import (
 const (
 	// sqlHeldLeases lists the live leases at ?1 whose owner's details
 	// (after its first space) are ?2 ('' for all): of running queued runs
-	// (by the runs_queue index's own terms), then of running partitions
-	// of running runs (partitions_claimable).
+	// (by the runs_running_lease index's terms, which hold only runs in
+	// flight), then of running partitions of running runs
+	// (partitions_claimable).
 	sqlHeldLeases = `SELECT id, job, queue, '' AS step, 0 AS idx, lease_owner, fence, lease_until FROM runs
-WHERE queue IS NOT NULL AND status IN ('queued', 'interrupted', 'running') AND status = 'running' AND lease_until > ?1
+WHERE status = 'running' AND queue IS NOT NULL AND lease_until > ?1
   AND (?2 = '' OR (instr(lease_owner, ' ') > 0 AND substr(lease_owner, instr(lease_owner, ' ') + 1) = ?2))
 UNION ALL
 SELECT p.run_id, r.job, coalesce(r.queue, ''), p.step_id, p.idx, p.owner, p.fence, p.lease_until
