@@ -10,7 +10,7 @@ import (
 // goPrefix matches a Go package's prefix in an error's text ("steps: ",
 // "checkpoint: "), at its start or after another part's colon: what the
 // package adds for a programmer, not words for an operator.
-var goPrefix = regexp.MustCompile(`(^|: )(?:checkpoint|jobs|steps|runner|ops|sqlite|postgres|settlement): `)
+var goPrefix = regexp.MustCompile(`(^|: )(?:checkpoint|jobs|steps|runner|ops|sqlite|postgres|settlement|httpapi): `)
 
 // UserText is an error's text as an operator reads it, on the command
 // line, in the API and on the dashboard: without the Go package prefixes

@@ -11,8 +11,9 @@ func TestUserTextDropsGoPackagePrefixes(t *testing.T) {
 		"steps: checkpoint step count: checkpoint: database is locked": "checkpoint step count: database is locked",
 		"dry run of settle/x failed: steps: step pay: boom":            "dry run of settle/x failed: step pay: boom",
 		`run settle/x has no step "nope" (steps: count, post)`:         `run settle/x has no step "nope" (steps: count, post)`,
-		"the steps: 3 of them": "the steps: 3 of them",
-		"no checkpoint: here":  "no checkpoint: here",
+		"the steps: 3 of them":                              "the steps: 3 of them",
+		"no checkpoint: here":                               "no checkpoint: here",
+		"--tokens: httpapi: bad tokens file: line 1: short": "--tokens: bad tokens file: line 1: short",
 	} {
 		if got := ops.UserText(in); got != want {
 			t.Errorf("UserText(%q) = %q; want %q", in, got, want)
