@@ -50,33 +50,10 @@ func explain(t *testing.T, conn *pgx.Conn, sql string, args ...any) planNode {
 // plans alike; the rest of the claim reaches runs and attempts by key.
 func TestClaimPlanWithoutStatistics(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(ctx, Config{URL: pgtest.Schema(t), CallerClock: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	c := conn.Conn()
-	for _, q := range []string{
-		`ALTER TABLE runs SET (autovacuum_enabled = false)`,
-		`ALTER TABLE attempts SET (autovacuum_enabled = false)`,
-		`INSERT INTO runs (id, job, run_key, params, params_hash, status, fence, created_at, updated_at, queue, available_at)
+	_, c := unanalysedRuns(t, `INSERT INTO runs (id, job, run_key, params, params_hash, status, fence, created_at, updated_at, queue, available_at)
 SELECT 'bench/' || lpad(i::text, 6, '0'), CASE WHEN i % 10 = 0 THEN 'other' ELSE 'bench' END, lpad(i::text, 6, '0'), '{}', 'h',
        'queued', 0, now(), now(), 'default', now() - interval '1 second'
-FROM generate_series(0, 19999) AS i`,
-	} {
-		if _, err := c.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	var reltuples float64
-	if err := c.QueryRow(ctx, `SELECT reltuples FROM pg_class WHERE oid = 'runs'::regclass`).Scan(&reltuples); err != nil || reltuples >= 0 {
-		t.Fatalf("runs has reltuples %v (%v); the test needs a table never analysed (-1)", reltuples, err)
-	}
+FROM generate_series(0, 19999) AS i`)
 	var body string
 	var config []string
 	if err := c.QueryRow(ctx, `SELECT prosrc, coalesce(proconfig, '{}') FROM pg_proc
@@ -140,4 +117,38 @@ WHERE proname = 'stepwise_claim_candidates' AND pronamespace = current_schema():
 			}
 		})
 	}
+}
+
+// unanalysedRuns opens a store in a schema of its own, fills its runs with
+// fill (autovacuum off on runs and attempts, so nothing analyses them) and
+// returns it with a connection of its pool, both closed when t ends. It
+// fails t unless runs was never analysed.
+func unanalysedRuns(t *testing.T, fill string) (*Store, *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := Open(ctx, Config{URL: pgtest.Schema(t), CallerClock: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	c := conn.Conn()
+	for _, q := range []string{
+		`ALTER TABLE runs SET (autovacuum_enabled = false)`,
+		`ALTER TABLE attempts SET (autovacuum_enabled = false)`,
+		fill,
+	} {
+		if _, err := c.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	var reltuples float64
+	if err := c.QueryRow(ctx, `SELECT reltuples FROM pg_class WHERE oid = 'runs'::regclass`).Scan(&reltuples); err != nil || reltuples >= 0 {
+		t.Fatalf("runs has reltuples %v (%v); the test needs a table never analysed (-1)", reltuples, err)
+	}
+	return s, c
 }
