@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/internal/rowscan"
 )
 
 const (
@@ -35,17 +36,14 @@ func (s *Store) HeldLeases(ctx context.Context, details string, now time.Time) (
 		return nil, s.wrap("list held leases", err)
 	}
 	defer rows.Close()
-	var out []checkpoint.HeldLease
-	for rows.Next() {
+	out, err := rowscan.Collect(rows, func(r rowscan.Rows) (checkpoint.HeldLease, error) {
 		var h checkpoint.HeldLease
 		var until pgtype.Timestamptz
-		if err := rows.Scan(&h.RunID, &h.Job, &h.Queue, &h.Step, &h.Index, &h.Owner, &h.Fence, &until); err != nil {
-			return nil, s.wrap("list held leases", err)
-		}
+		err := r.Scan(&h.RunID, &h.Job, &h.Queue, &h.Step, &h.Index, &h.Owner, &h.Fence, &until)
 		h.LeaseUntil = tm(until)
-		out = append(out, h)
-	}
-	return out, s.wrap("list held leases", rows.Err())
+		return h, err
+	})
+	return out, s.wrap("list held leases", err)
 }
 
 // TakeOverRun implements checkpoint.TakeoverStore: the run is locked FOR

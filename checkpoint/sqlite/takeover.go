@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
+	"github.com/stepwise-run/stepwise/checkpoint/internal/rowscan"
 )
 
 const (
@@ -33,17 +34,14 @@ func (s *Store) HeldLeases(ctx context.Context, details string, now time.Time) (
 		return nil, s.wrap("list held leases", err)
 	}
 	defer rows.Close()
-	var out []checkpoint.HeldLease
-	for rows.Next() {
+	out, err := rowscan.Collect(rows, func(r rowscan.Rows) (checkpoint.HeldLease, error) {
 		var h checkpoint.HeldLease
 		var until sql.NullString
-		if err := rows.Scan(&h.RunID, &h.Job, &h.Queue, &h.Step, &h.Index, &h.Owner, &h.Fence, &until); err != nil {
-			return nil, s.wrap("list held leases", err)
-		}
+		err := r.Scan(&h.RunID, &h.Job, &h.Queue, &h.Step, &h.Index, &h.Owner, &h.Fence, &until)
 		h.LeaseUntil = parseTime(until)
-		out = append(out, h)
-	}
-	return out, s.wrap("list held leases", rows.Err())
+		return h, err
+	})
+	return out, s.wrap("list held leases", err)
 }
 
 // TakeOverRun implements checkpoint.TakeoverStore: BEGIN IMMEDIATE keeps
