@@ -2,7 +2,6 @@ package runner_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -180,20 +179,7 @@ func TestMetricsCountEveryWayARunExecutes(t *testing.T) {
 func TestMetricsCountPartitionsWorked(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	gate := make(chan struct{})    // the owner's first item waits for it
-	ownerIn := make(chan struct{}) // closed: the owner is in its first item
-	var ownerOnce sync.Once
-	h.body = func(ctx context.Context, run *steps.Run, _ jobParams) error {
-		_, err := steps.ForEach(ctx, run, "items", steps.Slice(partitionKeys(), func(k string) string { return k }),
-			func(ctx context.Context, k string, _ *steps.Effects) (string, error) {
-				if k == "k00" { // partition 0: the owner's (it claims first)
-					ownerOnce.Do(func() { close(ownerIn) })
-					<-gate
-				}
-				return k, nil
-			}, steps.Partitions(2), steps.ChunkSize(5))
-		return err
-	}
+	gate, ownerIn := h.gatedPartitions(5)
 	newMetrics := func() (*prometheus.Registry, *runner.Metrics) {
 		reg := prometheus.NewRegistry()
 		m, err := runner.NewMetrics(reg)

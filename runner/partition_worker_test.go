@@ -172,20 +172,7 @@ func TestPartitionHolderSelfFences(t *testing.T) {
 func TestPartitionWorkerReportsProgress(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	gate := make(chan struct{})    // the owner's first item waits for it
-	ownerIn := make(chan struct{}) // closed: the owner is in its first item
-	var ownerOnce sync.Once
-	h.body = func(ctx context.Context, run *steps.Run, _ jobParams) error {
-		_, err := steps.ForEach(ctx, run, "items", steps.Slice(partitionKeys(), func(k string) string { return k }),
-			func(ctx context.Context, k string, _ *steps.Effects) (string, error) {
-				if k == "k00" { // partition 0: the owner's (it claims first)
-					ownerOnce.Do(func() { close(ownerIn) })
-					<-gate
-				}
-				return k, nil
-			}, steps.Partitions(2), steps.ChunkSize(2))
-		return err
-	}
+	gate, ownerIn := h.gatedPartitions(2)
 	owner, err := runner.New(runner.Config{Store: h.st, Jobs: h.reg, Owner: "owner", PartitionSlots: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -233,4 +220,25 @@ func TestPartitionWorkerReportsProgress(t *testing.T) {
 	if last := seen[len(seen)-1]; last.Done != 10 {
 		t.Errorf("the last report = %+v; want all 10 of the partition's items done", last)
 	}
+}
+
+// gatedPartitions makes h's job one batch step over partitionKeys in two
+// partitions of chunk items a chunk, whose first item of partition 0 (the
+// run's owner's: it claims first) closes ownerIn and waits for gate to be
+// closed; the other items pass at once.
+func (h *harness) gatedPartitions(chunk int) (gate, ownerIn chan struct{}) {
+	gate, ownerIn = make(chan struct{}), make(chan struct{})
+	var ownerOnce sync.Once
+	h.body = func(ctx context.Context, run *steps.Run, _ jobParams) error {
+		_, err := steps.ForEach(ctx, run, "items", steps.Slice(partitionKeys(), func(k string) string { return k }),
+			func(ctx context.Context, k string, _ *steps.Effects) (string, error) {
+				if k == "k00" {
+					ownerOnce.Do(func() { close(ownerIn) })
+					<-gate
+				}
+				return k, nil
+			}, steps.Partitions(2), steps.ChunkSize(chunk))
+		return err
+	}
+	return gate, ownerIn
 }

@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/runner"
-	"github.com/stepwise-run/stepwise/steps"
 )
 
 // goneOwner is the owner string of a process of this host and PID
@@ -42,19 +40,7 @@ func goneOwner(t *testing.T) string {
 func TestWorkerTakesOverAGoneRunnersPartitionAtOnce(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	gate, ownerIn := make(chan struct{}), make(chan struct{})
-	var ownerOnce sync.Once
-	h.body = func(ctx context.Context, run *steps.Run, _ jobParams) error {
-		_, err := steps.ForEach(ctx, run, "items", steps.Slice(partitionKeys(), func(k string) string { return k }),
-			func(ctx context.Context, k string, _ *steps.Effects) (string, error) {
-				if k == "k00" { // partition 0: the owner's, held until gate
-					ownerOnce.Do(func() { close(ownerIn) })
-					<-gate
-				}
-				return k, nil
-			}, steps.Partitions(2), steps.ChunkSize(1))
-		return err
-	}
+	gate, ownerIn := h.gatedPartitions(1)
 	owner := h.runner(func(c *runner.Config) { c.Owner = "owner"; c.PartitionSlots = 1 })
 	ownerDone := make(chan error, 1)
 	go func() {
