@@ -79,15 +79,7 @@ func (h *tableHandle) readSetRowid(ctx context.Context, tx *sql.Tx, keys []strin
 	if err := rs.Err(); err != nil {
 		return nil, fmt.Errorf("checkpoint: read %d keys of %s: %w", len(keys), h.t.Name, err)
 	}
-	for _, k := range keys {
-		if _, ok := out[k]; !ok {
-			if !h.t.CreateMissing {
-				return nil, h.missing(k)
-			}
-			out[k] = checkpoint.State{}
-		}
-	}
-	return out, nil
+	return h.withMissing(keys, out)
 }
 
 // writeRowid is Write, updating the rows read in this transaction by

@@ -205,6 +205,13 @@ func (h *tableHandle) readSet(ctx context.Context, tx *sql.Tx, keys []string) (m
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("checkpoint: read %d keys of %s: %w", len(keys), h.t.Name, err)
 	}
+	return h.withMissing(keys, out)
+}
+
+// withMissing completes out, the states read of keys, with the keys no
+// row holds: a new key's zero State where the table creates missing keys,
+// else the error naming the first of them.
+func (h *tableHandle) withMissing(keys []string, out map[string]checkpoint.State) (map[string]checkpoint.State, error) {
 	for _, k := range keys {
 		if _, ok := out[k]; !ok {
 			if !h.t.CreateMissing {
