@@ -1,6 +1,10 @@
 package steps
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+)
 
 // ReadAhead returns the source with one chunk of read-ahead: while a
 // ForEach processes and commits a chunk, another goroutine reads the
@@ -29,7 +33,8 @@ type aheadChunk[I any] struct {
 // src into chunks (of the items holds keeps), handing each over through a
 // channel that holds one, while this one processes and commits them. A
 // failed chunk stops the reader; the reader's error comes after the
-// chunks it read.
+// chunks it read. A panic in the source's functions is raised again on
+// this goroutine, where the runner records it as the attempt's failure.
 func (b *batch[I, O]) fillAhead(ctx context.Context, src Source[I], holds func(key string, item I) bool) error {
 	size := b.opts.chunkSize
 	b.reserve(size)
@@ -38,6 +43,11 @@ func (b *batch[I, O]) fillAhead(ctx context.Context, src Source[I], holds func(k
 	srcErr := make(chan error, 1)
 	go func() {
 		defer close(chunks)
+		defer func() {
+			if p := recover(); p != nil {
+				srcErr <- readerPanic{value: p, stack: debug.Stack()}
+			}
+		}()
 		cur := aheadChunk[I]{keys: make([]string, 0, size), items: make([]I, 0, size)}
 		err := src.all(rctx, func(key string, item I) bool {
 			if holds != nil && !holds(key, item) {
@@ -75,8 +85,25 @@ func (b *batch[I, O]) fillAhead(ctx context.Context, src Source[I], holds func(k
 	for range chunks { // let the reader end
 	}
 	err := <-srcErr
+	if p, ok := err.(readerPanic); ok {
+		panic(fmt.Sprintf("%v\n\nin the source of batch step %s, read ahead on another goroutine:\n%s", p.value, b.name, p.stack))
+	}
 	if loopErr != nil {
 		return loopErr // the reader's error, if any, comes of being stopped
 	}
+	if err == nil && ctx.Err() != nil {
+		// Cancelled, the reader may have dropped a chunk it held: the
+		// step did not see every item, so it must not be recorded done.
+		return fmt.Errorf("%w while reading ahead in batch step %s: %w", ErrInterrupted, b.name, context.Cause(ctx))
+	}
 	return err
 }
+
+// readerPanic is a panic of the read-ahead goroutine, carried to the
+// batch's own goroutine with the reader's stack.
+type readerPanic struct {
+	value any
+	stack []byte
+}
+
+func (p readerPanic) Error() string { return fmt.Sprint(p.value) }

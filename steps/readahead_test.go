@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stepwise-run/stepwise/checkpoint"
 	"github.com/stepwise-run/stepwise/checkpoint/checkpointtest"
 	"github.com/stepwise-run/stepwise/steps"
 )
@@ -110,4 +112,82 @@ func TestReadAheadStopsReadingWhenAChunkFails(t *testing.T) {
 		t.Fatalf("rerun: %+v, %v; want 50 completed, 38 executed", sum, err)
 	}
 	checkpointtest.CheckLedger(t, loc, accountsTable, checkpointtest.LedgerCheck{Opening: opening, Applied: xferTransfers(items), SkipVersions: true})
+}
+
+// A run cancelled while the next page is read ahead stops interrupted:
+// the chunk the reader held when the context ended is not processed, so
+// the step must not be recorded done (before, the reader dropped it and
+// the step completed short of its items, about one run in two).
+func TestReadAheadCancelledIsInterruptedNotDone(t *testing.T) {
+	var items []xfer
+	for i := range 15 {
+		items = append(items, xfer{ID: fmt.Sprintf("T%03d", i), From: "a", To: "b", Amount: 1})
+	}
+	for i := range 12 { // the reader's choice between send and cancel is random
+		st, loc := checkpointtest.OpenNew(t)
+		ledger(t, loc, map[string]int64{"a": 1000, "b": 0})
+		ctx, cancel := context.WithCancel(context.Background())
+		inSecond, release := make(chan struct{}), make(chan struct{})
+		src := steps.Paged(10, xferKey, func(_ context.Context, after string, limit int) ([]xfer, error) {
+			var out []xfer
+			for _, x := range items {
+				if x.ID > after && len(out) < limit {
+					out = append(out, x)
+				}
+			}
+			if after != "" && len(out) > 0 {
+				close(inSecond)
+				<-release // returns its page, whatever the context
+			}
+			return out, nil
+		}, int64(len(items))).ReadAhead()
+		runID := fmt.Sprintf("j/k%d", i)
+		go func() {
+			// Cancel once the first page's two chunks are committed: the
+			// batch then waits on the reader, holding nothing of its own.
+			<-inSecond
+			for recorded(st, runID) < 10 {
+				time.Sleep(time.Millisecond)
+			}
+			cancel()
+			close(release)
+		}()
+		run := beginEffects(t, st, runID)
+		sum, err := steps.ForEach(ctx, run, "post", src, post,
+			steps.WithTarget(steps.Target{Table: accountsTable}), steps.ChunkSize(5))
+		if !errors.Is(err, steps.ErrInterrupted) {
+			t.Fatalf("run %d, cancelled while its last page was read ahead: %+v, %v; want interrupted", i, sum, err)
+		}
+		cancel()
+	}
+}
+
+// A panic in a source read ahead is raised on the batch's goroutine, where
+// the runner records it; it does not kill the process.
+func TestReadAheadSourcePanicReachesTheBatch(t *testing.T) {
+	st, loc := checkpointtest.OpenNew(t)
+	ledger(t, loc, map[string]int64{"a": 1000, "b": 0})
+	src := steps.Paged(10, xferKey, func(context.Context, string, int) ([]xfer, error) {
+		panic("source broke")
+	}, 10).ReadAhead()
+	run := beginEffects(t, st, "j/p")
+	defer func() {
+		p := recover()
+		if s, _ := p.(string); !strings.Contains(s, "source broke") || !strings.Contains(s, "read ahead") {
+			t.Fatalf("recovered %v; want the source's panic, raised on the batch's goroutine", p)
+		}
+	}()
+	_, _ = steps.ForEach(context.Background(), run, "post", src, post,
+		steps.WithTarget(steps.Target{Table: accountsTable}), steps.ChunkSize(5))
+	t.Fatal("ForEach returned; want the source's panic")
+}
+
+// recorded counts the items runID recorded completed.
+func recorded(st checkpoint.Backend, runID string) int {
+	n := 0
+	_ = st.RunItems(context.Background(), runID, checkpoint.StepCompleted, checkpoint.Page{Limit: 1000}, func(checkpoint.Item) error {
+		n++
+		return nil
+	})
+	return n
 }
