@@ -98,12 +98,9 @@ func (w *Worker) takeOver(ctx context.Context, h checkpoint.HeldLease) (Task, er
 			return nil, err
 		}
 		w.logTakeover(h).Msg("took over at once a run whose runner's process is gone")
-		return func(ctx context.Context) {
-			res, err := w.runner.Drive(ctx, c, claimedAt)
-			if w.cfg.OnDone != nil {
-				w.cfg.OnDone(res, err)
-			}
-		}, nil
+		// A queued run's task, as a claim's: its end can claim the slot's
+		// next run in the same commit.
+		return w.runTask(ctx, c, claimedAt), nil
 	}
 	// Not cut short by ctx, as claimPartitions claims.
 	cctx, done := context.WithTimeout(context.WithoutCancel(ctx), lease)
