@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/stepwise-run/stepwise/checkpoint"
 )
@@ -19,7 +18,7 @@ VALUES (?1, ?2, 0, ?2, ?2) ON CONFLICT (name) DO NOTHING`
 	sqlPauseSchedule = `UPDATE schedules SET paused_at = ?, paused_by = ?, paused_reason = ?, updated_at = ?
 WHERE name = ? AND paused_at IS NULL`
 	sqlUnpauseSchedule = `UPDATE schedules SET paused_at = NULL, paused_by = '', paused_reason = '',
-    skip_from = ?, skip_until = ?, updated_at = ? WHERE name = ? AND paused_at IS NOT NULL`
+    skip_from = NULLIF(?, ''), skip_until = NULLIF(?, ''), updated_at = ? WHERE name = ? AND paused_at IS NOT NULL`
 )
 
 // PauseSchedule implements checkpoint.ScheduleStore.
@@ -63,17 +62,9 @@ func (s *Store) UnpauseSchedule(ctx context.Context, name string, a checkpoint.A
 		if !catchUp {
 			skip = checkpoint.NextPauseSkip(st.Skip, st.Pause, st.LastFire, a.At)
 		}
-		if _, err := tx.ExecContext(ctx, sqlUnpauseSchedule, nullTime(skip.From), nullTime(skip.Until), fmtTime(a.At), name); err != nil {
+		if _, err := tx.ExecContext(ctx, sqlUnpauseSchedule, fmtTime(skip.From), fmtTime(skip.Until), fmtTime(a.At), name); err != nil {
 			return err
 		}
 		return insertAudits(ctx, tx, a)
 	})
-}
-
-// nullTime is t as a nullable column: the zero time is NULL.
-func nullTime(t time.Time) any {
-	if t.IsZero() {
-		return nil
-	}
-	return fmtTime(t)
 }

@@ -34,7 +34,7 @@ FROM steps WHERE run_id = ? ORDER BY started_at, step_id`
 )
 
 type preparedStatements struct {
-	putStep, putItem *sql.Stmt
+	putStep *sql.Stmt
 	// putItems records putItemsRows items in one statement (items.go).
 	putItems *sql.Stmt
 	// txFence is sqlRunFence on the writer, for checkFence: prepared once
@@ -44,7 +44,7 @@ type preparedStatements struct {
 }
 
 func (p *preparedStatements) close() {
-	for _, s := range []*sql.Stmt{p.putStep, p.putItem, p.putItems, p.txFence, p.fence, p.itemRange} {
+	for _, s := range []*sql.Stmt{p.putStep, p.putItems, p.txFence, p.fence, p.itemRange} {
 		if s != nil {
 			s.Close()
 		}
@@ -54,9 +54,6 @@ func (p *preparedStatements) close() {
 func (s *Store) prepare(ctx context.Context) error {
 	var err error
 	if s.stmt.putStep, err = s.db.PrepareContext(ctx, sqlPutStep); err != nil {
-		return err
-	}
-	if s.stmt.putItem, err = s.db.PrepareContext(ctx, sqlPutItem); err != nil {
 		return err
 	}
 	if s.stmt.putItems, err = s.db.PrepareContext(ctx, sqlPutItems(putItemsRows)); err != nil {
