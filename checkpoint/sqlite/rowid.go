@@ -33,7 +33,11 @@ func (h *tableHandle) prepareRowid(ctx context.Context, q querier) error {
 		return fmt.Errorf("checkpoint: inspect table %s: %w", t.Name, err)
 	}
 	named := cols.Next()
+	err = cols.Err()
 	cols.Close()
+	if err != nil {
+		return fmt.Errorf("checkpoint: inspect table %s: %w", t.Name, err)
+	}
 	if named {
 		return nil
 	}
